@@ -1,0 +1,256 @@
+"""The structural-grokking transformer language model (Murty et al., ACL 2023, §3).
+
+`TransformerLM` reproduces the reference "TransformerLM" *as the released code builds it*
+(`../shared/docs/REFERENCE.md` §1 "Model"): a decoder-only stack of post-LayerNorm layers,
+
+    x = LN(x + Dropout(MHA(x)))
+    x = LN(x + Dropout(W2 Dropout(ReLU(W1 x))))
+
+with bias-free q/k/v/merge projections, token embeddings scaled by sqrt(d_model) plus sinusoidal
+positions, an untied output layer (tied as an option), Xavier-uniform initialisers (ReLU gain for
+W1) and dropout 0.1. The module is written for ONE seed; the seed axis is added with `jax.vmap`
+in `train.py`.
+
+The forward pass can also return every layer's attention weights and hidden states and accepts an
+extra boolean attention mask, which the analysis (tree projections, attention entropy) needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of `TransformerLM` (keyword-only, so nothing lands in the wrong slot).
+
+  Attributes:
+    vocab_size: rows of the embedding and output layers (`<pad>`=0, words, EOS, SOS).
+    num_layers: number of transformer layers ("depth" in the paper).
+    d_model: residual width.
+    num_heads: attention heads; must divide `d_model`.
+    d_ff: feed-forward hidden width (2048 in the released code: 4 x 512).
+    dropout: dropout rate on attention probabilities, residual branches, feed-forward hidden
+      layer and the input embedding + position sum.
+    tied_embeddings: use the transposed input embedding as the output layer (the paper's
+      description) instead of a separate linear layer (the released code).
+    max_len: longest sequence the sinusoidal position table covers.
+    dtype: computation dtype ("float32" or "bfloat16"); parameters stay float32.
+    layer_norm_eps: LayerNorm epsilon (PyTorch's default 1e-5).
+  """
+
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  dropout: float = 0.1
+  tied_embeddings: bool = False
+  max_len: int = 512
+  dtype: str = "float32"
+  layer_norm_eps: float = 1e-5
+
+  def __post_init__(self):
+    if self.num_layers < 1:
+      raise ValueError(f"model.num_layers must be >= 1, got {self.num_layers}")
+    if self.d_model % self.num_heads:
+      raise ValueError(
+          f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
+          f"({self.num_heads})")
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @classmethod
+  def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512) -> "ModelConfig":
+    """Builds a ModelConfig from the `model` section of an ml_collections config."""
+    return cls(
+        vocab_size=vocab_size,
+        num_layers=int(model_cfg.num_layers),
+        d_model=int(model_cfg.d_model),
+        num_heads=int(model_cfg.num_heads),
+        d_ff=int(model_cfg.d_ff),
+        dropout=float(model_cfg.dropout),
+        tied_embeddings=bool(model_cfg.tied_embeddings),
+        max_len=max_len,
+        dtype=str(model_cfg.dtype),
+    )
+
+
+def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> nn.initializers.Initializer:
+  """Glorot/Xavier-uniform initialiser with explicit fans (PyTorch `xavier_uniform_` semantics).
+
+  The reference initialises fused matrices (e.g. the [2d, d] key-value projection) as one
+  matrix, so the fans are given explicitly instead of being read from the (split) Flax shape.
+  Bound = gain * sqrt(6 / (fan_in + fan_out)).
+  """
+  bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """Sinusoidal position table [max_len, d_model] (Vaswani et al. 2017, §3.5).
+
+  Even features sin(pos / 10000^(2i/d)), odd features cos(...), as the reference's `pos.pe`.
+  """
+  pos = np.arange(max_len, dtype=np.float64)[:, None]
+  div = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * (-math.log(10000.0) / d_model))
+  pe = np.zeros((max_len, d_model), dtype=np.float64)
+  pe[:, 0::2] = np.sin(pos * div)
+  pe[:, 1::2] = np.cos(pos * div)[:, : d_model // 2]
+  return pe.astype(np.float32)
+
+
+def causal_mask(length: int) -> Array:
+  """Boolean [length, length] mask, True where query position q may attend to key k <= q."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))
+
+
+class MultiHeadAttention(nn.Module):
+  """Bias-free multi-head self-attention returning its attention weights.
+
+  Parameters: `query`, `key`, `value` kernels [d_model, num_heads, head_dim] and `out` kernel
+  [num_heads, head_dim, d_model]. Xavier fans follow the reference's fused matrices: q [d, d],
+  kv [2d, d], merge [d, d].
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool):
+    cfg = self.config
+    d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim
+    dtype = jnp.dtype(cfg.dtype)
+    proj = lambda name, fan_out: nn.DenseGeneral(
+        (h, p), use_bias=False, dtype=dtype, name=name,
+        kernel_init=_reshaped(xavier_uniform(d, fan_out), (d, h, p)))
+    q_BxLxHxP = proj("query", d)(x_BxLxD)
+    k_BxLxHxP = proj("key", 2 * d)(x_BxLxD)
+    v_BxLxHxP = proj("value", 2 * d)(x_BxLxD)
+    logits_BxHxLxL = jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxLxHxP) / jnp.sqrt(p).astype(dtype)
+    logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
+    weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
+    dropped = nn.Dropout(cfg.dropout)(weights_BxHxLxL, deterministic=deterministic)
+    ctx_BxLxHxP = jnp.einsum("bhqk,bkhp->bqhp", dropped.astype(dtype), v_BxLxHxP)
+    out_BxLxD = nn.DenseGeneral(
+        d, axis=(-2, -1), use_bias=False, dtype=dtype, name="out",
+        kernel_init=_reshaped(xavier_uniform(d, d), (h, p, d)))(ctx_BxLxHxP)
+    return out_BxLxD, weights_BxHxLxL
+
+
+def _reshaped(init, shape):
+  """Initialiser that draws with `init` and reshapes to the requested Flax kernel shape."""
+
+  def wrapped(key, requested_shape, dtype=jnp.float32):
+    del requested_shape
+    return init(key, shape, dtype)
+
+  return wrapped
+
+
+class TransformerLayer(nn.Module):
+  """One post-LayerNorm transformer layer (REFERENCE.md §1 "Model")."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+    attn_BxLxD, weights = MultiHeadAttention(cfg, name="attention")(
+        x_BxLxD, mask_BxHxLxL, deterministic)
+    x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
+        x_BxLxD + drop(attn_BxLxD))
+    h_BxLxF = nn.Dense(cfg.d_ff, dtype=dtype, name="linear1",
+                       kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
+                           x_BxLxD)
+    h_BxLxF = drop(nn.relu(h_BxLxF))
+    ff_BxLxD = nn.Dense(cfg.d_model, dtype=dtype, name="linear2",
+                        kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
+    x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
+        x_BxLxD + drop(ff_BxLxD))
+    return x_BxLxD, weights
+
+
+class TransformerLM(nn.Module):
+  """Causal transformer LM of the structural-grokking study, for one seed.
+
+  Call signature: `apply({'params': p}, tokens_BxL, deterministic=..., attention_mask=None,
+  return_internals=False, rngs={'dropout': key})`.
+
+  Args (of `__call__`):
+    tokens_BxL: int32 [batch, length] input ids (`SOS w1 ... wn` then `<pad>`=0).
+    deterministic: disable dropout (evaluation/analysis).
+    attention_mask: optional bool [batch, length, length] or [batch, heads, length, length];
+      True = may attend. It is AND-ed with the causal mask in every layer.
+    return_internals: also return `{'attention': [num_layers, batch, heads, L, L] float32,
+      'hidden': [num_layers + 1, batch, L, d_model]}` (hidden[0] = embedding + positions after
+      dropout, hidden[l] = output of layer l).
+
+  Returns:
+    logits [batch, length, vocab_size] (float32), or `(logits, internals)`.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True,
+               attention_mask: Array | None = None, return_internals: bool = False):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    _, length = tokens_BxL.shape
+    if length > cfg.max_len:
+      raise ValueError(f"sequence length {length} exceeds model max_len {cfg.max_len}")
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
+                     embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
+    x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
+    x_BxLxD = x_BxLxD + jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model)[:length], dtype)
+    x_BxLxD = nn.Dropout(cfg.dropout)(x_BxLxD, deterministic=deterministic)
+
+    mask = causal_mask(length)[None, None]
+    if attention_mask is not None:
+      extra = attention_mask if attention_mask.ndim == 4 else attention_mask[:, None]
+      mask = jnp.logical_and(mask, extra)
+
+    hidden, attention = [x_BxLxD], []
+    for i in range(cfg.num_layers):
+      x_BxLxD, weights = TransformerLayer(cfg, name=f"layer_{i}")(x_BxLxD, mask, deterministic)
+      hidden.append(x_BxLxD)
+      attention.append(weights)
+
+    if cfg.tied_embeddings:
+      logits_BxLxV = embed.attend(x_BxLxD.astype(jnp.float32))
+    else:
+      logits_BxLxV = nn.Dense(cfg.vocab_size, name="output",
+                              kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
+                                  x_BxLxD.astype(jnp.float32))
+    logits_BxLxV = logits_BxLxV.astype(jnp.float32)
+    if return_internals:
+      return logits_BxLxV, {"attention": jnp.stack(attention), "hidden": jnp.stack(hidden)}
+    return logits_BxLxV
+
+
+def init_params(config: ModelConfig, key: Array, length: int = 8):
+  """Initial parameters of one seed (a pytree of float32 arrays)."""
+  tokens = jnp.zeros((1, length), jnp.int32)
+  return TransformerLM(config).init({"params": key}, tokens, deterministic=True)["params"]
+
+
+def num_params(params) -> int:
+  """Number of scalars in a parameter pytree (per seed if unstacked)."""
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
