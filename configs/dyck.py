@@ -1,0 +1,18 @@
+r"""Dyck-(20,10) language modelling for structural grokking (Murty et al. 2023, §3).
+
+Defaults = the released code (REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
+10 seeds, 400k steps; accuracy of the closing-bracket prediction at every closing bracket
+(`eval.dyck_min_distance=10` gives the paper's long-dependency variant).
+
+Run:
+  python -m sg_jax.main --config=configs/dyck.py:depth=6 --workdir=runs/dyck6
+  python -m sg_jax.main --config=configs/dyck.py:quick --workdir=runs/dyck_quick
+"""
+
+from sg_jax import configlib
+
+
+def get_config(config_string: str | None = None):
+  config = configlib.base_config("dyck")
+  config.train.num_steps = 400_000
+  return configlib.apply_config_string(config, config_string, configlib.PRESETS)

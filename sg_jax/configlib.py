@@ -1,0 +1,275 @@
+"""Shared config defaults, the `key=value` config-string parser, and config validation.
+
+Every file in `configs/` calls `base_config(task)` and `apply_config_string(config, arg)`, so
+`--config=configs/tense.py:depth=8,seeds=4,quick` works the same for every task (in the style of
+big_vision's parameter strings). Any field can still be overridden afterwards with
+`--config.section.field=value` (ml_collections' config_flags). Values derived from other values
+(e.g. a default warm-up) are resolved in `train.py`, after command-line overrides.
+
+Defaults reproduce the *released* structural-grokking code (Murty et al., ACL 2023;
+`../shared/docs/REFERENCE.md` §1): d_model 512, 8 heads, feed-forward 2048, untied output layer,
+clipping at 1.0, AdamW lr 1e-4 / eps 1e-7, warm-up 10k then linear decay to 0 at 2M, batch 8.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+import ml_collections
+
+TASKS = ("question", "tense", "dyck")
+
+# Shorthand keys accepted in the config string, mapped to config fields.
+ALIASES = {
+    "depth": "model.num_layers",
+    "layers": "model.num_layers",
+    "num_layers": "model.num_layers",
+    "d_model": "model.d_model",
+    "heads": "model.num_heads",
+    "num_heads": "model.num_heads",
+    "d_ff": "model.d_ff",
+    "dropout": "model.dropout",
+    "tied": "model.tied_embeddings",
+    "dtype": "model.dtype",
+    "seeds": "num_seeds",
+    "first_seed": "first_seed",
+    "steps": "train.num_steps",
+    "batch": "train.batch_size",
+    "batch_size": "train.batch_size",
+    "lr": "optim.learning_rate",
+    "clip": "optim.grad_clip_norm",
+    "warmup": "optim.warmup_steps",
+    "eval_every": "eval.every",
+    "checkpoint_every": "checkpoint.every",
+    "num_train": "data.num_train",
+}
+
+
+def base_config(task: str) -> ml_collections.ConfigDict:
+  """Reference defaults shared by all tasks (see module docstring).
+
+  Raises:
+    ValueError: unknown task name.
+  """
+  if task not in TASKS:
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+  c = ml_collections.ConfigDict()
+  # Which study task to train on: question | tense | dyck.
+  c.task = task
+  # Seeds first_seed .. first_seed + num_seeds - 1 train at once (vmapped). Seed s initialises
+  # its parameters, dropout and data order from jax.random.key(s) only, so a seed trained in a
+  # group equals the same seed trained alone.
+  c.first_seed = 0
+  c.num_seeds = 10
+
+  c.data = ml_collections.ConfigDict()
+  # Folder with the split files; '' = generate them into WORKDIR/data (deterministic in data.seed).
+  c.data.dir = ""
+  # Seed of the data generator (independent of the model seeds).
+  c.data.seed = 0
+  # Number of generated training lines (0 = the task's default, e.g. 100,000 for question).
+  c.data.num_train = 0
+
+  c.model = ml_collections.ConfigDict()
+  # Depth ("num_layers" in the paper's figures).
+  c.model.num_layers = 6
+  c.model.d_model = 512
+  # Released code: 8 heads (the paper states 4; use heads=4 for the paper's variant).
+  c.model.num_heads = 8
+  # Released code: 4 x 512 = 2048.
+  c.model.d_ff = 2048
+  c.model.dropout = 0.1
+  # Released code: untied output layer (the paper describes tied embeddings: tied=True).
+  c.model.tied_embeddings = False
+  # Computation dtype: float32 (default, for fidelity) or bfloat16 (fp32 master weights).
+  c.model.dtype = "float32"
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 1e-4
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.eps = 1e-7
+  c.optim.weight_decay = 0.0
+  # Learning-rate schedule: "linear" = warm-up then linear decay to 0 at decay_steps (reference);
+  # "constant" = warm-up then constant.
+  c.optim.schedule = "linear"
+  c.optim.warmup_steps = 10_000
+  # Step at which the linear decay reaches 0 (reference: 2M, so lr is ~0.85e-4 at 300k).
+  c.optim.decay_steps = 2_000_000
+  # Global-norm gradient clipping (released code 1.0; the paper states 10). 0 disables.
+  c.optim.grad_clip_norm = 1.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 300_000
+  # Sentences per step per seed.
+  c.train.batch_size = 8
+  # Optimisation steps per compiled call (lax.scan). A call is shortened when a log, evaluation
+  # or checkpoint falls inside it, so intervals need not be multiples of it.
+  c.train.steps_per_call = 100
+  # Train-metric logging interval (steps).
+  c.train.log_every = 500
+
+  c.eval = ml_collections.ConfigDict()
+  # Evaluation interval (steps); the reference logs every 3k steps.
+  c.eval.every = 3_000
+  # Lines per evaluation batch (per seed).
+  c.eval.batch_size = 250
+  # Lines evaluated per split (0 = all). Tense decodes at most 2,000 lines (reference).
+  c.eval.max_lines = 0
+  # Dyck: count only closing brackets whose opening bracket is at least this many tokens back.
+  c.eval.dyck_min_distance = 0
+
+  c.checkpoint = ml_collections.ConfigDict()
+  # Checkpoint interval (steps); the analysis reads these.
+  c.checkpoint.every = 3_000
+  # Checkpoints kept (0 = keep all: the analysis needs the whole trajectory).
+  c.checkpoint.max_to_keep = 0
+  return c
+
+
+def _parse_value(text: str) -> Any:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    low = text.lower()
+    if low in ("true", "false"):
+      return low == "true"
+    return text
+
+
+def set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+  """Sets `config.a.b = value`, converting ints to floats where the field is a float.
+
+  Raises:
+    ValueError: the field does not exist, or the value has the wrong type.
+  """
+  parts = dotted.split(".")
+  node = config
+  for p in parts[:-1]:
+    if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
+      raise ValueError(f"unknown config field {dotted!r}")
+    node = node[p]
+  leaf = parts[-1]
+  if leaf not in node:
+    raise ValueError(f"unknown config field {dotted!r}")
+  old = node[leaf]
+  if isinstance(old, bool) and not isinstance(value, bool):
+    raise ValueError(f"config field {dotted!r} expects true/false, got {value!r}")
+  if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if isinstance(old, (int, float)) and not isinstance(old, bool) and isinstance(value, str):
+    raise ValueError(f"config field {dotted!r} expects a number, got {value!r}")
+  if isinstance(old, str) and not isinstance(value, str):
+    value = str(value)
+  node[leaf] = value
+
+
+def apply_config_string(config: ml_collections.ConfigDict, arg: str | None,
+                        presets: dict[str, dict[str, Any]] | None = None
+                        ) -> ml_collections.ConfigDict:
+  """Applies a comma-separated config string such as `depth=8,seeds=4,quick`.
+
+  Bare words name presets (`presets[name]` maps dotted fields to values) and are applied first,
+  in order; `key=value` pairs (aliases from `ALIASES` or dotted field names) are applied after,
+  so `quick,depth=3` gives the quick preset with 3 layers.
+
+  Raises:
+    ValueError: unknown preset, unknown key, or a value of the wrong type (naming it).
+  """
+  presets = presets or {}
+  if not arg:
+    return config
+  items = [s.strip() for s in arg.split(",") if s.strip()]
+  pairs = []
+  for item in items:
+    if "=" in item:
+      key, value = item.split("=", 1)
+      pairs.append((key.strip(), _parse_value(value.strip())))
+    elif item in presets:
+      for field, value in presets[item].items():
+        set_field(config, field, value)
+    else:
+      raise ValueError(f"unknown preset {item!r} in config string {arg!r}; "
+                       f"presets: {sorted(presets)}")
+  for key, value in pairs:
+    set_field(config, ALIASES.get(key, key), value)
+  return config
+
+
+QUICK = {
+    # Small enough to show learning on a 2-core CPU in a couple of minutes.
+    "num_seeds": 4,
+    "data.num_train": 10_000,
+    "model.num_layers": 2,
+    "model.d_model": 128,
+    "model.num_heads": 4,
+    "model.d_ff": 512,
+    "optim.learning_rate": 1e-3,
+    "optim.warmup_steps": 300,
+    "optim.schedule": "constant",
+    "train.num_steps": 3_000,
+    "train.log_every": 500,
+    "eval.every": 1_000,
+    "eval.max_lines": 1_000,
+    "checkpoint.every": 1_000,
+}
+
+PAPER = {
+    # The paper's stated variant (REFERENCE.md table): 4 heads, tied embeddings, clipping 10.
+    "model.num_heads": 4,
+    "model.tied_embeddings": True,
+    "optim.grad_clip_norm": 10.0,
+}
+
+PRESETS = {"quick": QUICK, "paper": PAPER}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks a resolved config before any compute; raises ValueError naming the bad field."""
+
+  def need(cond: bool, field: str, msg: str):
+    if not cond:
+      raise ValueError(f"invalid config: {field} {msg} (got {_get(config, field)!r})")
+
+  need(config.task in TASKS, "task", f"must be one of {TASKS}")
+  need(config.num_seeds >= 1, "num_seeds", "must be >= 1")
+  need(config.first_seed >= 0, "first_seed", "must be >= 0")
+  need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
+  m = config.model
+  need(m.num_layers >= 1, "model.num_layers", "(depth) must be >= 1")
+  need(m.d_model >= 1, "model.d_model", "must be >= 1")
+  need(m.num_heads >= 1, "model.num_heads", "must be >= 1")
+  need(m.d_model % max(m.num_heads, 1) == 0, "model.d_model",
+       f"must be divisible by model.num_heads={m.num_heads}")
+  need(m.d_ff >= 1, "model.d_ff", "must be >= 1")
+  need(0.0 <= m.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+  need(m.dtype in ("float32", "bfloat16"), "model.dtype", "must be float32 or bfloat16")
+  o = config.optim
+  need(o.learning_rate > 0, "optim.learning_rate", "must be > 0")
+  need(o.eps > 0, "optim.eps", "must be > 0")
+  need(0 <= o.b1 < 1, "optim.b1", "must be in [0, 1)")
+  need(0 <= o.b2 < 1, "optim.b2", "must be in [0, 1)")
+  need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+  need(o.schedule in ("linear", "constant"), "optim.schedule", "must be linear or constant")
+  need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+  need(o.decay_steps > o.warmup_steps or o.schedule == "constant", "optim.decay_steps",
+       "must exceed optim.warmup_steps")
+  need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
+  t = config.train
+  need(t.num_steps >= 1, "train.num_steps", "must be >= 1")
+  need(t.batch_size >= 1, "train.batch_size", "must be >= 1")
+  need(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1")
+  need(t.log_every >= 1, "train.log_every", "must be >= 1")
+  need(config.eval.every >= 1, "eval.every", "must be >= 1")
+  need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+  need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
+  need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
+  need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
+
+
+def _get(config, dotted):
+  node = config
+  for p in dotted.split("."):
+    node = node[p]
+  return node
