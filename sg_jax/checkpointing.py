@@ -1,0 +1,163 @@
+"""Orbax checkpoints of a multi-seed run: `WORKDIR/checkpoints/<step>/{state,meta}`.
+
+`state` holds the stacked per-seed `TrainState` (parameters, optimiser state, step, PRNG key data,
+divergence flags), every array with a leading seed axis `[seed, ...]`. `meta` (JSON) holds the
+resolved config, the vocabulary and the list of seed ids, so that the analysis can rebuild the
+model from a workdir alone. Checkpoints are written by orbax, which commits a step atomically
+(a half-written step is never listed), and are kept forever by default because the analysis
+needs the whole trajectory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint directory is missing, unreadable or inconsistent."""
+
+
+def checkpoint_dir(workdir: str) -> str:
+  """Absolute path of the checkpoint folder of `workdir` (orbax needs absolute paths)."""
+  return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+
+
+def make_manager(workdir: str, *, max_to_keep: int = 0, create: bool = True,
+                 asynchronous: bool = True) -> ocp.CheckpointManager:
+  """CheckpointManager for `workdir` (max_to_keep 0 = keep all)."""
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep or None, create=create,
+      enable_async_checkpointing=asynchronous)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                               item_names=("state", "meta"))
+
+
+def make_meta(config: ml_collections.ConfigDict, vocab_json: str, seeds: list[int]) -> dict:
+  """The JSON metadata stored beside every checkpoint."""
+  return {"config": json.loads(config.to_json()), "vocab": json.loads(vocab_json),
+          "seeds": [int(s) for s in seeds]}
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict,
+         force: bool = True) -> None:
+  """Saves the stacked state at `step` (asynchronously; call `manager.wait_until_finished()`)."""
+  manager.save(int(step), args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+
+
+def all_steps(workdir: str) -> list[int]:
+  """Sorted steps with a committed checkpoint (empty if there is none)."""
+  if not os.path.isdir(checkpoint_dir(workdir)):
+    return []
+  mngr = make_manager(workdir, create=False, asynchronous=False)
+  try:
+    return sorted(int(s) for s in mngr.all_steps())
+  finally:
+    mngr.close()
+
+
+@dataclasses.dataclass
+class Restored:
+  """A restored checkpoint.
+
+  Attributes:
+    step: training step of the checkpoint.
+    state: the stacked per-seed state (pytree of arrays with leading axis [seed]); when restored
+      without a target it is a nested dict with keys params, opt_state, step, key, ...
+    config: the run's resolved config.
+    vocab_json: the vocabulary (see `sg_jax.tasks.vocab.Vocab.from_json`).
+    seeds: the seed ids along the leading axis.
+  """
+
+  step: int
+  state: Any
+  config: ml_collections.ConfigDict
+  vocab_json: str
+  seeds: list[int]
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
+  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
+def restore(workdir: str, step: int | None = None, target: Any = None,
+            params_only: bool = False) -> Restored:
+  """Restores checkpoint `step` (default: latest) of `workdir`.
+
+  Args:
+    workdir: run directory.
+    step: checkpoint step; None = latest.
+    target: optional abstract pytree (e.g. from `jax.eval_shape`) the state is restored into;
+      None restores the saved tree as nested dicts of arrays.
+    params_only: restore only `state['params']` (faster, for the analysis).
+
+  Raises:
+    CheckpointError: no checkpoint, unknown step, or an unreadable checkpoint (naming the step).
+  """
+  steps = all_steps(workdir)
+  if not steps:
+    raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}")
+  if step is None:
+    step = steps[-1]
+  if step not in steps:
+    raise CheckpointError(f"no checkpoint for step {step} in {checkpoint_dir(workdir)}; "
+                          f"available: {steps}")
+  mngr = make_manager(workdir, create=False, asynchronous=False)
+  try:
+    meta = read_meta(mngr, step)
+    if target is not None:
+      state_args = ocp.args.StandardRestore(target)
+    elif params_only:
+      meta_tree = mngr.item_metadata(step)["state"]
+      tree = meta_tree.tree if hasattr(meta_tree, "tree") else meta_tree
+      abstract = {"params": jax.tree_util.tree_map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
+      state_args = ocp.args.PyTreeRestore(
+          item=abstract, restore_args=jax.tree_util.tree_map(
+              lambda _: ocp.ArrayRestoreArgs(), abstract),
+          partial_restore=True)
+    else:
+      state_args = ocp.args.StandardRestore()
+    state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+  except CheckpointError:
+    raise
+  except Exception as e:  # orbax/tensorstore raise many types for corrupt data
+    raise CheckpointError(
+        f"checkpoint step {step} in {checkpoint_dir(workdir)} is unreadable: {e}") from e
+  finally:
+    mngr.close()
+  config = ml_collections.ConfigDict(meta["config"])
+  return Restored(step=int(step), state=state, config=config,
+                  vocab_json=json.dumps(meta["vocab"]), seeds=list(meta["seeds"]))
+
+
+def restore_seed_params(workdir: str, seed: int, step: int | None = None):
+  """Parameters of ONE seed (by seed id, not position) from checkpoint `step` (default latest).
+
+  Returns:
+    (params pytree without a seed axis, Restored with `state` holding the stacked params).
+
+  Raises:
+    CheckpointError: as `restore`, or the seed is not part of the run.
+  """
+  restored = restore(workdir, step, params_only=True)
+  if seed not in restored.seeds:
+    raise CheckpointError(f"seed {seed} is not in the run at {workdir}; seeds: {restored.seeds}")
+  index = restored.seeds.index(seed)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x)[index], restored.state["params"])
+  return params, restored
+
+
+def log_available(workdir: str) -> None:
+  logging.info("checkpoints in %s: %s", checkpoint_dir(workdir), all_steps(workdir))

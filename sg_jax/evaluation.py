@@ -1,0 +1,193 @@
+"""Task metrics of the structural-grokking study, for one seed (vmapped over seeds by callers).
+
+Definitions follow the released code (Murty et al., ACL 2023, §3; `../shared/docs/REFERENCE.md`
+§1 "Tasks"):
+
+* question formation: feed the line up to and including `quest`; among the four auxiliaries
+  {do, does, don't, doesn't} take the one with the highest next-token score; correct when it is the
+  question's first word. Computed on `quest` lines only.
+* tense reinflection: greedy-decode after `PAST`/`PRESENT`; correct when the decoded sentence has
+  the target's part-of-speech sequence and the target's main verb.
+* Dyck: at every closing bracket (optionally only those whose opening bracket is at least
+  `min_distance` tokens back), the argmax over closing-bracket tokens must be the correct type.
+
+All functions take logits from a teacher-forced pass, except `greedy_decode`, which runs the model.
+Arrays are per seed: `[batch, length]` etc.; `evaluate_split` batches over lines with `lax.map`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Array = jax.Array
+
+QUESTION_AUXILIARIES = ("do", "does", "don't", "doesn't")
+
+
+def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]:
+  """Per-line summed cross-entropy (nats) and number of non-padding target tokens.
+
+  Returns:
+    (loss_sum [batch] float32, count [batch] float32); padding targets (id 0) are ignored.
+  """
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+  mask = (targets_BxL != 0).astype(jnp.float32)
+  return jnp.sum(ce * mask, axis=-1), jnp.sum(mask, axis=-1)
+
+
+def question_correct(logits_BxLxV: Array, task_pos_B: Array, targets_BxL: Array,
+                     aux_ids: Array) -> Array:
+  """Auxiliary-ranking correctness per line (bool [batch]).
+
+  Args:
+    logits_BxLxV: next-token logits of the teacher-forced line.
+    task_pos_B: index t of the `quest`/`decl` token in the inputs; logits[t] predict the first
+      word of the target.
+    targets_BxL: target ids; targets[t] at t = task_pos is the target's first word.
+    aux_ids: int32 [4] vocabulary ids of do, does, don't, doesn't.
+  """
+  at_task = jnp.take_along_axis(logits_BxLxV, task_pos_B[:, None, None], axis=1)[:, 0]  # [B, V]
+  best = aux_ids[jnp.argmax(at_task[:, aux_ids], axis=-1)]
+  first = jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
+  return best == first
+
+
+def dyck_correct(logits_BxLxV: Array, targets_BxL: Array, close_mask_BxL: Array,
+                 close_distance_BxL: Array, close_ids: Array, min_distance: int = 0
+                 ) -> tuple[Array, Array]:
+  """Closing-bracket prediction: (correct count [batch], scored count [batch]), float32.
+
+  At every target position that is a closing bracket (and whose matching opening bracket is at
+  least `min_distance` tokens back), the argmax over the closing-bracket ids must equal the target.
+  """
+  best = close_ids[jnp.argmax(logits_BxLxV[..., close_ids], axis=-1)]  # [B, L]
+  scored = close_mask_BxL & (close_distance_BxL >= min_distance)
+  correct = (best == targets_BxL) & scored
+  return jnp.sum(correct, -1).astype(jnp.float32), jnp.sum(scored, -1).astype(jnp.float32)
+
+
+def greedy_decode(apply_fn: Callable[[Array], Array], inputs_BxL: Array, task_pos_B: Array,
+                  num_steps: int) -> Array:
+  """Greedy continuation after the task token.
+
+  Args:
+    apply_fn: tokens [batch, length+1] -> logits [batch, length+1, vocab] (deterministic).
+    inputs_BxL: teacher-forced inputs; only positions <= task_pos are used.
+    task_pos_B: index of the task token in each line.
+    num_steps: tokens to decode (static), e.g. the longest target incl. EOS.
+
+  Returns:
+    decoded_BxL: int32 [batch, length]; decoded[t] is the token predicted after position t, for
+    t >= task_pos (aligned with `targets`); 0 before task_pos.
+  """
+  batch, length = inputs_BxL.shape
+  positions = jnp.arange(length + 1)[None]
+  buf = jnp.pad(inputs_BxL, ((0, 0), (0, 1)))
+  buf = jnp.where(positions <= task_pos_B[:, None], buf, 0)
+  rows = jnp.arange(batch)
+
+  def body(k, buf):
+    logits = apply_fn(buf)
+    p = jnp.minimum(task_pos_B + k, length - 1)
+    nxt = jnp.argmax(logits[rows, p], axis=-1).astype(buf.dtype)
+    return buf.at[rows, p + 1].set(nxt)
+
+  buf = jax.lax.fori_loop(0, num_steps, body, buf)
+  decoded = buf[:, 1:]
+  return jnp.where(jnp.arange(length)[None] >= task_pos_B[:, None], decoded, 0)
+
+
+def tense_correct(decoded_BxL: Array, targets_BxL: Array, task_pos_B: Array, lengths_B: Array,
+                  main_verb_pos_B: Array, pos_table: Array) -> Array:
+  """Tense metric per line (bool [batch]): same part-of-speech sequence and same main verb.
+
+  The part-of-speech sequences are compared over the target half including EOS (positions
+  task_pos .. length-1 of `targets`), so the decoded sentence must also end where the target ends.
+  """
+  span = (jnp.arange(targets_BxL.shape[1])[None] >= task_pos_B[:, None]) & (
+      jnp.arange(targets_BxL.shape[1])[None] < lengths_B[:, None])
+  same_pos = (pos_table[decoded_BxL] == pos_table[targets_BxL]) | ~span
+  mv = jnp.maximum(main_verb_pos_B, 0)[:, None]
+  same_verb = (jnp.take_along_axis(decoded_BxL, mv, 1) == jnp.take_along_axis(targets_BxL, mv, 1))
+  return jnp.all(same_pos, axis=-1) & same_verb[:, 0] & (main_verb_pos_B >= 0)
+
+
+def pad_to_multiple(arrays: dict[str, np.ndarray], multiple: int) -> tuple[dict, int]:
+  """Pads every [N, ...] array along axis 0 to a multiple of `multiple`; returns (arrays, N).
+
+  Padded lines are all-zero (`lengths` 0) and are excluded by the `valid` field added here.
+  """
+  n = next(iter(arrays.values())).shape[0]
+  total = -(-n // multiple) * multiple
+  out = {k: np.concatenate([v, np.zeros((total - n,) + v.shape[1:], v.dtype)])
+         for k, v in arrays.items()}
+  out["valid"] = np.arange(total) < n
+  return out, n
+
+
+def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
+                     dyck_min_distance: int = 0) -> Callable:
+  """Builds `evaluate(params, batches) -> {'loss', 'accuracy'}` for ONE seed.
+
+  Args:
+    task_name: "question", "tense" or "dyck".
+    apply_fn: `(params, tokens [B, L]) -> logits [B, L, V]`, deterministic.
+    vocab: the task's `Vocab` (for the auxiliary / closing-bracket ids and the POS table).
+    decode_steps: tense only: tokens to decode (longest target incl. EOS).
+    dyck_min_distance: Dyck only: minimum distance to the matching opening bracket.
+
+  The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
+  (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
+  `loss` = mean token cross-entropy (nats) over every non-padding target position of the split,
+  `accuracy` = the task metric (module docstring).
+
+  Raises:
+    ValueError: unknown task name.
+  """
+  if task_name not in ("question", "tense", "dyck"):
+    raise ValueError(f"unknown task {task_name!r}")
+  if task_name == "question":
+    aux_ids = jnp.asarray(vocab.encode(QUESTION_AUXILIARIES), jnp.int32)
+  if task_name == "tense":
+    pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
+  if task_name == "dyck":
+    close_ids = jnp.asarray([i for i, w in enumerate(vocab.words, start=1) if w.endswith(")")],
+                            jnp.int32)
+
+  def one_batch(params, batch):
+    logits = apply_fn(params, batch["inputs"])
+    valid = batch["valid"]
+    loss_sum, count = token_losses(logits, batch["targets"])
+    out = {"loss_sum": jnp.sum(jnp.where(valid, loss_sum, 0.0)),
+           "tokens": jnp.sum(jnp.where(valid, count, 0.0))}
+    if task_name == "question":
+      sel = valid & batch["transformed"]
+      ok = question_correct(logits, batch["task_pos"], batch["targets"], aux_ids)
+      out["correct"] = jnp.sum(ok & sel).astype(jnp.float32)
+      out["total"] = jnp.sum(sel).astype(jnp.float32)
+    elif task_name == "tense":
+      decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"], batch["task_pos"],
+                              decode_steps)
+      ok = tense_correct(decoded, batch["targets"], batch["task_pos"], batch["lengths"],
+                         batch["main_verb_pos"], pos_table)
+      out["correct"] = jnp.sum(ok & valid).astype(jnp.float32)
+      out["total"] = jnp.sum(valid).astype(jnp.float32)
+    else:
+      correct, scored = dyck_correct(logits, batch["targets"], batch["close_mask"],
+                                     batch["close_distance"], close_ids, dyck_min_distance)
+      out["correct"] = jnp.sum(jnp.where(valid, correct, 0.0))
+      out["total"] = jnp.sum(jnp.where(valid, scored, 0.0))
+    return out
+
+  def evaluate(params, batches):
+    sums = jax.lax.map(lambda b: one_batch(params, b), batches)
+    sums = jax.tree_util.tree_map(jnp.sum, sums)
+    return {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
+            "accuracy": sums["correct"] / jnp.maximum(sums["total"], 1.0)}
+
+  return evaluate

@@ -1,0 +1,57 @@
+r"""Entry point: train many seeds of the structural-grokking LM in one process.
+
+  python -m sg_jax.main --config=configs/tense.py:depth=8 --workdir=runs/tense8
+  python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick \
+      --config.train.num_steps=5000
+
+Rerunning the same command resumes from the latest checkpoint in --workdir. On SIGTERM/SIGINT
+the run finishes the current compiled call, writes a checkpoint and exits with code 75.
+"""
+
+import logging as py_logging
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from sg_jax import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file with an optional config string, e.g. configs/question.py:quick.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and data.")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False,
+    "Resume a workdir even though it was written with a different config.")
+_TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Library chatter (orbax, absl) at WARNING; sg_jax's own progress lines at INFO.
+  logging.set_verbosity(logging.WARNING)
+  handler = py_logging.StreamHandler(sys.stderr)
+  handler.setFormatter(py_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  sg_log = py_logging.getLogger("sg_jax")
+  sg_log.addHandler(handler)
+  sg_log.setLevel(py_logging.INFO)
+  sg_log.propagate = False
+  try:
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                                      allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+                                      tensorboard=_TENSORBOARD.value)
+  except train.Preempted as e:
+    sg_log.warning("%s; rerun the same command to resume", e)
+    sys.exit(train.EXIT_PREEMPTED)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  summary = {k: [round(float(x), 4) for x in v] for k, v in result["eval"].items()}
+  print(f"finished at step {result['step']}; final per-seed metrics: {summary}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,130 @@
+"""Per-seed metrics: a long-format CSV table plus clu (TensorBoard) summaries.
+
+`WORKDIR/metrics.csv` has the columns `step,seed,name,value`, one row per seed and metric. Every
+`write` appends its whole block of rows with a single `os.write` on a file opened with O_APPEND
+and then fsyncs, so a crash never leaves a torn line. On resume, `truncate_after(step)` drops rows
+logged after the checkpoint the run resumes from (atomically, via a temporary file and
+`os.replace`), so a resumed run's table equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+HEADER = "step,seed,name,value\n"
+
+
+class MetricsTable:
+  """Append-only `step,seed,name,value` CSV table (see module docstring)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+      self._append(HEADER)
+
+  def _append(self, text: str) -> None:
+    data = text.encode()
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      written = os.write(fd, data)
+      if written != len(data):
+        raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+
+  def write(self, step: int, seeds: Sequence[int], metrics: Mapping[str, np.ndarray]) -> None:
+    """Appends one row per (seed, metric); each value array is [num_seeds]."""
+    buf = io.StringIO()
+    for name in sorted(metrics):
+      values = np.asarray(metrics[name], dtype=np.float64).reshape(-1)
+      for seed, value in zip(seeds, values):
+        buf.write(f"{int(step)},{int(seed)},{name},{_fmt(value)}\n")
+    self._append(buf.getvalue())
+
+  def rows(self) -> list[dict]:
+    """All rows as dicts with int step/seed and float value."""
+    return read_table(self.path)
+
+  def truncate_after(self, step: int) -> int:
+    """Drops rows with step > `step` (atomically); returns how many were dropped."""
+    if not os.path.exists(self.path):
+      return 0
+    with open(self.path) as f:
+      lines = f.readlines()
+    keep = [HEADER]
+    dropped = 0
+    for line in lines[1:]:
+      if not line.endswith("\n"):
+        dropped += 1  # a torn final line cannot happen with _append, but never keep one
+        continue
+      if int(line.split(",", 1)[0]) > step:
+        dropped += 1
+      else:
+        keep.append(line)
+    if dropped:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, self.path)
+    return dropped
+
+
+def _fmt(value: float) -> str:
+  if math.isnan(value):
+    return "nan"
+  return repr(float(value))
+
+
+def read_table(path: str) -> list[dict]:
+  """Reads a `step,seed,name,value` CSV into a list of dicts (values as float)."""
+  with open(path, newline="") as f:
+    return [{"step": int(r["step"]), "seed": int(r["seed"]), "name": r["name"],
+             "value": float(r["value"])} for r in csv.DictReader(f)]
+
+
+class SummaryWriter:
+  """clu metric writer (TensorBoard event files under WORKDIR/tensorboard) for per-seed scalars.
+
+  Scalars are written as `name/seed_<id>` plus `name/mean` (over finite seeds). If clu's
+  TensorBoard writer cannot be created (TensorFlow missing), falls back to logging only.
+  """
+
+  def __init__(self, logdir: str, enabled: bool = True):
+    self._writer = None
+    if enabled:
+      try:
+        from clu import metric_writers  # imports TensorFlow
+        self._writer = metric_writers.create_default_writer(logdir, asynchronous=True)
+      except Exception as e:  # pragma: no cover - depends on the environment
+        logging.warning("TensorBoard summaries disabled (%s)", e)
+
+  def write(self, step: int, seeds: Sequence[int], metrics: Mapping[str, np.ndarray]) -> None:
+    if self._writer is None:
+      return
+    scalars = {}
+    for name, values in metrics.items():
+      values = np.asarray(values, dtype=np.float64).reshape(-1)
+      for seed, v in zip(seeds, values):
+        scalars[f"{name}/seed_{seed}"] = v
+      finite = values[np.isfinite(values)]
+      if finite.size:
+        scalars[f"{name}/mean"] = float(finite.mean())
+    self._writer.write_scalars(int(step), scalars)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()

@@ -1,0 +1,475 @@
+"""Training loop: many seeds of the structural-grokking LM at once (Murty et al., ACL 2023).
+
+Everything is written for ONE seed (`init_state`, `train_step`, `train_chunk`) and the seed axis
+is added with `jax.vmap` in exactly one place (`make_train_fns`). A compiled call runs
+`train.steps_per_call` optimisation steps with `lax.scan`; the training set lives on device and
+each seed draws its own epoch permutations from its own key. Every random quantity of seed `s` at
+step `t` is a pure function of (`jax.random.key(s)`, `t`), so a resumed run equals an
+uninterrupted one and a seed trained in a group equals the same seed trained alone.
+
+Host round trips happen only at logging, evaluation and checkpoint intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from sg_jax import checkpointing
+from sg_jax import configlib
+from sg_jax import evaluation
+from sg_jax import metric_logging
+from sg_jax import model as model_lib
+
+Array = jax.Array
+log = logging.getLogger("sg_jax")
+EXIT_PREEMPTED = 75  # exit code after a SIGTERM/SIGINT-triggered checkpoint (EX_TEMPFAIL)
+
+# Config fields that may change between a run and its resumption (they do not change training).
+RESUMABLE_CHANGES = ("train.num_steps", "train.steps_per_call", "train.log_every", "eval.",
+                     "checkpoint.every", "checkpoint.max_to_keep")
+
+
+class Preempted(Exception):
+  """Raised after a signal-triggered checkpoint; `main` exits with EXIT_PREEMPTED."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  """State of one seed (stacked: every leaf gets a leading [seed] axis).
+
+  Attributes:
+    step: int32 [] optimisation steps taken.
+    params: model parameters (float32).
+    opt_state: optax state (AdamW moments, schedule count).
+    key: uint32 [2] key data of the seed's root key `jax.random.key(seed)`.
+    diverged: bool [] True once the loss or gradient norm was non-finite; parameters then freeze.
+    diverged_step: int32 [] step at which it diverged (-1 if never).
+    sums: running sums since the last log: loss, grad_norm (before clipping) and steps.
+  """
+
+  step: Array
+  params: Any
+  opt_state: Any
+  key: Array
+  diverged: Array
+  diverged_step: Array
+  sums: dict
+
+
+def make_schedule(optim: ml_collections.ConfigDict) -> optax.Schedule:
+  """Learning rate per step: linear warm-up from 0, then linear decay to 0 at `decay_steps`
+  (reference) or constant."""
+  lr, warmup = optim.learning_rate, optim.warmup_steps
+  if optim.schedule == "constant":
+    after = optax.constant_schedule(lr)
+  else:
+    after = optax.linear_schedule(lr, 0.0, optim.decay_steps - warmup)
+  if warmup == 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def make_optimizer(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (REFERENCE.md §1)."""
+  adamw = optax.adamw(make_schedule(optim), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                      weight_decay=optim.weight_decay)
+  if optim.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(optim.grad_clip_norm), adamw)
+  return adamw
+
+
+def seed_keys(seeds: list[int]) -> Array:
+  """uint32 [num_seeds, 2] key data of `jax.random.key(s)` for each seed id."""
+  return jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
+
+
+def _subkey(key_data: Array, purpose: int) -> Array:
+  return jax.random.fold_in(jax.random.wrap_key_data(key_data), purpose)
+
+
+PARAMS_KEY, DROPOUT_KEY, DATA_KEY = 0, 1, 2
+
+
+def init_state(key_data: Array, model: model_lib.TransformerLM,
+               tx: optax.GradientTransformation) -> TrainState:
+  """Initial state of one seed from its key data (uint32 [2])."""
+  params = model_lib.init_params(model.config, _subkey(key_data, PARAMS_KEY))
+  zero = jnp.zeros((), jnp.float32)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    key=key_data, diverged=jnp.zeros((), bool),
+                    diverged_step=jnp.full((), -1, jnp.int32),
+                    sums={"loss": zero, "grad_norm": zero, "steps": zero})
+
+
+def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_BxL: Array,
+            dropout_key: Array | None) -> Array:
+  """Mean token cross-entropy (nats) over the non-padding target positions of a batch."""
+  logits = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
+                       rngs=None if dropout_key is None else {"dropout": dropout_key})
+  loss_sum, count = evaluation.token_losses(logits, targets_BxL)
+  return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
+
+
+def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
+               model: model_lib.TransformerLM, tx: optax.GradientTransformation) -> TrainState:
+  """One AdamW step of one seed; a non-finite loss/gradient freezes the seed (marks diverged)."""
+  dropout_key = jax.random.fold_in(_subkey(state.key, DROPOUT_KEY), step)
+  loss, grads = jax.value_and_grad(lm_loss)(state.params, model, inputs_BxL, targets_BxL,
+                                            dropout_key)
+  grad_norm = optax.global_norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  ok = finite & ~state.diverged
+  keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+  sums = {"loss": state.sums["loss"] + loss, "grad_norm": state.sums["grad_norm"] + grad_norm,
+          "steps": state.sums["steps"] + 1.0}
+  return state.replace(
+      step=state.step + 1, params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      diverged=state.diverged | ~finite,
+      diverged_step=jnp.where(state.diverged | finite, state.diverged_step, step),
+      sums=sums)
+
+
+def train_chunk(state: TrainState, data: dict, start_step: Array, num_steps: int,
+                batch_size: int, model: model_lib.TransformerLM,
+                tx: optax.GradientTransformation) -> TrainState:
+  """`num_steps` steps of one seed with `lax.scan`, drawing batches on device.
+
+  Args:
+    state: one seed's state.
+    data: {'inputs', 'targets'}: int32 [num_lines, length] training set on device (shared by
+      all seeds).
+    start_step: int32 [] global step of the first step (not batched over seeds).
+    num_steps, batch_size: static.
+
+  Each epoch of `num_lines // batch_size` steps visits a fresh permutation of the lines drawn
+  from `fold_in(data_key(seed), epoch)`; the remainder lines of an epoch are skipped.
+  """
+  n = data["inputs"].shape[0]
+  steps_per_epoch = n // batch_size
+  data_key = _subkey(state.key, DATA_KEY)
+  perm_for = lambda step: jax.random.permutation(
+      jax.random.fold_in(data_key, step // steps_per_epoch), n)
+
+  def body(carry, t):
+    state, perm = carry
+    step = start_step + t
+    within = step % steps_per_epoch
+    perm = jax.lax.cond(within == 0, lambda: perm_for(step), lambda: perm)
+    idx = jax.lax.dynamic_slice(perm, (within * batch_size,), (batch_size,))
+    state = train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
+    return (state, perm), None
+
+  (state, _), _ = jax.lax.scan(body, (state, perm_for(start_step)),
+                               jnp.arange(num_steps, dtype=jnp.int32))
+  return state
+
+
+@dataclasses.dataclass
+class TrainFns:
+  """The compiled, seed-vmapped functions of a run."""
+
+  init: Callable  # key_data [S, 2] -> TrainState [S, ...]
+  chunk: Callable  # (state, data, start_step, num_steps) -> state
+  model: model_lib.TransformerLM
+  tx: optax.GradientTransformation
+
+
+def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int) -> TrainFns:
+  """Builds the model, the optimiser and the jitted functions vmapped over the seed axis."""
+  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
+  tx = make_optimizer(config.optim)
+  init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
+  batch_size = int(config.train.batch_size)
+
+  def chunk(state, data, start_step, num_steps):
+    return jax.vmap(lambda s: train_chunk(s, data, start_step, num_steps, batch_size, model, tx)
+                    )(state)
+
+  chunk = jax.jit(chunk, static_argnums=(3,), donate_argnums=(0,))
+  return TrainFns(init=init, chunk=chunk, model=model, tx=tx)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data and evaluation set-up.
+
+
+def load_data(config: ml_collections.ConfigDict, workdir: str):
+  """Generates (if needed) and encodes the task's splits.
+
+  Returns:
+    (task, vocab, {'train': EncodedSplit, 'in_domain': ..., 'out_of_domain': ...}).
+  """
+  from sg_jax import tasks  # local import: keeps `import sg_jax.train` light
+
+  task = tasks.get_task(config.task)
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
+  vocab = task.vocab()
+  splits = {}
+  for name, split in (("train", "train"), ("in_domain", task.in_domain_split),
+                      ("out_of_domain", task.out_of_domain_split)):
+    splits[name] = task.encode(task.read_split(data_dir, split), vocab)
+  if len(splits["train"]) < config.train.batch_size:
+    raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
+                     f"number of training lines ({len(splits['train'])})")
+  return task, vocab, splits
+
+
+EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos", "transformed", "main_verb_pos",
+               "close_mask", "close_distance")
+
+
+def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
+  """Device arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines)."""
+  n = len(split) if not max_lines else min(max_lines, len(split))
+  arrays = {f: np.asarray(getattr(split, f))[:n] for f in EVAL_FIELDS}
+  batch_size = min(batch_size, n)
+  arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
+  return {k: jnp.asarray(v.reshape((-1, batch_size) + v.shape[1:])) for k, v in arrays.items()}
+
+
+def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
+  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S]}}`, jitted and seed-vmapped."""
+  apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
+  per_split = {}
+  for name, batches in eval_data.items():
+    lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
+    decode_steps = int(np.max(lengths - task_pos)) if config.task == "tense" else 0
+    per_split[name] = evaluation.make_evaluate_fn(
+        config.task, apply_fn, vocab, decode_steps=decode_steps,
+        dyck_min_distance=config.eval.dyck_min_distance)
+
+  def evaluate(params, data):
+    return {name: fn(params, data[name]) for name, fn in per_split.items()}
+
+  vmapped = jax.jit(jax.vmap(evaluate, in_axes=(0, None)))
+  return lambda params: vmapped(params, eval_data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Workdir bookkeeping.
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """Dotted names of fields whose values differ between two config dicts."""
+  diffs = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      diffs += config_differences(a, b, f"{prefix}{key}.")
+    elif a != b:
+      diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+  return diffs
+
+
+def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
+                         allow_config_change: bool) -> None:
+  """Refuses to resume a workdir written with a different config (listing the fields)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = json.load(f)
+  diffs = config_differences(old, json.loads(config.to_json()))
+  blocking = [d for d in diffs if not d.split(":")[0].startswith(RESUMABLE_CHANGES)]
+  if blocking and not allow_config_change:
+    raise ValueError(
+        f"workdir {workdir} was written with a different config; differing fields:\n  "
+        + "\n  ".join(blocking)
+        + "\nUse another --workdir, or pass --allow_config_change to resume anyway.")
+
+
+def _write_json_atomic(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class _SignalFlag:
+  """Records SIGTERM/SIGINT so the loop can checkpoint after the current compiled call."""
+
+  def __init__(self):
+    self.received = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.received = signum
+    log.warning("received signal %d: will checkpoint after the current call and exit",
+                    signum)
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------------------------------
+# The main loop.
+
+
+def _next_boundary(step: int, config) -> int:
+  """End of the next compiled call: at most steps_per_call, and never past a log/eval/ckpt."""
+  end = min(step + config.train.steps_per_call, config.train.num_steps)
+  for every in (config.train.log_every, config.eval.every, config.checkpoint.every):
+    end = min(end, (step // every + 1) * every)
+  return end
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       allow_config_change: bool = False,
+                       state_hook: Callable[[TrainState, int], TrainState] | None = None,
+                       tensorboard: bool = True) -> dict:
+  """Trains `config.num_seeds` seeds at once in `workdir`, resuming from its latest checkpoint.
+
+  Args:
+    config: resolved config (see `configs/`); validated before any compute.
+    workdir: run directory (created); receives config.json, vocab.json, data/ (generated),
+      checkpoints/, metrics.csv and tensorboard/.
+    allow_config_change: resume a workdir written with a different config.
+    state_hook: test hook `(state, step) -> state` called before every compiled call (e.g. to
+      poison one seed's parameters).
+    tensorboard: also write TensorBoard summaries (clu).
+
+  Returns:
+    {'step': final step, 'eval': last evaluation {split: {metric: np [S]}}, 'state': state}.
+
+  Raises:
+    ValueError: invalid config or data (message names the field / file / line).
+    Preempted: a SIGTERM/SIGINT arrived; a checkpoint of the current step was written.
+  """
+  configlib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  check_workdir_config(workdir, config, allow_config_change)
+  task, vocab, splits = load_data(config, workdir)
+  _write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+  _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
+
+  seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
+  fns = make_train_fns(config, vocab.size)
+  train_data = {"inputs": jnp.asarray(splits["train"].inputs),
+                "targets": jnp.asarray(splits["train"].targets)}
+  eval_data = {name: prepare_eval_batches(splits[name], config.eval.batch_size,
+                                          config.eval.max_lines)
+               for name in ("in_domain", "out_of_domain")}
+  evaluate = make_eval_fn(config, fns, vocab, eval_data)
+
+  manager = checkpointing.make_manager(workdir, max_to_keep=config.checkpoint.max_to_keep)
+  meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
+  table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"))
+  summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"), tensorboard)
+
+  state = fns.init(seed_keys(seeds))
+  latest = manager.latest_step()
+  if latest is not None:
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    state = manager.restore(latest, args=checkpointing.ocp.args.Composite(
+        state=checkpointing.ocp.args.StandardRestore(abstract)))["state"]
+    dropped = table.truncate_after(latest)
+    log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
+                 dropped)
+  step = int(latest or 0)
+
+  def log_eval(step, state):
+    results = jax.device_get(evaluate(state.params))
+    diverged = np.asarray(state.diverged)
+    flat = {}
+    for split, metrics in results.items():
+      for name, values in metrics.items():
+        flat[f"{split}/{name}"] = np.where(diverged, np.nan, np.asarray(values))
+    table.write(step, seeds, flat)
+    summaries.write(step, seeds, flat)
+    log.info("step %d eval: %s", step, _fmt_metrics(flat))
+    return flat
+
+  last_eval = {}
+  if latest is None:
+    last_eval = log_eval(0, state)
+    checkpointing.save(manager, 0, state, meta)
+
+  num_params = model_lib.num_params(jax.tree_util.tree_map(lambda x: x[0], state.params))
+  log.info("training %d seeds %s of %s (%d parameters each) for %d steps in %s",
+               len(seeds), seeds, config.task, num_params, config.train.num_steps, workdir)
+  t0, step0 = time.time(), step
+  with _SignalFlag() as flag:
+    while step < config.train.num_steps:
+      end = _next_boundary(step, config)
+      if state_hook is not None:
+        state = state_hook(state, step)
+      state = fns.chunk(state, train_data, jnp.asarray(step, jnp.int32), end - step)
+      step = end
+      if step % config.train.log_every == 0 or step == config.train.num_steps:
+        state = _log_train(step, state, seeds, fns, config, table, summaries, t0, step0)
+      if step % config.eval.every == 0 or step == config.train.num_steps:
+        last_eval = log_eval(step, state)
+      if (step % config.checkpoint.every == 0 or step == config.train.num_steps
+          or flag.received is not None):
+        checkpointing.save(manager, step, state, meta)
+      if flag.received is not None and step < config.train.num_steps:
+        manager.wait_until_finished()
+        manager.close()
+        summaries.close()
+        raise Preempted(f"signal {flag.received}: checkpoint written at step {step}")
+  manager.wait_until_finished()
+  manager.close()
+  summaries.close()
+  if not last_eval:
+    last_eval = log_eval(step, state)
+  return {"step": step, "eval": last_eval, "state": state}
+
+
+def _fmt_values(values) -> str:
+  return "[" + " ".join(f"{float(v):.3f}" for v in np.asarray(values).reshape(-1)) + "]"
+
+
+def _fmt_metrics(metrics: dict) -> str:
+  return "  ".join(f"{k} {_fmt_values(v)}" for k, v in metrics.items())
+
+
+def _log_train(step, state, seeds, fns, config, table, summaries, t0, step0):
+  sums = jax.device_get(state.sums)
+  n = np.maximum(sums["steps"], 1.0)
+  schedule = make_schedule(config.optim)
+  metrics = {
+      "train/loss": sums["loss"] / n,
+      "train/grad_norm": sums["grad_norm"] / n,
+      "train/learning_rate": np.full(len(seeds), float(schedule(step - 1))),
+      "train/diverged": np.asarray(state.diverged, np.float64),
+      "train/diverged_step": np.asarray(state.diverged_step, np.float64),
+  }
+  metrics["train/loss"] = np.where(np.asarray(state.diverged), np.nan, metrics["train/loss"])
+  table.write(step, seeds, metrics)
+  summaries.write(step, seeds, metrics)
+  rate = (step - step0) / max(time.time() - t0, 1e-9)
+  eta = (config.train.num_steps - step) / max(rate, 1e-9)
+  log.info("step %d/%d  loss %s  %.1f steps/s (%.1f seed-steps/s)  ETA %s",
+               step, config.train.num_steps, _fmt_values(metrics["train/loss"]), rate,
+               rate * len(seeds), time.strftime("%H:%M:%S", time.gmtime(eta)))
+  zero = jax.tree_util.tree_map(jnp.zeros_like, state.sums)
+  return state.replace(sums=zero)
