@@ -1,0 +1,159 @@
+"""Bracketing precision / recall / F1 between binary trees ("tparseval"; Murty et al., ICLR 2023
+"Characterizing intrinsic compositionality in transformers with tree projections", §4; used as a
+tree-structuredness measure in Murty et al., ACL 2023, §5).
+
+Brackets are the spans of every INTERNAL node, the root included; single words are never
+brackets. Spans are inclusive word-index pairs (i, j), i < j, over the declarative words of a line.
+Scores are corpus-level: matched, predicted and gold bracket counts are summed over sentences
+before precision = matched / predicted, recall = matched / gold, F1 = 2PR / (P + R). Within one
+sentence the brackets form a set (a unary chain in a gold tree adds its span once).
+
+Trees are nested tuples whose leaves are words (str), as the data module's
+`declarative_tree(example)` returns them; projected trees come as node arrays
+(see `sg_jax.analysis.tree_projection`) and are compared through [N, N] boolean span matrices,
+which keeps the device-side computation vectorised over sentences and seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Tree = Any  # str (a word) or tuple of Trees
+
+
+def tree_leaves(tree: Tree) -> list[str]:
+  """Words of a nested-tuple tree, left to right.
+
+  Raises:
+    TypeError: if a node is neither str nor tuple/list.
+  """
+  if isinstance(tree, str):
+    return [tree]
+  if not isinstance(tree, (tuple, list)):
+    raise TypeError(f"tree nodes must be str or tuple, got {type(tree).__name__}: {tree!r}")
+  out: list[str] = []
+  for child in tree:
+    out.extend(tree_leaves(child))
+  return out
+
+
+def tree_spans(tree: Tree) -> set[tuple[int, int]]:
+  """Brackets of a tree: inclusive (i, j) word spans of every internal node covering >= 2 words.
+
+  The root is included; single-word constituents are not brackets.
+  """
+  spans: set[tuple[int, int]] = set()
+
+  def walk(node: Tree, start: int) -> int:
+    if isinstance(node, str):
+      return start + 1
+    end = start
+    for child in node:
+      end = walk(child, end)
+    if end - start >= 2:
+      spans.add((start, end - 1))
+    return end
+
+  tree_leaves(tree)  # type check
+  walk(tree, 0)
+  return spans
+
+
+def span_matrix(spans: Iterable[tuple[int, int]], max_words: int) -> np.ndarray:
+  """bool [max_words, max_words] with True at every (i, j) in `spans`.
+
+  Raises:
+    ValueError: if a span lies outside [0, max_words).
+  """
+  out = np.zeros((max_words, max_words), dtype=bool)
+  for i, j in spans:
+    if not 0 <= i <= j < max_words:
+      raise ValueError(f"span ({i}, {j}) outside a {max_words}-word matrix")
+    out[i, j] = True
+  return out
+
+
+def gold_span_matrices(trees: Sequence[Tree], max_words: int,
+                       sentences: Sequence[Sequence[str]] | None = None) -> np.ndarray:
+  """bool [batch, max_words, max_words] bracket matrices of gold trees (host side, numpy).
+
+  Args:
+    trees: one nested-tuple tree per sentence (or None for no gold tree: an all-False row, which
+      then also contributes no gold brackets).
+    max_words: N, the padded number of words.
+    sentences: optional words of each sentence; when given, each tree's leaves must equal them.
+
+  Raises:
+    ValueError: if a tree's leaves differ from its sentence, or it has more than `max_words` words.
+  """
+  out = np.zeros((len(trees), max_words, max_words), dtype=bool)
+  for b, tree in enumerate(trees):
+    if tree is None:
+      continue
+    leaves = tree_leaves(tree)
+    if sentences is not None and tuple(leaves) != tuple(sentences[b]):
+      raise ValueError(f"gold tree leaves {leaves} differ from sentence {list(sentences[b])}")
+    if len(leaves) > max_words:
+      raise ValueError(f"gold tree has {len(leaves)} words, more than max_words={max_words}")
+    out[b] = span_matrix(tree_spans(tree), max_words)
+  return out
+
+
+def node_span_matrix(nodes_Mx3: Array, max_words: int) -> Array:
+  """bool [N, N] bracket matrix of a projected tree given as nodes [M, 3] = (i, k, j), -1 padded."""
+  i, j = nodes_Mx3[:, 0], nodes_Mx3[:, 2]
+  ok = i >= 0
+  out = jnp.zeros((max_words, max_words), dtype=jnp.int32)
+  out = out.at[jnp.where(ok, i, 0), jnp.where(ok, j, 0)].add(ok.astype(jnp.int32))
+  return out > 0
+
+
+def bracket_counts(pred_BxNxN: Array, gold_BxNxN: Array) -> dict[str, Array]:
+  """Corpus bracket counts of a batch: 'matched', 'predicted', 'gold' (float32 scalars)."""
+  pred, gold = pred_BxNxN.astype(bool), gold_BxNxN.astype(bool)
+  return {
+      "bracket_matched": jnp.sum(pred & gold).astype(jnp.float32),
+      "bracket_predicted": jnp.sum(pred).astype(jnp.float32),
+      "bracket_gold": jnp.sum(gold).astype(jnp.float32),
+  }
+
+
+def precision_recall_f1(matched, predicted, gold):
+  """(precision, recall, F1) from corpus counts (arrays broadcast, e.g. over seeds).
+
+  An empty denominator gives 0 for that quantity (and F1 = 0 when P + R = 0).
+  """
+  matched, predicted, gold = (jnp.asarray(x, jnp.float32) for x in (matched, predicted, gold))
+  p = jnp.where(predicted > 0, matched / jnp.maximum(predicted, 1.0), 0.0)
+  r = jnp.where(gold > 0, matched / jnp.maximum(gold, 1.0), 0.0)
+  f1 = jnp.where(p + r > 0, 2 * p * r / jnp.maximum(p + r, 1e-12), 0.0)
+  return p, r, f1
+
+
+def corpus_parseval(pred_trees: Sequence[Tree], gold_trees: Sequence[Tree]) -> dict[str, float]:
+  """Pure-Python corpus parseval between two lists of nested-tuple trees (for inspection/tests).
+
+  Returns:
+    {'precision', 'recall', 'f1', 'matched', 'predicted', 'gold'}.
+
+  Raises:
+    ValueError: if the lists differ in length or a pair of trees has different leaves.
+  """
+  if len(pred_trees) != len(gold_trees):
+    raise ValueError(f"{len(pred_trees)} predicted trees but {len(gold_trees)} gold trees")
+  matched = predicted = gold = 0
+  for p, g in zip(pred_trees, gold_trees):
+    if tree_leaves(p) != tree_leaves(g):
+      raise ValueError(f"trees over different words: {tree_leaves(p)} vs {tree_leaves(g)}")
+    ps, gs = tree_spans(p), tree_spans(g)
+    matched += len(ps & gs)
+    predicted += len(ps)
+    gold += len(gs)
+  prec, rec, f1 = (float(x) for x in precision_recall_f1(matched, predicted, gold))
+  return {"precision": prec, "recall": rec, "f1": f1, "matched": matched, "predicted": predicted,
+          "gold": gold}

@@ -1,0 +1,330 @@
+"""Tests of sg_jax.analysis: weight norm, attention entropy, SCI charts, projected trees, tscore,
+tparseval and the drivers. Small random models and few sentences, so the file runs in seconds."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax.analysis import attention_entropy, parseval, pipeline, tree_projection, weight_norm
+from sg_jax.model import ModelConfig, init_params
+
+VOCAB = 20
+SOS = VOCAB - 1
+CFG = ModelConfig(vocab_size=VOCAB, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=64,
+                  dropout=0.0)
+LENGTHS = (5, 7, 3, 1, 6)
+
+
+@functools.lru_cache(maxsize=None)
+def _params(seed: int = 0):
+  return init_params(CFG, jax.random.PRNGKey(seed))
+
+
+def _stack(*trees):
+  return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *trees)
+
+
+def _sentences():
+  rng = np.random.default_rng(0)
+  return [list(rng.integers(1, VOCAB - 2, size=n)) for n in LENGTHS]
+
+
+def _padded(sentences, length=8):
+  tokens = np.zeros((len(sentences), length), np.int32)
+  tokens[:, 0] = SOS
+  for b, s in enumerate(sentences):
+    tokens[b, 1:1 + len(s)] = s
+  return jnp.asarray(tokens), jnp.asarray([len(s) for s in sentences], jnp.int32)
+
+
+def _zero_attention_kernels(params, name):
+  """Copy of params with the given attention kernel ('query', 'out', ...) zeroed in every layer."""
+  params = jax.tree_util.tree_map(lambda x: x, params)
+  for layer in range(CFG.num_layers):
+    k = params[f"layer_{layer}"]["attention"][name]["kernel"]
+    params[f"layer_{layer}"]["attention"][name]["kernel"] = jnp.zeros_like(k)
+  return params
+
+
+_chart = jax.jit(tree_projection.sci_chart, static_argnames="config")
+
+
+# ---------------------------------------------------------------------------------- weight norm
+
+
+def test_weight_norm_matches_numpy_and_vmaps_over_seeds():
+  p0, p1 = _params(0), _params(1)
+  expect = [math.sqrt(sum(float(np.sum(np.square(np.asarray(x, np.float64))))
+                          for x in jax.tree_util.tree_leaves(p))) for p in (p0, p1)]
+  np.testing.assert_allclose(weight_norm.weight_norm(p0), expect[0], rtol=1e-5)
+  np.testing.assert_allclose(weight_norm.weight_norm_over_seeds(_stack(p0, p1)), expect, rtol=1e-5)
+  np.testing.assert_allclose(weight_norm.weight_norm_per_layer(p0, CFG.num_layers),
+                             expect[0] / CFG.num_layers, rtol=1e-5)
+  with pytest.raises(ValueError):
+    weight_norm.weight_norm_per_layer(p0, 0)
+
+
+# ---------------------------------------------------------------------------- attention entropy
+
+
+def test_entropy_of_uniform_causal_attention_is_log_position():
+  att = jnp.tril(jnp.ones((6, 6))) / jnp.arange(1, 7)[:, None]
+  np.testing.assert_allclose(attention_entropy.entropy(att), np.log(np.arange(1, 7)), atol=1e-6)
+
+
+def test_uniform_attention_model_entropies():
+  """Zero query kernels => logits 0 => uniform causal attention: entropy log(i + 1) at position i."""
+  params = _zero_attention_kernels(_params(), "query")
+  tokens, num_words = _padded(_sentences())
+  lengths = num_words + 1
+  stats = jax.jit(attention_entropy.attention_entropy_stats, static_argnames="config")(
+      params, tokens, lengths, config=CFG)
+  per_sentence = [np.sum(np.log(np.arange(1, n + 1))) for n in np.asarray(lengths)]
+  mean_entropy = sum(per_sentence) / int(np.sum(lengths))
+  out = attention_entropy.finalize_stats(stats)
+  np.testing.assert_allclose(out["head_entropy"], np.full((2, 4), mean_entropy), rtol=1e-5)
+  np.testing.assert_allclose(out["paper_sparsity"], -mean_entropy, rtol=1e-5)
+  # head-averaged uniform attention is uniform too; summed over positions, mean over layers.
+  np.testing.assert_allclose(out["reference_entropy"], np.mean(per_sentence), rtol=1e-5)
+
+
+def test_entropy_ignores_padding_and_vmaps_over_seeds():
+  sentences = _sentences()
+  params_s = _stack(_params(0), _params(1))
+  tokens, num_words = _padded(sentences, length=12)
+  batched = attention_entropy.finalize_stats(
+      attention_entropy.attention_entropy_stats_over_seeds(params_s, tokens, num_words + 1,
+                                                           config=CFG))
+  total = None
+  for s in sentences:  # one unpadded sentence at a time, single seed
+    t, n = _padded([s], length=len(s) + 1)
+    st = attention_entropy.attention_entropy_stats_over_seeds(params_s, t, n + 1, config=CFG)
+    total = attention_entropy.combine_stats(total, st)
+  single = attention_entropy.finalize_stats(total)
+  for k in single:
+    np.testing.assert_allclose(batched[k], single[k], rtol=2e-5, atol=1e-6)
+  assert batched["head_entropy"].shape == (2, CFG.num_layers, CFG.num_heads)
+
+
+def test_reference_entropy_uses_input_embeddings_for_every_layer():
+  """Changing layer-0 FF weights changes the real forward pass but not the reference quantity."""
+  params = _params()
+  tokens, num_words = _padded(_sentences())
+  p2 = jax.tree_util.tree_map(lambda x: x, params)
+  p2["layer_0"]["linear1"]["kernel"] = 3.0 * p2["layer_0"]["linear1"]["kernel"]
+  f = jax.jit(attention_entropy.attention_entropy_stats, static_argnames="config")
+  a = attention_entropy.finalize_stats(f(params, tokens, num_words + 1, config=CFG))
+  b = attention_entropy.finalize_stats(f(p2, tokens, num_words + 1, config=CFG))
+  np.testing.assert_allclose(a["reference_entropy"], b["reference_entropy"], rtol=1e-6)
+  assert not np.allclose(a["head_entropy"][1], b["head_entropy"][1])
+
+
+# ------------------------------------------------------------------------------------ SCI chart
+
+
+def test_batched_chart_equals_naive_per_span_passes():
+  sentences = _sentences()
+  tokens, num_words = _padded(sentences)
+  chart = np.asarray(_chart(_params(), tokens, num_words, config=CFG))
+  for b, s in enumerate(sentences):
+    naive = tree_projection.naive_sci_chart(_params(), [SOS] + s, config=CFG)
+    n = len(s)
+    np.testing.assert_allclose(chart[b, :n, :n], naive, atol=2e-5)
+    assert np.all(chart[b, n:] == 0) and np.all(chart[b, :, n:] == 0)
+  assert not np.allclose(chart[1][np.triu_indices(7)], 1.0)  # a real model is not trivially 1
+
+
+def test_chart_over_seeds_equals_single_seed():
+  tokens, num_words = _padded(_sentences())
+  charts = tree_projection.sci_chart_over_seeds(_stack(_params(0), _params(1)), tokens, num_words,
+                                                config=CFG)
+  for s in range(2):
+    np.testing.assert_allclose(charts[s], _chart(_params(s), tokens, num_words, config=CFG),
+                               atol=1e-6)
+
+
+def test_context_ignoring_model_has_chart_one():
+  """With zero head-merge kernels attention adds nothing, so states ignore context."""
+  params = _zero_attention_kernels(_params(), "out")
+  tokens, num_words = _padded(_sentences())
+  chart = np.asarray(_chart(params, tokens, num_words, config=CFG))
+  valid = np.asarray(tree_projection.valid_spans(num_words, 7))
+  np.testing.assert_allclose(chart[valid], 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ projected trees
+
+
+def _all_trees(i, j):
+  """Every binary tree over words i..j as a tuple of (i, k, j) nodes."""
+  if i == j:
+    return [()]
+  return [((i, k, j),) + left + right for k in range(i, j)
+          for left in _all_trees(i, k) for right in _all_trees(k + 1, j)]
+
+
+def _sci(chart, nodes):
+  return sum(chart[i, k] + chart[k + 1, j] for i, k, j in nodes)
+
+
+def _naive_greedy(chart, i, j):
+  if i == j:
+    return ()
+  k = max(range(i, j), key=lambda k: (chart[i, k] + chart[k + 1, j], -k))
+  return ((i, k, j),) + _naive_greedy(chart, i, k) + _naive_greedy(chart, k + 1, j)
+
+
+def _random_chart(rng, n_max=8):
+  return np.triu(rng.uniform(-1, 1, size=(n_max, n_max))).astype(np.float32)
+
+
+def _nodes_set(nodes):
+  return {tuple(x) for x in np.asarray(nodes).tolist() if x[0] >= 0}
+
+
+def test_cky_equals_brute_force_and_greedy_equals_naive_recursion():
+  rng = np.random.default_rng(1)
+  proj = jax.jit(tree_projection.project_tree, static_argnames="method")
+  for n in range(1, 8):
+    for _ in range(3):
+      chart = _random_chart(rng)
+      chart[:, n:] = 0
+      cky = _nodes_set(proj(jnp.asarray(chart), n, method="cky"))
+      best = max(_all_trees(0, n - 1), key=lambda t: _sci(chart, t))
+      assert cky == set(best), (n, cky, best)
+      greedy = proj(jnp.asarray(chart), n, method="greedy")
+      assert [tuple(x) for x in np.asarray(greedy).tolist() if x[0] >= 0] == list(
+          _naive_greedy(chart, 0, n - 1))  # same nodes, same pre-order
+      assert _sci(chart, cky) >= _sci(chart, _nodes_set(greedy)) - 1e-6
+
+
+def _expected_random_tree(chart, i, j):
+  if i == j:
+    return 0.0
+  return np.mean([chart[i, k] + chart[k + 1, j] + _expected_random_tree(chart, i, k)
+                  + _expected_random_tree(chart, k + 1, j) for k in range(i, j)])
+
+
+def test_tree_score_normalisations():
+  rng = np.random.default_rng(2)
+  n = 6
+  chart = _random_chart(rng)
+  chart[:, n:] = 0
+  uniform = rng.uniform(size=(8, 8)).astype(np.float32)
+  nodes = tree_projection.project_tree(jnp.asarray(chart), n)
+  node_list = _nodes_set(nodes)
+  score = functools.partial(tree_projection.tree_score, jnp.asarray(chart), n, nodes,
+                            uniform_NxN=jnp.asarray(uniform))
+  sci = _sci(chart, node_list)
+  np.testing.assert_allclose(score(normalisation="none"), sci, rtol=1e-5)
+  split_mean = sum(np.mean([chart[i, m] + chart[m + 1, j] for m in range(i, j)])
+                   for i, _, j in node_list)
+  np.testing.assert_allclose(score(normalisation="split_mean"), sci - split_mean, rtol=1e-5)
+  rand = sum(chart[i, m] + chart[m + 1, j] for i, _, j in node_list
+             for m in [i + int(math.floor(uniform[i, j] * (j - i)))])
+  np.testing.assert_allclose(score(normalisation="random_split"), sci - rand, rtol=1e-5)
+  np.testing.assert_allclose(score(normalisation="random_tree"),
+                             sci - _expected_random_tree(chart, 0, n - 1), rtol=1e-5)
+  with pytest.raises(ValueError):
+    tree_projection.tree_score(jnp.asarray(chart), n, nodes, normalisation="bogus")
+  with pytest.raises(ValueError):
+    tree_projection.project_tree(jnp.asarray(chart), n, method="bogus")
+
+
+def test_nodes_to_tree():
+  nodes = np.array([[0, 0, 3], [1, 2, 3], [1, 1, 2], [-1, -1, -1]])
+  assert tree_projection.nodes_to_tree(nodes, "a b c d".split()) == ("a", (("b", "c"), "d"))
+
+
+# ------------------------------------------------------------------------------------- parseval
+
+
+def test_tree_spans_excludes_single_words_and_includes_root():
+  tree = (("the", "dog"), ("did", ("not", "sleep")))
+  assert parseval.tree_spans(tree) == {(0, 1), (2, 4), (3, 4), (0, 4)}
+  assert parseval.tree_spans("word") == set()
+
+
+def test_corpus_parseval_known_f1():
+  gold = [(("the", "dog"), ("did", ("not", "sleep"))), (("a", "b"), "c")]
+  pred = [((("the", "dog"), "did"), ("not", "sleep")), ("a", ("b", "c"))]
+  # sentence 1: gold {01, 24, 34, 04}, pred {01, 02, 34, 04} -> 3 matched; sentence 2: root only.
+  out = parseval.corpus_parseval(pred, gold)
+  assert (out["matched"], out["predicted"], out["gold"]) == (4, 6, 6)
+  np.testing.assert_allclose([out["precision"], out["recall"], out["f1"]], [4 / 6] * 3, rtol=1e-6)
+  # unequal counts: a flat (non-binary) gold tree has fewer brackets.
+  out = parseval.corpus_parseval([("a", ("b", "c"))], [("a", "b", "c")])
+  np.testing.assert_allclose([out["precision"], out["recall"], out["f1"]], [0.5, 1.0, 2 / 3])
+  with pytest.raises(ValueError):
+    parseval.corpus_parseval([("a", "b")], [("a", "c")])
+
+
+def test_device_bracket_counts_match_python():
+  gold = [(("the", "dog"), ("did", ("not", "sleep")))]
+  nodes = jnp.asarray([[0, 2, 4], [0, 1, 2], [0, 0, 1], [3, 3, 4]])
+  pred = parseval.node_span_matrix(nodes, 6)[None]
+  counts = parseval.bracket_counts(pred, jnp.asarray(parseval.gold_span_matrices(gold, 6)))
+  assert [float(counts[k]) for k in ("bracket_matched", "bracket_predicted", "bracket_gold")] == [
+      3.0, 4.0, 4.0]
+  with pytest.raises(ValueError):
+    parseval.gold_span_matrices(gold, 6, sentences=[["the", "cat", "did", "not", "sleep"]])
+
+
+# -------------------------------------------------------------------------------------- drivers
+
+
+def _right_branching(words):
+  return words[0] if len(words) == 1 else (words[0], _right_branching(words[1:]))
+
+
+def test_pipeline_over_seeds_matches_per_sentence_computation():
+  sentences = _sentences()
+  gold = [_right_branching(tuple(str(w) for w in s)) for s in sentences]
+  params_s = _stack(_params(0), _params(1))
+  common = dict(config=CFG, sos_id=SOS, key=jax.random.PRNGKey(0), gold_trees=gold,
+                normalisation="split_mean")
+  out = pipeline.tree_projection_metrics(params_s, sentences, batch_size=2, details=True, **common)
+  out3 = pipeline.tree_projection_metrics(params_s, sentences, batch_size=3, seeds_per_call=1,
+                                          **common)
+  for k in ("tscore", "tparseval_f1", "tparseval_precision", "tparseval_recall"):
+    assert out[k].shape == (2,)
+    np.testing.assert_allclose(out[k], out3[k], rtol=1e-5)
+  for seed in range(2):
+    preds, scores = [], []
+    for b, s in enumerate(sentences):
+      chart = tree_projection.naive_sci_chart(_params(seed), [SOS] + s, config=CFG)
+      np.testing.assert_allclose(out["charts"][b][seed], chart, atol=2e-5)
+      nodes = _naive_greedy(chart, 0, len(s) - 1)
+      assert [tuple(x) for x in out["trees_nodes"][b][seed].tolist()] == list(nodes)
+      preds.append(tree_projection.nodes_to_tree(np.array(nodes).reshape(-1, 3),
+                                                 [str(w) for w in s]))
+      scores.append(_sci(chart, nodes) - sum(
+          np.mean([chart[i, m] + chart[m + 1, j] for m in range(i, j)]) for i, _, j in nodes))
+    np.testing.assert_allclose(out["tscore"][seed], np.mean(scores), rtol=1e-4)
+    ref = parseval.corpus_parseval(preds, gold)
+    np.testing.assert_allclose(out["tparseval_f1"][seed], ref["f1"], rtol=1e-6)
+    np.testing.assert_allclose(out["tparseval_recall"][seed], ref["recall"], rtol=1e-6)
+
+  ent = pipeline.attention_entropy_metrics(params_s, sentences, config=CFG, sos_id=SOS,
+                                           batch_size=2)
+  assert ent["head_entropy"].shape == (2, 2, 4) and ent["paper_sparsity"].shape == (2,)
+
+
+def test_declarative_words_and_make_batches():
+  class Ex:
+    source = ("the", "dog", "did", "sleep", ".", "quest")
+    task_token = "quest"
+  assert pipeline.declarative_words(Ex()) == ("the", "dog", "did", "sleep")
+  batches = pipeline.make_batches([[3, 4], [5], [6, 7, 8]], sos_id=SOS, batch_size=2)
+  assert [b.tokens.shape for b in batches] == [(2, 4), (2, 4)]
+  assert batches[0].indices.tolist() == [1, 0] and batches[1].indices.tolist() == [2, -1]
+  assert batches[1].num_words.tolist() == [3, 0] and batches[1].lengths.tolist() == [4, 0]
+  with pytest.raises(ValueError):
+    pipeline.make_batches([[]], sos_id=SOS, batch_size=2)
