@@ -1,0 +1,96 @@
+"""Tests of the TransformerLM: causality, extra attention mask, internals, initialisers."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax import model as model_lib
+
+
+def _model(**kw):
+  cfg = model_lib.ModelConfig(vocab_size=20, num_layers=2, d_model=32, num_heads=4, d_ff=64, **kw)
+  return model_lib.TransformerLM(cfg), model_lib.init_params(cfg, jax.random.key(0))
+
+
+def test_changing_a_later_token_never_changes_earlier_logits():
+  model, params = _model()
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(1, 20, size=(3, 12)), jnp.int32)
+  base = model.apply({"params": params}, tokens)
+  for pos in (0, 5, 11):
+    changed = tokens.at[:, pos].set((tokens[:, pos] % 19) + 1)
+    out = model.apply({"params": params}, changed)
+    np.testing.assert_array_equal(np.asarray(out[:, :pos]), np.asarray(base[:, :pos]))
+    assert float(jnp.max(jnp.abs(out[:, pos:] - base[:, pos:]))) > 1e-4
+
+
+def test_internals_shapes_and_attention_rows_sum_to_one_and_are_causal():
+  model, params = _model()
+  tokens = jnp.ones((2, 7), jnp.int32)
+  logits, internals = model.apply({"params": params}, tokens, return_internals=True)
+  assert logits.shape == (2, 7, 20)
+  att = np.asarray(internals["attention"])
+  assert att.shape == (2, 2, 4, 7, 7)
+  assert internals["hidden"].shape == (3, 2, 7, 32)
+  np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-5)
+  assert np.all(np.triu(np.ones((7, 7)), 1)[None, None, None] * att == 0)
+
+
+def test_extra_attention_mask_is_applied():
+  model, params = _model()
+  tokens = jnp.arange(1, 7, dtype=jnp.int32)[None]
+  mask = jnp.ones((1, 6, 6), bool).at[:, :, 1:3].set(False).at[:, :, 0].set(True)
+  _, internals = model.apply({"params": params}, tokens, attention_mask=mask,
+                             return_internals=True)
+  assert float(jnp.max(internals["attention"][..., 1:3])) == 0.0
+  # Masking keys 1..2 must equal feeding a sequence where they cannot influence later tokens:
+  # the logits at position 0 are unchanged.
+  base = model.apply({"params": params}, tokens)
+  masked = model.apply({"params": params}, tokens, attention_mask=mask)
+  np.testing.assert_allclose(np.asarray(masked[:, 0]), np.asarray(base[:, 0]), rtol=1e-6)
+
+
+def test_dropout_only_in_training_mode():
+  model, params = _model()
+  tokens = jnp.ones((1, 5), jnp.int32)
+  a = model.apply({"params": params}, tokens, deterministic=True)
+  b = model.apply({"params": params}, tokens, deterministic=True)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  c = model.apply({"params": params}, tokens, deterministic=False,
+                  rngs={"dropout": jax.random.key(1)})
+  assert float(jnp.max(jnp.abs(a - c))) > 1e-4
+
+
+def test_initialisers_follow_the_reference_fans():
+  cfg = model_lib.ModelConfig(vocab_size=71, num_layers=1, d_model=64, num_heads=8, d_ff=256)
+  params = model_lib.init_params(cfg, jax.random.key(3))
+  layer = params["layer_0"]
+  bound = lambda fi, fo, g=1.0: g * math.sqrt(6 / (fi + fo))
+  checks = [
+      (params["embedding"]["embedding"], bound(71, 64)),
+      (layer["attention"]["query"]["kernel"], bound(64, 64)),
+      (layer["attention"]["key"]["kernel"], bound(64, 128)),  # fused kv [2d, d] in the reference
+      (layer["linear1"]["kernel"], bound(64, 256, math.sqrt(2))),
+      (layer["linear2"]["kernel"], bound(256, 64)),
+  ]
+  for w, b in checks:
+    w = np.asarray(w)
+    assert np.abs(w).max() <= b
+    assert np.abs(w).max() > 0.9 * b  # uniform on [-b, b]
+
+
+def test_sinusoidal_positions_match_the_formula():
+  pe = model_lib.sinusoidal_positions(10, 8)
+  assert pe[3, 0] == pytest.approx(math.sin(3.0))
+  assert pe[3, 1] == pytest.approx(math.cos(3.0))
+  assert pe[5, 2] == pytest.approx(math.sin(5 / 10000 ** (2 / 8)), rel=1e-6)
+
+
+def test_bad_model_config_names_the_field():
+  with pytest.raises(ValueError, match="num_heads"):
+    model_lib.ModelConfig(vocab_size=5, d_model=30, num_heads=4)
+  with pytest.raises(ValueError, match="num_layers"):
+    model_lib.ModelConfig(vocab_size=5, num_layers=0)
