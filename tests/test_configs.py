@@ -1,0 +1,71 @@
+"""Config files, the config-string parser and validation errors."""
+
+import importlib.util
+import os
+
+import pytest
+
+from sg_jax import configlib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(task, arg=None):
+  spec = importlib.util.spec_from_file_location(task, os.path.join(ROOT, "configs", f"{task}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize("task,steps", [("question", 300_000), ("tense", 300_000),
+                                        ("dyck", 400_000)])
+def test_defaults_reproduce_the_released_code(task, steps):
+  c = load(task)
+  configlib.validate(c)
+  assert c.task == task
+  assert (c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff) == (6, 512, 8, 2048)
+  assert c.model.tied_embeddings is False and c.optim.grad_clip_norm == 1.0
+  assert (c.optim.learning_rate, c.optim.eps, c.optim.weight_decay) == (1e-4, 1e-7, 0.0)
+  assert (c.optim.warmup_steps, c.optim.decay_steps) == (10_000, 2_000_000)
+  assert c.train.batch_size == 8 and c.num_seeds == 10 and c.train.num_steps == steps
+  assert c.checkpoint.every == 3_000 and c.checkpoint.max_to_keep == 0
+
+
+def test_config_string_aliases_presets_and_types():
+  c = load("tense", "depth=8,seeds=3,lr=3e-4,tied=True")
+  assert c.model.num_layers == 8 and c.num_seeds == 3 and c.optim.learning_rate == 3e-4
+  assert c.model.tied_embeddings is True
+  c = load("question", "quick,depth=3")
+  assert c.model.num_layers == 3 and c.model.d_model == 128 and c.num_seeds == 4
+  c = load("question", "paper")
+  assert (c.model.num_heads, c.model.tied_embeddings, c.optim.grad_clip_norm) == (4, True, 10.0)
+  c = load("question", "model.d_model=256,clip=10")
+  assert c.model.d_model == 256 and c.optim.grad_clip_norm == 10.0
+  assert isinstance(c.optim.grad_clip_norm, float)
+
+
+@pytest.mark.parametrize("arg,match", [
+    ("depth=0", "model.num_layers"),
+    ("seeds=0", "num_seeds"),
+    ("d_model=100,heads=8", "model.d_model"),
+    ("lr=0", "optim.learning_rate"),
+    ("steps=0", "train.num_steps"),
+    ("eval_every=0", "eval.every"),
+    ("checkpoint_every=0", "checkpoint.every"),
+    ("dtype=float16", "model.dtype"),
+])
+def test_invalid_values_name_the_field(arg, match):
+  c = load("question", arg)
+  with pytest.raises(ValueError, match=match):
+    configlib.validate(c)
+
+
+def test_parser_errors_name_the_key():
+  with pytest.raises(ValueError, match="nonsense"):
+    load("question", "nonsense=3")
+  with pytest.raises(ValueError, match="unknown preset 'fast'"):
+    load("question", "fast")
+  with pytest.raises(ValueError, match="model.num_layers"):
+    load("question", "depth=deep")
+  with pytest.raises(ValueError, match="unknown task"):
+    configlib.base_config("parsing")
