@@ -21,6 +21,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+log = logging.getLogger("sg_jax")
+
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -159,5 +161,49 @@ def restore_seed_params(workdir: str, seed: int, step: int | None = None):
   return params, restored
 
 
-def log_available(workdir: str) -> None:
-  logging.info("checkpoints in %s: %s", checkpoint_dir(workdir), all_steps(workdir))
+def quarantine(workdir: str, step: int) -> str:
+  """Moves an unreadable checkpoint to WORKDIR/corrupt_checkpoints/<step> (nothing is deleted).
+
+  Returns the new path. The step can then be written again by a resumed run.
+  """
+  src = os.path.join(checkpoint_dir(workdir), str(step))
+  dst_root = os.path.join(os.path.abspath(workdir), "corrupt_checkpoints")
+  os.makedirs(dst_root, exist_ok=True)
+  dst = os.path.join(dst_root, str(step))
+  suffix = 1
+  while os.path.exists(dst):
+    dst = os.path.join(dst_root, f"{step}.{suffix}")
+    suffix += 1
+  os.replace(src, dst)
+  return dst
+
+
+def restore_latest_good(manager: ocp.CheckpointManager, workdir: str, target: Any,
+                        quarantine_bad: bool = True) -> tuple[int | None, Any]:
+  """Restores the newest readable checkpoint into `target`; (None, None) if there is none.
+
+  An unreadable newer checkpoint (truncated or corrupted files) is skipped with a warning that
+  names its step and, if `quarantine_bad`, moved aside with `quarantine`.
+  """
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      state = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))["state"]
+      _check_finite_structure(state, target)
+      return int(step), state
+    except Exception as e:  # orbax/tensorstore raise many types for corrupt data
+      log.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back to the "
+                      "previous one", step, checkpoint_dir(workdir), type(e).__name__,
+                      str(e).splitlines()[0][:200] if str(e) else "")
+      if quarantine_bad:
+        moved = quarantine(workdir, step)
+        log.warning("moved the unreadable checkpoint step %d to %s", step, moved)
+        manager.reload()
+  return None, None
+
+
+def _check_finite_structure(state: Any, target: Any) -> None:
+  got = jax.tree_util.tree_structure(state)
+  want = jax.tree_util.tree_structure(target)
+  if got != want:
+    raise CheckpointError(f"restored tree structure {got} differs from the expected {want}")

@@ -386,11 +386,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"), tensorboard)
 
   state = fns.init(seed_keys(seeds))
-  latest = manager.latest_step()
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  latest, restored = checkpointing.restore_latest_good(manager, workdir, abstract)
   if latest is not None:
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    state = manager.restore(latest, args=checkpointing.ocp.args.Composite(
-        state=checkpointing.ocp.args.StandardRestore(abstract)))["state"]
+    state = restored
     dropped = table.truncate_after(latest)
     log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
                  dropped)
