@@ -1,0 +1,126 @@
+"""Tests of sg_jax.convert_torch: a numpy-built reference state_dict, converted, must give the same
+logits as an independent numpy forward pass of the reference architecture (post-LN, per-head
+interleaved key/value projection)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax import convert_torch
+from sg_jax.model import TransformerLM, init_params, sinusoidal_positions
+
+V, D, H, F, LAYERS = 11, 16, 4, 32, 2
+
+
+def _state_dict(seed=0):
+  rng = np.random.default_rng(seed)
+  w = lambda *shape: rng.normal(0, 0.3, size=shape).astype(np.float32)
+  sd = {"input_embedding.weight": w(V, D), "output_map.weight": w(V, D), "output_map.bias": w(V),
+        "pos.pe": sinusoidal_positions(64, D)[:, None, :], "int_seq": np.arange(64.0)}
+  for i in range(LAYERS):
+    pre = f"trafo.encoder.layers.{i}."
+    sd.update({
+        pre + "self_attn.data_to_q.weight": w(D, D),
+        pre + "self_attn.data_to_kv.weight": w(2 * D, D),
+        pre + "self_attn.multi_head_merge.weight": w(D, D),
+        pre + "linear1.weight": w(F, D), pre + "linear1.bias": w(F),
+        pre + "linear2.weight": w(D, F), pre + "linear2.bias": w(D),
+        pre + "norm1.weight": 1 + w(D), pre + "norm1.bias": w(D),
+        pre + "norm2.weight": 1 + w(D), pre + "norm2.bias": w(D),
+    })
+  sd["trafo.decoder.layers.0.linear1.weight"] = w(F, D)  # unused decoder: must be skipped
+  return sd
+
+
+def _layer_norm(x, g, b, eps=1e-5):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+def _numpy_forward(sd, tokens):
+  """The reference TransformerLM written directly from the state_dict (float64)."""
+  sd = {k: v.astype(np.float64) for k, v in sd.items()}
+  p = D // H
+  length = len(tokens)
+  x = sd["input_embedding.weight"][tokens] * math.sqrt(D) + sd["pos.pe"].reshape(-1, D)[:length]
+  causal = np.tril(np.ones((length, length), bool))
+  for i in range(LAYERS):
+    g = lambda name: sd[f"trafo.encoder.layers.{i}.{name}"]
+    q = x @ g("self_attn.data_to_q.weight").T
+    kv = x @ g("self_attn.data_to_kv.weight").T
+    heads = []
+    for h in range(H):
+      qh = q[:, h * p:(h + 1) * p]
+      kh = kv[:, 2 * h * p:2 * h * p + p]
+      vh = kv[:, 2 * h * p + p:2 * h * p + 2 * p]
+      logits = np.where(causal, qh @ kh.T / math.sqrt(p), -np.inf)
+      att = np.exp(logits - logits.max(-1, keepdims=True))
+      att /= att.sum(-1, keepdims=True)
+      heads.append(att @ vh)
+    attn = np.concatenate(heads, -1) @ g("self_attn.multi_head_merge.weight").T
+    x = _layer_norm(x + attn, g("norm1.weight"), g("norm1.bias"))
+    ff = np.maximum(x @ g("linear1.weight").T + g("linear1.bias"), 0) @ g("linear2.weight").T
+    x = _layer_norm(x + ff + g("linear2.bias"), g("norm2.weight"), g("norm2.bias"))
+  return x @ sd["output_map.weight"].T + sd["output_map.bias"]
+
+
+def _check_logits(params, config, sd):
+  tokens = np.array([V - 1, 3, 5, 2, 7, 1, 9], np.int32)
+  logits = TransformerLM(config).apply({"params": jax.tree_util.tree_map(jnp.asarray, params)},
+                                       jnp.asarray(tokens)[None], deterministic=True)[0]
+  np.testing.assert_allclose(logits, _numpy_forward(sd, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_converted_logits_equal_numpy_reference_forward():
+  sd = _state_dict()
+  params, config = convert_torch.convert_state_dict(sd, num_heads=H)
+  assert (config.vocab_size, config.num_layers, config.d_model, config.num_heads, config.d_ff) == (
+      V, LAYERS, D, H, F)
+  # same tree structure and shapes as a freshly initialised sg_jax model
+  ref = init_params(config, jax.random.PRNGKey(0))
+  assert jax.tree_util.tree_structure(ref) == jax.tree_util.tree_structure(params)
+  assert all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(ref),
+                                                jax.tree_util.tree_leaves(params)))
+  _check_logits(params, config, sd)
+
+
+def test_npz_file_with_prefix_round_trip(tmp_path):
+  sd = _state_dict(1)
+  path = os.path.join(tmp_path, "model.npz")
+  np.savez(path, **{"module." + k: v for k, v in sd.items()})
+  params, config = convert_torch.convert_state_dict(convert_torch.load_state_dict(path),
+                                                    num_heads=H)
+  _check_logits(params, config, sd)
+
+
+def test_errors():
+  sd = _state_dict()
+  with pytest.raises(ValueError, match="cannot represent"):
+    convert_torch.convert_state_dict({**sd, "trafo.encoder.norm.weight": np.ones(D)}, num_heads=H)
+  bad = dict(sd)
+  del bad["trafo.encoder.layers.1.linear2.bias"]
+  with pytest.raises(ValueError, match="missing"):
+    convert_torch.convert_state_dict(bad, num_heads=H)
+  with pytest.raises(ValueError, match="divisible"):
+    convert_torch.convert_state_dict(sd, num_heads=3)
+  with pytest.raises(ValueError, match="sinusoidal"):
+    convert_torch.convert_state_dict({**sd, "pos.pe": sd["pos.pe"] + 1}, num_heads=H)
+  with pytest.raises(FileNotFoundError):
+    convert_torch.load_state_dict("/nonexistent/model.pt")
+
+
+def test_torch_file(tmp_path):
+  torch = pytest.importorskip("torch")
+  sd = _state_dict(2)
+  path = os.path.join(tmp_path, "model.pt")
+  torch.save({k: torch.from_numpy(v) for k, v in sd.items()}, path)
+  params, config = convert_torch.convert_state_dict(convert_torch.load_state_dict(path),
+                                                    num_heads=H)
+  _check_logits(params, config, sd)
