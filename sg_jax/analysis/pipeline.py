@@ -30,9 +30,11 @@ def declarative_words(example: Any) -> tuple[str, ...]:
   """Words of the declarative part of a line: source words before the task token, final "." removed.
 
   Args:
-    example: a `sg_jax.tasks` Example (uses `.source` and `.task_token`), or a plain sequence of
-      source words (then a trailing task token must already be absent).
+    example: a `sg_jax.tasks` Example (its `.declarative`, else `.source` and `.task_token`), or a
+      plain sequence of source words (then a trailing task token must already be absent).
   """
+  if hasattr(example, "declarative"):
+    return tuple(example.declarative)
   if hasattr(example, "source"):
     words = tuple(example.source)
     task = getattr(example, "task_token", None)

@@ -1,0 +1,354 @@
+r"""Analysis CLI: weight norm, attention entropy, tscore and tparseval of every checkpoint and seed.
+
+  python -m sg_jax.analyze --workdir=runs/question6
+  python -m sg_jax.analyze --workdir=runs/question6 --steps=3000,6000 --seeds=0,3 \
+      --metrics=tscore,tparseval --num_sentences=1000
+
+Restores each checkpoint of `--workdir` (parameters only), computes the requested metric groups
+for every selected seed (vmapped over seeds; Murty et al., ACL 2023, §5; definitions in
+`sg_jax.analysis`) on the first `--num_sentences` lines of `--split`, and appends rows
+`step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What the file already holds is
+skipped, so the command can run beside a training run (it only sees committed checkpoints) and be
+rerun after a crash. The options that change values (split, number of sentences, projection
+method, normalisation, random seed) are recorded in `<output>.options.json`; rerunning with other
+options into the same file is refused (choose another `--output`).
+
+Metric groups and the names they write:
+  weight_norm        weight_norm (global L2, released code), weight_norm_per_layer (paper)
+  attention_entropy  attention_sparsity_paper (negative mean entropy), attention_entropy_reference
+                     (released code's quirky variant), attention_entropy_mean, and
+                     attention_entropy_l{layer}_h{head} (nats) - on the full LM lines
+  tscore             tscore (on the declarative parts)
+  tparseval          tparseval_f1, tparseval_precision, tparseval_recall (needs gold trees)
+The reference computes these on 10k training sentences every 3k steps (`--num_sentences=10000`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging as py_logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
+
+from sg_jax import checkpointing
+from sg_jax.analysis import pipeline, weight_norm
+from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
+from sg_jax.model import ModelConfig
+
+GROUPS = ("weight_norm", "attention_entropy", "tscore", "tparseval")
+# a (step, seed) is done for a group when this name is in the output file.
+_MARKER = {"weight_norm": "weight_norm", "attention_entropy": "attention_sparsity_paper",
+           "tscore": "tscore", "tparseval": "tparseval_f1"}
+HEADER = ("step", "seed", "name", "value")
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
+_STEPS = flags.DEFINE_string("steps", "all", "'all' or comma-separated checkpoint steps.")
+_SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated seed ids.")
+_METRICS = flags.DEFINE_string("metrics", ",".join(GROUPS),
+                               f"Comma-separated metric groups out of {GROUPS}.")
+_NUM_SENTENCES = flags.DEFINE_integer(
+    "num_sentences", 1000, "Lines of the split to analyse (the first N; reference: 10000).")
+_SPLIT = flags.DEFINE_string("split", "train", "Data split the sentences come from.")
+_OUTPUT = flags.DEFINE_string("output", "analysis.csv", "CSV file (relative to --workdir).")
+_METHOD = flags.DEFINE_enum("method", "greedy", METHODS, "Tree projection: greedy (reference) "
+                            "or cky (exact argmax).")
+_NORMALISATION = flags.DEFINE_enum("normalisation", "random_split", NORMALISATIONS,
+                                   "tscore normalisation (see sg_jax.analysis.tree_projection).")
+_RNG_SEED = flags.DEFINE_integer("rng_seed", 0, "Seed of the random splits of the normalisation.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sentences per tree-projection call.")
+_ENTROPY_BATCH_SIZE = flags.DEFINE_integer("entropy_batch_size", 64, "Lines per entropy call.")
+_SEEDS_PER_CALL = flags.DEFINE_integer("seeds_per_call", 0,
+                                       "Seeds per compiled call (0 = all; lower to save memory).")
+flags.mark_flags_as_required(["workdir"])
+
+log = py_logging.getLogger("sg_jax.analyze")
+
+
+def parse_list(text: str, what: str) -> list[int] | None:
+  """'all' -> None; '3000,6000' -> [3000, 6000]. Raises ValueError naming `what`."""
+  if text.strip().lower() == "all":
+    return None
+  try:
+    return [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--{what} must be 'all' or comma-separated integers, got {text!r}") from None
+
+
+def parse_metrics(text: str) -> list[str]:
+  groups = [m.strip() for m in text.split(",") if m.strip()]
+  unknown = [m for m in groups if m not in GROUPS]
+  if unknown or not groups:
+    raise ValueError(f"unknown metric group(s) {unknown} in --metrics; choose from {GROUPS}")
+  return groups
+
+
+def read_done(path: str) -> set[tuple[int, int, str]]:
+  """(step, seed, name) triples already in the CSV (malformed lines, e.g. after a crash, skipped)."""
+  done = set()
+  if not os.path.exists(path):
+    return done
+  with open(path, newline="") as f:
+    for row in csv.reader(f):
+      if len(row) != 4 or row[0] == "step":
+        continue
+      try:
+        float(row[3])
+        done.add((int(row[0]), int(row[1]), row[2]))
+      except ValueError:
+        continue
+  return done
+
+
+def check_options(path: str, options: dict) -> None:
+  """Records the value-changing options beside the CSV; refuses different ones.
+
+  Raises:
+    ValueError: the CSV was written with other options.
+  """
+  opt_path = path + ".options.json"
+  if os.path.exists(opt_path):
+    with open(opt_path) as f:
+      old = json.load(f)
+    diff = {k: (old.get(k), v) for k, v in options.items() if old.get(k) != v}
+    if diff:
+      raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
+                       "another --output or the same options")
+  elif os.path.exists(path) and os.path.getsize(path) > 0:
+    log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
+  with open(opt_path, "w") as f:
+    json.dump(options, f, indent=1)
+
+
+class CsvAppender:
+  """Appends rows to the analysis CSV (header when new), flushing after every write."""
+
+  def __init__(self, path: str):
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if not new:
+      with open(path, "rb") as f:  # repair a line cut by a crash
+        f.seek(-1, os.SEEK_END)
+        needs_newline = f.read(1) != b"\n"
+    self._f = open(path, "a", newline="")
+    if not new and needs_newline:
+      self._f.write("\n")
+    self._w = csv.writer(self._f)
+    if new:
+      self._w.writerow(HEADER)
+      self._f.flush()
+
+  def write(self, rows: Sequence[tuple[int, int, str, float]]) -> None:
+    for step, seed, name, value in rows:
+      self._w.writerow((int(step), int(seed), name, repr(float(value))))
+    self._f.flush()
+    os.fsync(self._f.fileno())
+
+  def close(self):
+    self._f.close()
+
+
+def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab):
+  """Full-line and declarative word ids (and gold trees) of the first `num` lines of `split`.
+
+  Returns:
+    dict with 'lines' (list of id lists), 'declarative' (list of id lists) and 'trees' (list of
+    nested tuples, or None when not needed).
+
+  Raises:
+    ValueError: unknown split, or gold trees needed but the data has none.
+  """
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+
+  task = tasks.get_task(config.task)
+  if split not in task.split_names:
+    raise ValueError(f"unknown split {split!r} for task {task.name}; splits: {task.split_names}")
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
+  examples = task.read_split(data_dir, split)[:num]
+  lines = [vocab.encode(ex.words) for ex in examples]
+  decl_words = [pipeline.declarative_words(ex) for ex in examples]
+  keep = [i for i, w in enumerate(decl_words) if w]
+  gold = None
+  if need_trees:
+    try:
+      gold = [tasks.declarative_tree(examples[i]) for i in keep]
+    except ValueError as e:
+      raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
+                       f"has none ({e})") from None
+  return {"lines": lines, "declarative": [vocab.encode(decl_words[i]) for i in keep],
+          "trees": gold}
+
+
+def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[int]:
+  if wanted is None:
+    return list(restored_seeds)
+  missing = [s for s in wanted if s not in restored_seeds]
+  if missing:
+    raise ValueError(f"seeds {missing} are not in the run; seeds: {restored_seeds}")
+  return wanted
+
+
+def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | None = None,
+            groups: Sequence[str] = GROUPS, num_sentences: int = 1000, split: str = "train",
+            output: str = "analysis.csv", method: str = "greedy",
+            normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
+            entropy_batch_size: int = 64, seeds_per_call: int = 0,
+            strict_groups: bool = False) -> dict[str, int]:
+  """Computes the missing metrics of every selected checkpoint and seed (see module docstring).
+
+  Args: as the command-line flags; `strict_groups` makes a group the task cannot compute
+  (tparseval on dyck) an error instead of a warning (the CLI sets it when --metrics is given).
+
+  Returns:
+    {'rows_written': n, 'checkpoints_analysed': m}.
+
+  Raises:
+    checkpointing.CheckpointError: no checkpoints, or a requested step is missing.
+    ValueError: bad options, unknown seeds, missing gold trees, options differing from the file.
+  """
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+
+  if num_sentences < 1:
+    raise ValueError(f"--num_sentences must be >= 1, got {num_sentences}")
+  available = checkpointing.all_steps(workdir)
+  if not available:
+    raise checkpointing.CheckpointError(
+        f"no checkpoint in {checkpointing.checkpoint_dir(workdir)}")
+  if steps is not None:
+    missing = sorted(set(steps) - set(available))
+    if missing:
+      raise checkpointing.CheckpointError(
+          f"no checkpoint for steps {missing} in {workdir}; available: {available}")
+  todo_steps = sorted(available if steps is None else steps)
+  groups = list(groups)
+  path = os.path.join(workdir, output)
+  check_options(path, {"split": split, "num_sentences": num_sentences, "method": method,
+                       "normalisation": normalisation, "rng_seed": rng_seed})
+  done = read_done(path)
+  writer = CsvAppender(path)
+  manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
+  data = None
+  rows_written = analysed = 0
+  t_start = time.time()
+  try:
+    for n_step, step in enumerate(todo_steps):
+      try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
+        run_seeds = [int(s) for s in checkpointing.read_meta(manager, step)["seeds"]]
+      except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
+        log.warning("skipping step %d: unreadable metadata: %s", step, e)
+        continue
+      chosen = _select_seeds(run_seeds, seeds)
+      pending = {g: [s for s in chosen if (step, s, _MARKER[g]) not in done] for g in groups}
+      if not any(pending.values()):
+        continue
+      try:
+        restored = checkpointing.restore(workdir, step, params_only=True)
+      except checkpointing.CheckpointError as e:
+        log.warning("skipping step %d: %s", step, e)
+        continue
+      vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+      config = restored.config
+      if data is None:
+        if "tparseval" in groups and config.task == "dyck":
+          if not strict_groups:
+            log.warning("dyck has no gold trees: skipping tparseval")
+            groups = [g for g in groups if g != "tparseval"]
+            pending.pop("tparseval", None)
+          else:
+            raise ValueError("tparseval needs gold trees; the dyck task has none")
+        data = load_sentences(config, workdir, split, num_sentences, "tparseval" in groups, vocab)
+        if not data["declarative"] and ({"tscore", "tparseval"} & set(groups)):
+          raise ValueError(f"no sentence of {split} has a declarative part")
+      longest = max(len(s) for s in data["lines"]) + 1
+      model_config = ModelConfig.from_config(config.model, vocab.size,
+                                             max_len=max(512, longest))
+      params_all = restored.state["params"]
+      index = {s: restored.seeds.index(s) for s in chosen}
+
+      def params_of(seed_ids):
+        idx = np.array([index[s] for s in seed_ids])
+        return jax.tree_util.tree_map(lambda x: np.asarray(x)[idx], params_all)
+
+      t0 = time.time()
+      rows = []
+      if pending.get("weight_norm"):
+        ids = pending["weight_norm"]
+        norms = np.asarray(weight_norm.weight_norm_over_seeds(params_of(ids)))
+        for s, v in zip(ids, norms):
+          rows += [(step, s, "weight_norm", v),
+                   (step, s, "weight_norm_per_layer", v / model_config.num_layers)]
+      if pending.get("attention_entropy"):
+        ids = pending["attention_entropy"]
+        ent = pipeline.attention_entropy_metrics(
+            params_of(ids), data["lines"], config=model_config, sos_id=vocab.sos_id,
+            batch_size=entropy_batch_size, seeds_per_call=seeds_per_call or None)
+        for n, s in enumerate(ids):
+          rows += [(step, s, "attention_sparsity_paper", ent["paper_sparsity"][n]),
+                   (step, s, "attention_entropy_reference", ent["reference_entropy"][n]),
+                   (step, s, "attention_entropy_mean", float(np.mean(ent["head_entropy"][n])))]
+          for layer, heads in enumerate(ent["head_entropy"][n]):
+            rows += [(step, s, f"attention_entropy_l{layer}_h{h}", v) for h, v in enumerate(heads)]
+      tree_ids = sorted(set(pending.get("tscore", [])) | set(pending.get("tparseval", [])),
+                        key=chosen.index)
+      if tree_ids:
+        out = pipeline.tree_projection_metrics(
+            params_of(tree_ids), data["declarative"], config=model_config, sos_id=vocab.sos_id,
+            key=jax.random.PRNGKey(rng_seed), gold_trees=data["trees"], batch_size=batch_size,
+            method=method, normalisation=normalisation,
+            seeds_per_call=seeds_per_call or None)
+        for n, s in enumerate(tree_ids):
+          if s in pending.get("tscore", []):
+            rows.append((step, s, "tscore", out["tscore"][n]))
+          if s in pending.get("tparseval", []):
+            rows += [(step, s, f"tparseval_{k}", out[f"tparseval_{k}"][n])
+                     for k in ("f1", "precision", "recall")]
+      writer.write(rows)
+      done.update((r[0], r[1], r[2]) for r in rows)
+      rows_written += len(rows)
+      analysed += 1
+      summary = {r[2]: round(float(r[3]), 4) for r in rows
+                 if r[2] in ("weight_norm", "attention_sparsity_paper", "tscore", "tparseval_f1")}
+      log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
+               len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
+  finally:
+    writer.close()
+    manager.close()
+  log.info("done: %d rows for %d checkpoints in %.1fs -> %s", rows_written, analysed,
+           time.time() - t_start, path)
+  return {"rows_written": rows_written, "checkpoints_analysed": analysed}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  handler = py_logging.StreamHandler(sys.stderr)
+  handler.setFormatter(py_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  sg_log = py_logging.getLogger("sg_jax")
+  sg_log.addHandler(handler)
+  sg_log.setLevel(py_logging.INFO)
+  sg_log.propagate = False
+  try:
+    result = analyze(
+        _WORKDIR.value, steps=parse_list(_STEPS.value, "steps"),
+        seeds=parse_list(_SEEDS.value, "seeds"), groups=parse_metrics(_METRICS.value),
+        num_sentences=_NUM_SENTENCES.value, split=_SPLIT.value, output=_OUTPUT.value,
+        method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,
+        batch_size=_BATCH_SIZE.value, entropy_batch_size=_ENTROPY_BATCH_SIZE.value,
+        seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present)
+  except (ValueError, checkpointing.CheckpointError) as e:
+    sys.exit(f"error: {e}")
+  print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "
+        "checkpoints")
+
+
+if __name__ == "__main__":
+  app.run(main)

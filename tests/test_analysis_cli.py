@@ -1,0 +1,115 @@
+"""Tests of the analysis CLI (`sg_jax.analyze`) on a tiny two-seed workdir with two checkpoints:
+all four metric groups written for every checkpoint and seed, nothing recomputed on a rerun,
+option changes refused, crash-cut CSV lines tolerated."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax import analyze, checkpointing, configlib
+from sg_jax.analysis import weight_norm
+from sg_jax.model import ModelConfig, init_params
+
+tasks = pytest.importorskip("sg_jax.tasks")
+if not hasattr(tasks, "get_task"):
+  pytest.skip("sg_jax.tasks (data module) not available yet", allow_module_level=True)
+
+STEPS = (0, 10)
+SEEDS = [3, 5]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("run")
+  task = tasks.get_task("question")
+  data_dir = os.path.join(root, "data")
+  task.generate(data_dir, seed=0, num_train=40, sizes={"dev": 5, "test": 5, "gen": 5})
+  config = configlib.base_config("question")
+  config.data.dir = data_dir
+  config.data.num_train = 40
+  config.model.num_layers, config.model.d_model = 1, 16
+  config.model.num_heads, config.model.d_ff = 2, 32
+  config.first_seed, config.num_seeds = SEEDS[0], len(SEEDS)
+  vocab = task.vocab()
+  model_config = ModelConfig.from_config(config.model, vocab.size)
+  manager = checkpointing.make_manager(str(root), asynchronous=False)
+  for step in STEPS:
+    params = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in SEEDS]
+    state = {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)}
+    checkpointing.save(manager, step, state,
+                       checkpointing.make_meta(config, vocab.to_json(), SEEDS))
+  manager.wait_until_finished()
+  manager.close()
+  return str(root)
+
+
+def _rows(path):
+  with open(path, newline="") as f:
+    return [r for r in csv.reader(f) if len(r) == 4][1:]
+
+
+def test_writes_every_metric_then_nothing_new(workdir):
+  result = analyze.analyze(workdir, num_sentences=12, batch_size=4)
+  assert result["checkpoints_analysed"] == 2
+  rows = _rows(os.path.join(workdir, "analysis.csv"))
+  names = {r[2] for r in rows}
+  for name in ("weight_norm", "weight_norm_per_layer", "attention_sparsity_paper",
+               "attention_entropy_reference", "attention_entropy_l0_h1", "tscore",
+               "tparseval_f1", "tparseval_precision", "tparseval_recall"):
+    for step in STEPS:
+      for seed in SEEDS:
+        assert sum(r[:3] == [str(step), str(seed), name] for r in rows) == 1, (step, seed, name)
+  assert len(rows) == result["rows_written"]
+  # values: weight norm of seed 5 at step 10 equals a direct computation.
+  restored = checkpointing.restore(workdir, 10, params_only=True)
+  direct = float(weight_norm.weight_norm_over_seeds(restored.state["params"])[1])
+  got = [float(r[3]) for r in rows if r[:3] == ["10", "5", "weight_norm"]]
+  np.testing.assert_allclose(got, [direct], rtol=1e-6)
+  f1 = [float(r[3]) for r in rows if r[2] == "tparseval_f1"]
+  assert all(0 < v <= 1 for v in f1)
+
+  # second run: nothing new; a line cut by a crash is tolerated.
+  with open(os.path.join(workdir, "analysis.csv"), "a") as f:
+    f.write("10,5,tsco")
+  assert analyze.analyze(workdir, num_sentences=12, batch_size=4)["rows_written"] == 0
+  assert analyze.analyze(workdir, num_sentences=12, steps=[10], seeds=[5],
+                         groups=["tscore"])["rows_written"] == 0
+  assert len(_rows(os.path.join(workdir, "analysis.csv"))) == len(rows)  # cut line ignored
+  with open(os.path.join(workdir, "analysis.csv")) as f:
+    assert f.read().endswith("10,5,tsco\n")  # repaired, so later rows start on a new line
+
+  # the command line, same options: nothing new.
+  out = subprocess.run(
+      [sys.executable, "-m", "sg_jax.analyze", f"--workdir={workdir}", "--num_sentences=12",
+       "--steps=0,10", "--seeds=all"], capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.returncode == 0, out.stderr
+  assert "0 new rows" in out.stdout
+
+
+def test_refuses_other_options_and_bad_arguments(workdir):
+  with pytest.raises(ValueError, match="other options"):
+    analyze.analyze(workdir, num_sentences=7)
+  with pytest.raises(ValueError, match="not in the run"):
+    analyze.analyze(workdir, num_sentences=12, seeds=[9])
+  with pytest.raises(checkpointing.CheckpointError):
+    analyze.analyze(workdir, num_sentences=12, steps=[99])
+  with pytest.raises(ValueError):
+    analyze.parse_metrics("tscore,bogus")
+  assert analyze.parse_list("all", "steps") is None
+  assert analyze.parse_list("3000,6000", "steps") == [3000, 6000]
+
+
+def test_other_output_with_cky(workdir):
+  result = analyze.analyze(workdir, num_sentences=6, output="cky.csv", method="cky",
+                           normalisation="split_mean", groups=["tscore"], seeds=[5])
+  rows = _rows(os.path.join(workdir, "cky.csv"))
+  assert result["rows_written"] == 2 and {r[2] for r in rows} == {"tscore"}
