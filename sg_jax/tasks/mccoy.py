@@ -1,0 +1,447 @@
+"""Shared machinery of the two McCoy et al. (2020) tasks: split generation, files, shapes.
+
+Generation (REFERENCE.md §1 "Tasks"; `../shared/data/README.md`): sentences are sampled from the
+packaged grammar (distinct sentences only). Every sentence yields both task variants, the identity
+line (`decl`/`PAST`) and the transformed line (`quest`/`PRESENT`). A transformed line where the
+two candidate rules (linear vs hierarchical) give different outputs is *ambiguous*: it never goes
+to train/dev/test. Splits are filled from one stream of sentences: dev, then test, then train
+receive the in-distribution lines of fresh sentences (both variants, or only the identity line of a
+sentence whose transformed line is ambiguous); then `gen` receives the transformed lines of fresh
+ambiguous sentences. A sentence belongs to exactly one split, so no source sentence is shared
+between train and any evaluation split. Lines are shuffled within each split.
+
+With `pair_variants=False` each sentence instead contributes one line, its variant chosen by a
+fair coin (a sentence whose coin picks an ambiguous transformed line is dropped): this reproduces
+the released dev/test files, which never hold both variants of one sentence. Both settings give the
+same expected task-token mix (question: 40% `quest`; tense: 13/31 = 41.9% `PRESENT`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+import tqdm
+
+from sg_jax.tasks import io as io_lib
+from sg_jax.tasks import pcfg
+from sg_jax.tasks import trees
+from sg_jax.tasks import vocab as vocab_lib
+from sg_jax.tasks import base
+from sg_jax.tasks.base import DataError, Example
+
+DEFAULT_SIZES = {"train": 100_000, "dev": 1_000, "test": 10_000, "gen": 10_000}
+META_SUFFIX = base.META_SUFFIX
+
+# Coarse POS class of each preterminal prefix of the two grammars.
+_POS_OF_LABEL = (("Det", "Det"), ("N", "N"), ("V_", "V"), ("Aux", "Aux"), ("Prep", "Prep"),
+                 ("Rel", "Rel"))
+
+
+def pos_of_label(label: str) -> str:
+  """Coarse POS class (`vocab.POS_CLASSES`) of a preterminal label, e.g. `N_S` -> `N`."""
+  for prefix, cls in _POS_OF_LABEL:
+    if label.startswith(prefix):
+      return cls
+  if label == "ROOT":
+    return "punct"
+  raise ValueError(f"no POS class for label {label!r}")
+
+
+def modifier(np_deriv: pcfg.Derivation) -> str:
+  """Modifier of a noun-phrase derivation: `none`, `PP`, or `RC-intrans`/`RC-obj`/`RC-subj`.
+
+  RC types: `intrans` = `Rel (Aux) V_intrans`; `obj` = object-extracted `Rel Det N (Aux) V_trans`;
+  `subj` = subject-extracted `Rel (Aux) V_trans Det N`.
+  """
+  rhs = np_deriv[1]
+  if "Prep" in rhs:
+    return "PP"
+  for kid in np_deriv[2]:
+    if not isinstance(kid, str) and kid[0].startswith("RC"):
+      rc = kid[1]
+      if rc[1] == "Det":
+        return "RC-obj"
+      if rc[-1].startswith("V_intrans"):
+        return "RC-intrans"
+      return "RC-subj"
+  return "none"
+
+
+def sentence_shape(d: pcfg.Derivation) -> tuple:
+  """Shape of a sentence derivation (ROOT): `(subject modifier, object)`.
+
+  `object` is `"none"` for an intransitive main verb, else `"obj:" + modifier`. The number of
+  auxiliaries (question grammar) is 1 + the number of relative clauses, so it follows from the
+  shape. Used for the chi-square comparison with the released files.
+  """
+  s = d[2][0]
+  subj, vp = s[2][0], s[2][1]
+  obj = [k for k in vp[2] if not isinstance(k, str) and k[0].startswith("NP_O")]
+  return (modifier(subj), "obj:" + modifier(obj[0]) if obj else "none")
+
+
+def _np_category(rhs: tuple) -> str:
+  if "Prep" in rhs:
+    return "PP"
+  return "RC" if any(x.startswith("RC") for x in rhs) else "none"
+
+
+def _rc_type(rhs: tuple) -> str:
+  if rhs[1] == "Det":
+    return "RC-obj"
+  return "RC-intrans" if rhs[-1].startswith("V_intrans") else "RC-subj"
+
+
+class ShapeSampler:
+  """Samples sentences whose shape follows a given distribution, words from the PCFG given the
+  shape (the PCFG's rule choices at the shape-defining nodes are renormalised to the allowed ones,
+  which is exactly the PCFG conditioned on the shape).
+
+  Args:
+    grammar: the PCFG.
+    shape_counts: `{shape: weight}` (shapes as `sentence_shape` returns them).
+    rng: numpy Generator (uniforms are drawn in blocks; deterministic given its state).
+  """
+
+  def __init__(self, grammar: pcfg.Grammar, shape_counts: dict, rng: np.random.Generator,
+               block: int = 8192):
+    self.grammar = grammar
+    self.shapes = sorted(shape_counts)
+    w = np.array([shape_counts[k] for k in self.shapes], np.float64)
+    c = np.cumsum(w / w.sum())
+    c[-1] = 1.0
+    self._shape_cum = c.tolist()
+    self._rng = rng
+    self._block = block
+    self._buf: list = []
+    self._pos = 0
+    self._tables: dict = {}
+
+  def _u(self) -> float:
+    if self._pos == len(self._buf):
+      self._buf, self._pos = self._rng.random(self._block).tolist(), 0
+    u = self._buf[self._pos]
+    self._pos += 1
+    return u
+
+  def _table(self, shape: tuple, lhs: str, parent: str):
+    key = (shape, lhs, parent)
+    tab = self._tables.get(key)
+    if tab is None:
+      subj, obj = shape
+      obj_mod = None if obj == "none" else obj[4:]
+      alts = self.grammar.rules[lhs]
+      def ok(rhs):
+        if lhs.startswith("NP_M"):
+          return _np_category(rhs) == (subj if not subj.startswith("RC") else "RC")
+        if lhs.startswith("NP_O"):
+          return _np_category(rhs) == (obj_mod if not obj_mod.startswith("RC") else "RC")
+        if lhs.startswith("VP_M"):
+          return any(x.startswith("NP_O") for x in rhs) == (obj_mod is not None)
+        if lhs.startswith("RC"):
+          return _rc_type(rhs) == (subj if parent.startswith("NP_M") else obj_mod)
+        return True
+      kept = [(rhs, wt) for rhs, wt in alts if ok(rhs)]
+      if not kept:
+        raise ValueError(f"shape {shape} impossible at {lhs}")
+      w = np.array([wt for _, wt in kept], np.float64)
+      c = np.cumsum(w / w.sum())
+      c[-1] = 1.0
+      tab = (c.tolist(), [r for r, _ in kept])
+      self._tables[key] = tab
+    return tab
+
+  def sample(self, shape: tuple | None = None) -> pcfg.Derivation:
+    """One derivation; its shape is drawn from the distribution unless given."""
+    if shape is None:
+      shape = self.shapes[bisect.bisect_right(self._shape_cum, self._u())]
+    rules = self.grammar.rules
+
+    def expand(sym, parent):
+      c, rhss = self._table(shape, sym, parent)
+      rhs = rhss[bisect.bisect_right(c, self._u())] if len(c) > 1 else rhss[0]
+      return (sym, rhs, tuple(expand(x, sym) if x in rules else x for x in rhs))
+
+    return expand(self.grammar.start, "")
+
+
+class McCoyTask:
+  """Base class of question formation and tense reinflection (see the module docstring).
+
+  Subclasses set `name`, `grammar_name`, `identity_token`, `transformed_token` and implement
+  `lines_of(derivation)`, `source_derivation(declarative_words)`, `rule_outputs(...)`.
+  """
+  name: str = ""
+  grammar_name: str = ""
+  identity_token: str = ""
+  transformed_token: str = ""
+  split_names = ("train", "dev", "test", "gen")
+  in_domain_split = "dev"
+  out_of_domain_split = "gen"
+  default_sizes = DEFAULT_SIZES
+
+  # --- grammar and vocabulary ---------------------------------------------------------------
+
+  @property
+  def grammar(self) -> pcfg.Grammar:
+    """The packaged grammar sentences are sampled from."""
+    return pcfg.load_grammar(self.grammar_name)
+
+  @property
+  def task_tokens(self) -> dict:
+    """`{task token: transformed?}`."""
+    return {self.identity_token: False, self.transformed_token: True}
+
+  def extra_words(self) -> dict:
+    """`{word: POS class}` of words that are not grammar terminals (subclasses extend)."""
+    return {self.identity_token: "task", self.transformed_token: "task"}
+
+  def vocab(self) -> vocab_lib.Vocab:
+    """Vocabulary from the packaged grammar (independent of any data)."""
+    word_pos = {}
+    for word, labels in self.grammar.preterminal_words().items():
+      word_pos[word] = pos_of_label(labels[0])
+    for t in self.grammar.terminals:
+      word_pos.setdefault(t, "punct")  # the final "."
+    word_pos.update(self.extra_words())
+    return vocab_lib.Vocab.from_word_classes(word_pos)
+
+  # --- per-sentence logic (subclasses) ------------------------------------------------------
+
+  def lines_of(self, d: pcfg.Derivation) -> tuple[Example, Example, bool]:
+    """(identity line, transformed line, ambiguous?) of a sampled sentence derivation."""
+    raise NotImplementedError
+
+  def source_derivation(self, words: Sequence[str]) -> pcfg.Derivation:
+    """Grammar derivation of a source sentence (words before the task token, `.` included).
+
+    Raises:
+      pcfg.ParseError: the sentence is not generated by the packaged grammar.
+    """
+    raise NotImplementedError
+
+  def assign_trees(self, example: Example) -> Example:
+    """The example with the trees the project assigns (by parsing its source sentence).
+
+    Raises:
+      pcfg.ParseError: the source sentence does not parse.
+    """
+    d = self.source_derivation(example.source[:-1])
+    ident, trans, _ = self.lines_of(d)
+    ref = trans if example.transformed else ident
+    return Example(source=example.source, target=example.target, source_tree=ref.source_tree,
+                   target_tree=ref.target_tree, task_token=example.task_token,
+                   transformed=example.transformed)
+
+  def is_ambiguous(self, example: Example) -> bool:
+    """True iff `example` is a transformed line on which the linear and hierarchical rules
+    disagree (the kind of line that goes only to `gen`).
+
+    Raises:
+      pcfg.ParseError: the source sentence does not parse.
+    """
+    if not example.transformed:
+      return False
+    return self.lines_of(self.source_derivation(example.source[:-1]))[2]
+
+  def shape(self, example: Example) -> tuple:
+    """`sentence_shape` of the example's source sentence (parsed with the grammar)."""
+    return sentence_shape(self.source_derivation(example.source[:-1]))
+
+  # --- generation ---------------------------------------------------------------------------
+
+  # Shape distributions estimated from the released files (subclasses set them).
+  in_domain_shape_counts: dict = {}
+  gen_shape_counts: dict = {}
+
+  def generate_examples(self, *, seed: int = 0, sizes: Optional[dict] = None,
+                        pair_variants: bool = True, shapes: str = "released",
+                        progress: bool = False) -> dict:
+    """Generates all splits in memory (see the module docstring for the design).
+
+    Args:
+      seed: seed of the numpy Generators (the output is a deterministic function of it).
+      sizes: `{split: number of lines}`, missing splits default to `DEFAULT_SIZES`.
+      pair_variants: both variants of every sentence (issue design) or one per sentence
+        (released dev/test files).
+      shapes: `"released"`: sentence shapes drawn from the distributions measured on the released
+        files (`in_domain_shape_counts` for train/dev/test, `gen_shape_counts` for gen), words
+        from the PCFG given the shape; `"grammar"`: plain PCFG samples for every split.
+      progress: show a tqdm progress bar.
+
+    Returns:
+      `{split: list[Example]}` for train, dev, test, gen.
+
+    Raises:
+      ValueError: the grammar cannot supply enough distinct sentences.
+    """
+    sizes = {**self.default_sizes, **(sizes or {})}
+    unknown = set(sizes) - set(self.split_names)
+    if unknown:
+      raise ValueError(f"unknown splits {sorted(unknown)}")
+    sent_seq, choice_seq, gen_seq = np.random.SeedSequence(seed).spawn(3)
+    choice = np.random.default_rng(choice_seq)
+    if shapes == "released":
+      sample_in = ShapeSampler(self.grammar, self.in_domain_shape_counts,
+                               np.random.default_rng(sent_seq)).sample
+      sample_gen = ShapeSampler(self.grammar, self.gen_shape_counts,
+                                np.random.default_rng(gen_seq)).sample
+    elif shapes == "grammar":
+      stream = self.grammar.sample_stream(np.random.default_rng(sent_seq))
+      sample_in = sample_gen = lambda: next(stream)
+    else:
+      raise ValueError(f"shapes must be 'released' or 'grammar', got {shapes!r}")
+    seen: set = set()
+    out = {s: [] for s in self.split_names}
+    total = sum(sizes.values())
+    bar = tqdm.tqdm(total=total, desc=f"{self.name} lines", unit="line", disable=not progress,
+                    mininterval=0.5)
+    max_draws = 50 * total + 10_000
+    draws = 0
+
+    def fresh(sample):
+      nonlocal draws
+      while True:
+        draws += 1
+        if draws > max_draws:
+          raise ValueError(f"could not sample enough distinct sentences for sizes {sizes}")
+        d = sample()
+        key = pcfg.words_of(d)
+        if key not in seen:
+          seen.add(key)
+          return d
+
+    for split in ("test", "train", "dev"):
+      need = sizes[split]
+      lines = out[split]
+      while len(lines) < need:
+        ident, trans, ambiguous = self.lines_of(fresh(sample_in))
+        if pair_variants:
+          new = [ident] if ambiguous else [ident, trans]
+        else:
+          pick = int(choice.integers(2))
+          if pick == 1 and ambiguous:
+            continue
+          new = [(ident, trans)[pick]]
+        if len(new) > need - len(lines):
+          new = [new[int(choice.integers(len(new)))]]
+        lines.extend(new)
+        bar.update(len(new))
+    while len(out["gen"]) < sizes["gen"]:
+      _, trans, ambiguous = self.lines_of(fresh(sample_gen))
+      if ambiguous:
+        out["gen"].append(trans)
+        bar.update(1)
+    bar.close()
+    for split, lines in out.items():
+      perm = choice.permutation(len(lines))
+      out[split] = [lines[i] for i in perm]
+    return out
+
+  def file_names(self, split: str) -> tuple[str, str]:
+    """(plain, bracketed) file names of a split, e.g. `question.dev`, `question_bracket.dev`."""
+    return f"{self.name}.{split}", f"{self.name}_bracket.{split}"
+
+  def generate(self, out_dir: os.PathLike | str, *, seed: int = 0,
+               num_train: Optional[int] = None, progress: bool = False,
+               sizes: Optional[dict] = None, pair_variants: bool = True,
+               shapes: str = "released") -> dict:
+    """Generates the splits and writes them in the released formats.
+
+    Writes `{name}.{split}` and `{name}_bracket.{split}` for every split, plus
+    `{name}.meta.json` (seed and sizes) into `out_dir`.
+
+    Args:
+      out_dir: output folder (created).
+      seed: generation seed.
+      num_train: train lines (default 100,000); overrides `sizes["train"]`.
+      progress: tqdm progress bar.
+      sizes: other split sizes (default dev 1,000, test 10,000, gen 10,000).
+      pair_variants, shapes: see `generate_examples`.
+
+    Returns:
+      `{split: path of the plain file}`.
+    """
+    sizes = {**self.default_sizes, **(sizes or {})}
+    if num_train is not None:
+      sizes["train"] = int(num_train)
+    data = self.generate_examples(seed=seed, sizes=sizes, pair_variants=pair_variants,
+                                  shapes=shapes, progress=progress)
+    out_dir = pathlib.Path(out_dir)
+    paths = {}
+    for split, examples in data.items():
+      plain, bracket = self.file_names(split)
+      paths[split] = io_lib.write_mccoy_file(out_dir / plain, examples)
+      io_lib.write_mccoy_file(out_dir / bracket, examples, bracketed=True)
+    meta = {"task": self.name, "seed": seed, "sizes": sizes, "pair_variants": pair_variants,
+            "shapes": shapes}
+    io_lib.write_text_atomic(out_dir / (self.name + META_SUFFIX), json.dumps(meta, indent=1))
+    return paths
+
+  def ensure_data(self, data_dir: os.PathLike | str, *, seed: int = 0,
+                  num_train: Optional[int] = None) -> dict:
+    """Paths of the splits in `data_dir`, generating them first unless present.
+
+    Files are (re)generated when a split file is missing, or when the folder holds a
+    `{name}.meta.json` written by `generate` with another seed or train size. Files without a
+    meta record (e.g. the released ones copied in) are used as they are.
+    """
+    return base.ensure_generated(self, data_dir, seed=seed, num_train=num_train)
+
+  # --- reading and encoding -----------------------------------------------------------------
+
+  def read_split(self, path_or_dir: os.PathLike | str, split: Optional[str] = None, *,
+                 assign_trees: bool = False) -> list:
+    """Reads a split.
+
+    Args:
+      path_or_dir: a file, or a folder holding `{name}_bracket.{split}` (preferred, has trees)
+        or `{name}.{split}`.
+      split: split name (needed when `path_or_dir` is a folder).
+      assign_trees: fill missing trees by parsing each source with the grammar.
+
+    Returns:
+      list of Example.
+
+    Raises:
+      DataError: missing file, empty file or malformed line (file and line in the message);
+        with `assign_trees`, a sentence the grammar does not generate.
+    """
+    path = pathlib.Path(path_or_dir)
+    if path.is_dir():
+      if split is None:
+        raise ValueError("split is required when reading from a folder")
+      plain, bracket = self.file_names(split)
+      path = path / bracket if (path / bracket).exists() else path / plain
+    examples = io_lib.read_mccoy_file(path, self.task_tokens)
+    if assign_trees:
+      out = []
+      for i, ex in enumerate(examples, start=1):
+        if ex.source_tree is None:
+          try:
+            ex = self.assign_trees(ex)
+          except pcfg.ParseError as err:
+            raise DataError(path, i, str(err)) from None
+        out.append(ex)
+      examples = out
+    return examples
+
+  def encode(self, examples: Sequence[Example], vocab: vocab_lib.Vocab,
+             max_len: Optional[int] = None, **kwargs) -> vocab_lib.EncodedSplit:
+    """`vocab.encode` of the lines (see there)."""
+    return vocab_lib.encode(examples, vocab, max_len, **kwargs)
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(name={self.name!r})"
+
+
+def tree_with_leaves(tree: trees.Tree, words: Sequence[str]) -> trees.Tree:
+  """`tree` with its leaves replaced, left to right, by `words` (same number of words)."""
+  it = iter(words)
+  out = trees.map_leaves(tree, lambda _: next(it))
+  return out
