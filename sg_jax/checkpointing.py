@@ -121,17 +121,12 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
     if target is not None:
       state_args = ocp.args.StandardRestore(target)
     elif params_only:
-      meta_tree = mngr.item_metadata(step)["state"]
-      tree = meta_tree.tree if hasattr(meta_tree, "tree") else meta_tree
-      abstract = {"params": jax.tree_util.tree_map(
-          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
-      state_args = ocp.args.PyTreeRestore(
-          item=abstract, restore_args=jax.tree_util.tree_map(
-              lambda _: ocp.ArrayRestoreArgs(), abstract),
-          partial_restore=True)
+      state = _restore_params_only(os.path.join(checkpoint_dir(workdir), str(step), "state"))
+      state_args = None
     else:
       state_args = ocp.args.StandardRestore()
-    state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+    if state_args is not None:
+      state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
   except CheckpointError:
     raise
   except Exception as e:  # orbax/tensorstore raise many types for corrupt data
@@ -142,6 +137,20 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
   config = ml_collections.ConfigDict(meta["config"])
   return Restored(step=int(step), state=state, config=config,
                   vocab_json=json.dumps(meta["vocab"]), seeds=list(meta["seeds"]))
+
+
+def _restore_params_only(path: str) -> dict:
+  """Reads only `params` of a saved state as numpy arrays (no optimiser state)."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  metadata = checkpointer.metadata(path)
+  tree = getattr(metadata, "item_metadata", metadata)
+  tree = getattr(tree, "tree", tree)
+  abstract = {"params": jax.tree_util.tree_map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
+  restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                        abstract)
+  return checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+      item=abstract, restore_args=restore_args, partial_restore=True))
 
 
 def restore_seed_params(workdir: str, seed: int, step: int | None = None):

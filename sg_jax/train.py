@@ -129,7 +129,7 @@ def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: A
   dropout_key = jax.random.fold_in(_subkey(state.key, DROPOUT_KEY), step)
   loss, grads = jax.value_and_grad(lm_loss)(state.params, model, inputs_BxL, targets_BxL,
                                             dropout_key)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -395,15 +395,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                  dropped)
   step = int(latest or 0)
 
-  def log_eval(step, state):
+  def log_eval(step, state, write=True):
     results = jax.device_get(evaluate(state.params))
     diverged = np.asarray(state.diverged)
     flat = {}
     for split, metrics in results.items():
       for name, values in metrics.items():
         flat[f"{split}/{name}"] = np.where(diverged, np.nan, np.asarray(values))
-    table.write(step, seeds, flat)
-    summaries.write(step, seeds, flat)
+    if write:
+      table.write(step, seeds, flat)
+      summaries.write(step, seeds, flat)
     log.info("step %d eval: %s", step, _fmt_metrics(flat))
     return flat
 
@@ -438,8 +439,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   manager.wait_until_finished()
   manager.close()
   summaries.close()
-  if not last_eval:
-    last_eval = log_eval(step, state)
+  if not last_eval:  # the run had already finished: report its final evaluation again
+    last_eval = log_eval(step, state, write=False)
   return {"step": step, "eval": last_eval, "state": state}
 
 
