@@ -215,7 +215,9 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
 
 def main(argv):
   from absl import flags  # pylint: disable=import-outside-toplevel
+  from absl import logging  # pylint: disable=import-outside-toplevel
   del argv
+  logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   sd = load_state_dict(f.checkpoint)
   params, config = convert_state_dict(sd, num_heads=f.num_heads)

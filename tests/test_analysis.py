@@ -56,6 +56,12 @@ def _zero_attention_kernels(params, name):
 _chart = jax.jit(tree_projection.sci_chart, static_argnames="config")
 
 
+@functools.lru_cache(maxsize=None)
+def _naive_chart(seed, sentence):
+  """Reference-style chart (one masked pass per span) of a sentence (tuple of ids), cached."""
+  return tree_projection.naive_sci_chart(_params(seed), [SOS] + list(sentence), config=CFG)
+
+
 # ---------------------------------------------------------------------------------- weight norm
 
 
@@ -63,7 +69,7 @@ def test_weight_norm_matches_numpy_and_vmaps_over_seeds():
   p0, p1 = _params(0), _params(1)
   expect = [math.sqrt(sum(float(np.sum(np.square(np.asarray(x, np.float64))))
                           for x in jax.tree_util.tree_leaves(p))) for p in (p0, p1)]
-  np.testing.assert_allclose(weight_norm.weight_norm(p0), expect[0], rtol=1e-5)
+  np.testing.assert_allclose(jax.jit(weight_norm.weight_norm)(p0), expect[0], rtol=1e-5)
   np.testing.assert_allclose(weight_norm.weight_norm_over_seeds(_stack(p0, p1)), expect, rtol=1e-5)
   np.testing.assert_allclose(weight_norm.weight_norm_per_layer(p0, CFG.num_layers),
                              expect[0] / CFG.num_layers, rtol=1e-5)
@@ -134,7 +140,7 @@ def test_batched_chart_equals_naive_per_span_passes():
   tokens, num_words = _padded(sentences)
   chart = np.asarray(_chart(_params(), tokens, num_words, config=CFG))
   for b, s in enumerate(sentences):
-    naive = tree_projection.naive_sci_chart(_params(), [SOS] + s, config=CFG)
+    naive = _naive_chart(0, tuple(s))
     n = len(s)
     np.testing.assert_allclose(chart[b, :n, :n], naive, atol=2e-5)
     assert np.all(chart[b, n:] == 0) and np.all(chart[b, :, n:] == 0)
@@ -288,25 +294,30 @@ def test_pipeline_over_seeds_matches_per_sentence_computation():
   sentences = _sentences()
   gold = [_right_branching(tuple(str(w) for w in s)) for s in sentences]
   params_s = _stack(_params(0), _params(1))
-  common = dict(config=CFG, sos_id=SOS, key=jax.random.PRNGKey(0), gold_trees=gold,
-                normalisation="split_mean")
+  key = jax.random.PRNGKey(0)
+  common = dict(config=CFG, sos_id=SOS, key=key, gold_trees=gold)
   out = pipeline.tree_projection_metrics(params_s, sentences, batch_size=2, details=True, **common)
+  # random-split draws depend on the sentence, not on batching or seed chunking.
   out3 = pipeline.tree_projection_metrics(params_s, sentences, batch_size=3, seeds_per_call=1,
                                           **common)
   for k in ("tscore", "tparseval_f1", "tparseval_precision", "tparseval_recall"):
     assert out[k].shape == (2,)
     np.testing.assert_allclose(out[k], out3[k], rtol=1e-5)
+  batched_seed1 = np.asarray(_chart(_params(1), *_padded(sentences), config=CFG))
   for seed in range(2):
     preds, scores = [], []
     for b, s in enumerate(sentences):
-      chart = tree_projection.naive_sci_chart(_params(seed), [SOS] + s, config=CFG)
+      chart = _naive_chart(0, tuple(s)) if seed == 0 else batched_seed1[b, :len(s), :len(s)]
       np.testing.assert_allclose(out["charts"][b][seed], chart, atol=2e-5)
       nodes = _naive_greedy(chart, 0, len(s) - 1)
       assert [tuple(x) for x in out["trees_nodes"][b][seed].tolist()] == list(nodes)
       preds.append(tree_projection.nodes_to_tree(np.array(nodes).reshape(-1, 3),
                                                  [str(w) for w in s]))
+      u = np.asarray(tree_projection.span_uniforms(key, jnp.asarray([b]), len(s))[0])
+      rand = [i + int(math.floor(u[i, j] * (j - i))) for i, _, j in nodes]
       scores.append(_sci(chart, nodes) - sum(
-          np.mean([chart[i, m] + chart[m + 1, j] for m in range(i, j)]) for i, _, j in nodes))
+          chart[i, m] + chart[m + 1, j] for (i, _, j), m in zip(nodes, rand)))
+    np.testing.assert_allclose(out["tscore_per_sentence"][seed], scores, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out["tscore"][seed], np.mean(scores), rtol=1e-4)
     ref = parseval.corpus_parseval(preds, gold)
     np.testing.assert_allclose(out["tparseval_f1"][seed], ref["f1"], rtol=1e-6)

@@ -124,3 +124,28 @@ def test_torch_file(tmp_path):
   params, config = convert_torch.convert_state_dict(convert_torch.load_state_dict(path),
                                                     num_heads=H)
   _check_logits(params, config, sd)
+
+
+def test_write_checkpoint_round_trip(tmp_path):
+  tasks = pytest.importorskip("sg_jax.tasks")
+  if not hasattr(tasks, "get_task"):
+    pytest.skip("sg_jax.tasks (data module) not available yet")
+  from sg_jax import checkpointing  # pylint: disable=import-outside-toplevel
+  vocab_size = tasks.get_task("question").vocab().size
+  rng = np.random.default_rng(3)
+  sd = _state_dict(3)
+  sd["input_embedding.weight"] = rng.normal(size=(vocab_size, D)).astype(np.float32)
+  sd["output_map.weight"] = rng.normal(size=(vocab_size, D)).astype(np.float32)
+  sd["output_map.bias"] = rng.normal(size=(vocab_size,)).astype(np.float32)
+  params, config = convert_torch.convert_state_dict(sd, num_heads=H)
+  out = os.path.join(tmp_path, "converted")
+  convert_torch.write_checkpoint(params, config, "question", out, step=300, seed_id=7)
+  restored = checkpointing.restore(out, params_only=True)
+  assert restored.step == 300 and restored.seeds == [7]
+  assert restored.config.model.num_layers == LAYERS and restored.config.model.num_heads == H
+  for a, b in zip(jax.tree_util.tree_leaves(params),
+                  jax.tree_util.tree_leaves(restored.state["params"])):
+    np.testing.assert_array_equal(np.asarray(b)[0], a)
+  with pytest.raises(ValueError, match="vocabulary rows"):
+    convert_torch.write_checkpoint(*convert_torch.convert_state_dict(_state_dict(), num_heads=H),
+                                   "question", os.path.join(tmp_path, "bad"))

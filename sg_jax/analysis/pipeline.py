@@ -160,7 +160,8 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
     sentences: word ids of each declarative part (`declarative_words`), without SOS.
     config: model config.
     sos_id: SOS id.
-    key: PRNG key for the random-split normalisation (shared by all seeds).
+    key: PRNG key for the random-split normalisation (shared by all seeds; each sentence's draws
+      depend only on the key and its index, so results do not depend on `batch_size`).
     gold_trees: optional nested-tuple gold trees, one per sentence (leaf count must equal the
       sentence length); enables tparseval.
     batch_size: sentences per batch (each runs n_max forward passes, vmapped over seeds).
@@ -193,7 +194,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
     total = None
     c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
     c_scores = None
-    for b, batch in enumerate(batches):
+    for batch in batches:
       n_max = batch.tokens.shape[1] - 1
       gold = None
       if gold_trees is not None:
@@ -203,8 +204,8 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
             gold[row] = parseval.span_matrix(gold_spans[s], n_max)
         gold = jnp.asarray(gold)
       stats = tree_projection.tree_projection_stats_over_seeds(
-          params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), gold,
-          jax.random.fold_in(key, b), config=config, method=method,
+          params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), gold, key,
+          jnp.asarray(batch.indices, jnp.int32), config=config, method=method,
           normalisation=normalisation, details=details)
       if details:
         chart, nd, sc = (np.asarray(stats.pop(k)) for k in ("chart", "nodes", "tscore"))

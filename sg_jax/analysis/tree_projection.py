@@ -344,8 +344,25 @@ def tree_score(chart_NxN: Array, num_words: Array, nodes_Mx3: Array, *,
 # --------------------------------------------------------------------------------------------
 
 
+def span_uniforms(key: Array, row_ids_B: Array, max_words: int) -> Array:
+  """float32 [B, N, N] uniform [0, 1) draws for span (i, j) of sentence `row_ids_B[b]`.
+
+  Each draw depends only on (key, sentence id, i, j), not on the batch it is computed in or on
+  the padding, so random-split tscores do not depend on how sentences are batched.
+  """
+  r = jnp.arange(max_words)
+
+  def one(row):
+    k = jax.random.fold_in(key, row)
+    draw = lambda i, j: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(k, i), j))
+    return jax.vmap(lambda i: jax.vmap(lambda j: draw(i, j))(r))(r)
+
+  return jax.vmap(one)(jnp.maximum(row_ids_B, 0).astype(jnp.uint32))
+
+
 def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
-                          gold_spans_BxNxN: Array | None, key: Array, *, config: ModelConfig,
+                          gold_spans_BxNxN: Array | None, key: Array,
+                          row_ids_B: Array | None = None, *, config: ModelConfig,
                           method: str = "greedy", normalisation: str = "random_split",
                           details: bool = False) -> dict[str, Array]:
   """Tree-projection sums of one padded batch for ONE seed (pure, jit-able; options static).
@@ -356,6 +373,8 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
     num_words_B: int32 [B] n per sentence; 0 marks batch-padding rows (ignored everywhere).
     gold_spans_BxNxN: bool [B, N, N] gold brackets (`parseval.gold_span_matrices`) or None.
     key: PRNG key for the random splits of 'random_split' (same draws for every seed when vmapped).
+    row_ids_B: int [B] sentence ids that, with `key`, determine each sentence's random draws
+      (`span_uniforms`); default 0..B-1.
     method / normalisation: see module docstring.
     details: also return 'chart' [B, N, N], 'nodes' [B, N - 1, 3] and per-sentence 'tscore' [B].
 
@@ -367,7 +386,9 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
   chart = sci_chart(params, tokens_BxL, num_words_B, config=config)
   n_max = chart.shape[-1]
   nodes = jax.vmap(functools.partial(project_tree, method=method))(chart, num_words_B)
-  uniform = jax.random.uniform(key, chart.shape)
+  if row_ids_B is None:
+    row_ids_B = jnp.arange(chart.shape[0])
+  uniform = span_uniforms(key, row_ids_B, n_max)
   score_B = jax.vmap(functools.partial(tree_score, normalisation=normalisation))(
       chart, num_words_B, nodes, uniform_NxN=uniform)
   real_B = num_words_B > 0
@@ -383,15 +404,16 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
 
 @functools.partial(jax.jit, static_argnames=("config", "method", "normalisation", "details"))
 def tree_projection_stats_over_seeds(params_S: PyTree, tokens_BxL: Array, num_words_B: Array,
-                                     gold_spans_BxNxN: Array | None, key: Array, *,
+                                     gold_spans_BxNxN: Array | None, key: Array,
+                                     row_ids_B: Array | None = None, *,
                                      config: ModelConfig, method: str = "greedy",
                                      normalisation: str = "random_split",
                                      details: bool = False) -> dict[str, Array]:
   """`tree_projection_stats` vmapped over seeds (jitted): every output gains a leading [S] axis."""
   fn = functools.partial(tree_projection_stats, config=config, method=method,
                          normalisation=normalisation, details=details)
-  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
-      params_S, tokens_BxL, num_words_B, gold_spans_BxNxN, key)
+  return jax.vmap(fn, in_axes=(0, None, None, None, None, None))(
+      params_S, tokens_BxL, num_words_B, gold_spans_BxNxN, key, row_ids_B)
 
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
