@@ -190,8 +190,23 @@ class TrainFns:
   tx: optax.GradientTransformation
 
 
+_TRAIN_FNS_CACHE: dict = {}
+
+
 def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int) -> TrainFns:
-  """Builds the model, the optimiser and the jitted functions vmapped over the seed axis."""
+  """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
+
+  Cached on the fields that define them, so repeated runs in one process (tests, sweeps,
+  notebooks) reuse the compiled functions.
+  """
+  cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
+               int(vocab_size))
+  if cache_key not in _TRAIN_FNS_CACHE:
+    _TRAIN_FNS_CACHE[cache_key] = _build_train_fns(config, vocab_size)
+  return _TRAIN_FNS_CACHE[cache_key]
+
+
+def _build_train_fns(config: ml_collections.ConfigDict, vocab_size: int) -> TrainFns:
   model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
   tx = make_optimizer(config.optim)
   init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
