@@ -158,6 +158,10 @@ class ShapeSampler:
 
   def sample(self, shape: tuple | None = None) -> pcfg.Derivation:
     """One derivation; its shape is drawn from the distribution unless given."""
+    return self.sample_with_shape(shape)[0]
+
+  def sample_with_shape(self, shape: tuple | None = None) -> tuple:
+    """(derivation, its shape); the shape is drawn from the distribution unless given."""
     if shape is None:
       shape = self.shapes[bisect.bisect_right(self._shape_cum, self._u())]
     rules = self.grammar.rules
@@ -167,7 +171,7 @@ class ShapeSampler:
       rhs = rhss[bisect.bisect_right(c, self._u())] if len(c) > 1 else rhss[0]
       return (sym, rhs, tuple(expand(x, sym) if x in rules else x for x in rhs))
 
-    return expand(self.grammar.start, "")
+    return expand(self.grammar.start, ""), shape
 
 
 class McCoyTask:
@@ -260,7 +264,7 @@ class McCoyTask:
   gen_shape_counts: dict = {}
 
   def generate_examples(self, *, seed: int = 0, sizes: Optional[dict] = None,
-                        pair_variants: bool = True, shapes: str = "released",
+                        pair_variants: bool = False, shapes: str = "released",
                         progress: bool = False) -> dict:
     """Generates all splits in memory (see the module docstring for the design).
 
@@ -288,12 +292,12 @@ class McCoyTask:
     choice = np.random.default_rng(choice_seq)
     if shapes == "released":
       sample_in = ShapeSampler(self.grammar, self.in_domain_shape_counts,
-                               np.random.default_rng(sent_seq)).sample
+                               np.random.default_rng(sent_seq)).sample_with_shape
       sample_gen = ShapeSampler(self.grammar, self.gen_shape_counts,
-                                np.random.default_rng(gen_seq)).sample
+                                np.random.default_rng(gen_seq)).sample_with_shape
     elif shapes == "grammar":
       stream = self.grammar.sample_stream(np.random.default_rng(sent_seq))
-      sample_in = sample_gen = lambda: next(stream)
+      sample_in = sample_gen = lambda shape: (next(stream), None)
     else:
       raise ValueError(f"shapes must be 'released' or 'grammar', got {shapes!r}")
     seen: set = set()
@@ -304,17 +308,21 @@ class McCoyTask:
     max_draws = 50 * total + 10_000
     draws = 0
 
-    def fresh(sample):
+    def fresh(sampler):
+      # A duplicate is redrawn with the same shape (up to 100 times), so that deduplication does
+      # not shift the shape distribution away from shapes with few distinct sentences.
       nonlocal draws
+      shape, tries = None, 0
       while True:
         draws += 1
         if draws > max_draws:
           raise ValueError(f"could not sample enough distinct sentences for sizes {sizes}")
-        d = sample()
+        d, shape = sampler(shape if tries < 100 else None)
         key = pcfg.words_of(d)
         if key not in seen:
           seen.add(key)
           return d
+        tries += 1
 
     for split in ("test", "train", "dev"):
       need = sizes[split]
@@ -349,7 +357,7 @@ class McCoyTask:
 
   def generate(self, out_dir: os.PathLike | str, *, seed: int = 0,
                num_train: Optional[int] = None, progress: bool = False,
-               sizes: Optional[dict] = None, pair_variants: bool = True,
+               sizes: Optional[dict] = None, pair_variants: bool = False,
                shapes: str = "released") -> dict:
     """Generates the splits and writes them in the released formats.
 

@@ -10,6 +10,7 @@ is `[ Aux [ NP X ] ] ?`.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from sg_jax.tasks import mccoy
@@ -92,6 +93,12 @@ GEN_SHAPE_COUNTS = {
 }
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _parse(words: tuple) -> pcfg.Derivation:
+  """Cached parse of a source sentence (the released files are parsed by several checks)."""
+  return pcfg.load_grammar("question").parse(words)
+
+
 class QuestionTask(mccoy.McCoyTask):
   """Question formation: `decl` (identity) / `quest` (front the main auxiliary)."""
   name = "question"
@@ -105,7 +112,7 @@ class QuestionTask(mccoy.McCoyTask):
     return {**super().extra_words(), "?": "punct"}
 
   def source_derivation(self, words: Sequence[str]) -> pcfg.Derivation:
-    return self.grammar.parse(words)
+    return _parse(tuple(words))
 
   def lines_of(self, d: pcfg.Derivation) -> tuple[Example, Example, bool]:
     words = pcfg.words_of(d)

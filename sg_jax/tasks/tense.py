@@ -164,6 +164,12 @@ GEN_SHAPE_COUNTS = {
 }
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _parse(words: tuple) -> pcfg.Derivation:
+  """Cached parse of a source sentence (the released files are parsed by several checks)."""
+  return past_grammar().parse(words)
+
+
 class TenseTask(mccoy.McCoyTask):
   """Tense reinflection: `PAST` (identity) / `PRESENT` (re-inflect, verbs agree with subjects)."""
   name = "tense"
@@ -177,7 +183,7 @@ class TenseTask(mccoy.McCoyTask):
     return {**super().extra_words(), **{w: "V" for w in past_forms()}}
 
   def source_derivation(self, words: Sequence[str]) -> pcfg.Derivation:
-    return past_grammar().parse(words)
+    return _parse(tuple(words))
 
   def lines_of(self, d: pcfg.Derivation) -> tuple[Example, Example, bool]:
     present = present_of_derivation(d)
