@@ -4,7 +4,6 @@ tparseval and the drivers. Small random models and few sentences, so the file ru
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import jax
