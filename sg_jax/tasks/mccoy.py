@@ -1,19 +1,26 @@
 """Shared machinery of the two McCoy et al. (2020) tasks: split generation, files, shapes.
 
-Generation (REFERENCE.md §1 "Tasks"; `../shared/data/README.md`): sentences are sampled from the
-packaged grammar (distinct sentences only). Every sentence yields both task variants, the identity
-line (`decl`/`PAST`) and the transformed line (`quest`/`PRESENT`). A transformed line where the
-two candidate rules (linear vs hierarchical) give different outputs is *ambiguous*: it never goes
-to train/dev/test. Splits are filled from one stream of sentences: dev, then test, then train
-receive the in-distribution lines of fresh sentences (both variants, or only the identity line of a
-sentence whose transformed line is ambiguous); then `gen` receives the transformed lines of fresh
-ambiguous sentences. A sentence belongs to exactly one split, so no source sentence is shared
-between train and any evaluation split. Lines are shuffled within each split.
-
-With `pair_variants=False` each sentence instead contributes one line, its variant chosen by a
-fair coin (a sentence whose coin picks an ambiguous transformed line is dropped): this reproduces
-the released dev/test files, which never hold both variants of one sentence. Both settings give the
+Generation (REFERENCE.md §1 "Tasks"; `../shared/data/README.md`): distinct sentences are sampled
+from the packaged grammar. Each sentence has two candidate lines, the identity line (`decl`/`PAST`)
+and the transformed line (`quest`/`PRESENT`). A transformed line where the two candidate rules
+(linear vs hierarchical) give different outputs is *ambiguous*: it never goes to train/dev/test,
+only to `gen`. By default (`pair_variants=False`, as in the released dev/test files, which never
+hold both variants of one sentence) a fair coin picks the variant of each sentence, and a sentence
+whose coin picks an ambiguous transformed line is dropped; `pair_variants=True` emits both variants
+of every sentence (only the identity line when the transformed one is ambiguous). Both give the
 same expected task-token mix (question: 40% `quest`; tense: 13/31 = 41.9% `PRESENT`).
+
+Splits are filled from one stream of fresh sentences in the order test, train, dev (dev last
+reproduces the released tense dev, which lacks the few short sentences that train exhausts), then
+`gen` takes the transformed lines of fresh ambiguous sentences. A sentence belongs to exactly one
+split, so no source sentence is shared between train and any evaluation split. Lines are shuffled
+within each split.
+
+Sentence shapes (`sentence_shape`) are drawn from the distribution measured on the released files
+(`shapes="released"`, default) and the words from the PCFG given the shape: the released data do
+not follow the grammar's own rule weights (e.g. only 13% of question sentences have an intransitive
+main verb, against 50% under `question.gr`; gen holds no object relative clauses).
+`shapes="grammar"` samples the plain PCFG instead.
 """
 
 from __future__ import annotations
