@@ -15,4 +15,8 @@ from sg_jax import configlib
 def get_config(config_string: str | None = None):
   config = configlib.base_config("dyck")
   config.train.num_steps = 400_000
+  # The Dyck sampler has no length limit of its own (uncapped training strings reach ~1,000 tokens,
+  # mean ~40); the released validation split's longest string has 77 tokens. Strings longer than
+  # 100 tokens are resampled, which keeps padding affordable. data.max_length=0 removes the cap.
+  config.data.max_length = 100
   return configlib.apply_config_string(config, config_string, configlib.PRESETS)

@@ -62,6 +62,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # group equals the same seed trained alone.
   c.first_seed = 0
   c.num_seeds = 10
+  # Devices the seed axis is sharded over (0 = as many available devices as divide num_seeds).
+  c.num_devices = 0
 
   c.data = ml_collections.ConfigDict()
   # Folder with the split files; '' = generate them into WORKDIR/data (deterministic in data.seed).
@@ -70,6 +72,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.data.seed = 0
   # Number of generated training lines (0 = the task's default, e.g. 100,000 for question).
   c.data.num_train = 0
+  # Dyck only: longest generated string in tokens (0 = no cap; see configs/dyck.py).
+  c.data.max_length = 0
 
   c.model = ml_collections.ConfigDict()
   # Depth ("num_layers" in the paper's figures).
@@ -235,7 +239,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.task in TASKS, "task", f"must be one of {TASKS}")
   need(config.num_seeds >= 1, "num_seeds", "must be >= 1")
   need(config.first_seed >= 0, "first_seed", "must be >= 0")
+  need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")
   need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
+  need(config.data.max_length >= 0, "data.max_length", "must be >= 0 (0 = no cap)")
   m = config.model
   need(m.num_layers >= 1, "model.num_layers", "(depth) must be >= 1")
   need(m.d_model >= 1, "model.d_model", "must be >= 1")

@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from sg_jax import sharding
 from sg_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,6 +27,10 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
     "Resume a workdir even though it was written with a different config.")
 _TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False,
+    "Call jax.distributed.initialize() first (TPU pods / multi-node GPU): the seed axis is then "
+    "sharded over the devices of all hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -40,6 +45,8 @@ def main(argv):
   sg_log.addHandler(handler)
   sg_log.setLevel(py_logging.INFO)
   sg_log.propagate = False
+  if _MULTIHOST.value:
+    sharding.initialize_distributed()
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                       allow_config_change=_ALLOW_CONFIG_CHANGE.value,

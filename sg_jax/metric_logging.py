@@ -24,9 +24,12 @@ HEADER = "step,seed,name,value\n"
 class MetricsTable:
   """Append-only `step,seed,name,value` CSV table (see module docstring)."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, enabled: bool = True):
+    """Opens (creating if needed) the table; `enabled=False` (non-writer hosts) makes writes
+    no-ops."""
     self.path = path
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
+    self.enabled = enabled
+    if enabled and (not os.path.exists(path) or os.path.getsize(path) == 0):
       self._append(HEADER)
 
   def _append(self, text: str) -> None:
@@ -42,6 +45,8 @@ class MetricsTable:
 
   def write(self, step: int, seeds: Sequence[int], metrics: Mapping[str, np.ndarray]) -> None:
     """Appends one row per (seed, metric); each value array is [num_seeds]."""
+    if not self.enabled:
+      return
     buf = io.StringIO()
     for name in sorted(metrics):
       values = np.asarray(metrics[name], dtype=np.float64).reshape(-1)
@@ -55,7 +60,7 @@ class MetricsTable:
 
   def truncate_after(self, step: int) -> int:
     """Drops rows with step > `step` (atomically); returns how many were dropped."""
-    if not os.path.exists(self.path):
+    if not self.enabled or not os.path.exists(self.path):
       return 0
     with open(self.path) as f:
       lines = f.readlines()

@@ -32,13 +32,14 @@ from sg_jax import configlib
 from sg_jax import evaluation
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
+from sg_jax import sharding
 
 Array = jax.Array
 log = logging.getLogger("sg_jax")
 EXIT_PREEMPTED = 75  # exit code after a SIGTERM/SIGINT-triggered checkpoint (EX_TEMPFAIL)
 
 # Config fields that may change between a run and its resumption (they do not change training).
-RESUMABLE_CHANGES = ("train.num_steps", "train.steps_per_call", "train.log_every", "eval.",
+RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call", "train.log_every", "eval.",
                      "checkpoint.every", "checkpoint.max_to_keep")
 
 
@@ -232,7 +233,8 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
   """
   from sg_jax import tasks  # local import: keeps `import sg_jax.train` light
 
-  task = tasks.get_task(config.task)
+  options = {"max_length": config.data.max_length or None} if config.task == "dyck" else {}
+  task = tasks.get_task(config.task, **options)
   data_dir = config.data.dir or os.path.join(workdir, "data")
   task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
   vocab = task.vocab()
@@ -251,12 +253,12 @@ EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos", "transformed", "main_
 
 
 def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
-  """Device arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines)."""
+  """Host arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines)."""
   n = len(split) if not max_lines else min(max_lines, len(split))
   arrays = {f: np.asarray(getattr(split, f))[:n] for f in EVAL_FIELDS}
   batch_size = min(batch_size, n)
   arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
-  return {k: jnp.asarray(v.reshape((-1, batch_size) + v.shape[1:])) for k, v in arrays.items()}
+  return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
 
 
 def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
@@ -388,31 +390,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
   fns = make_train_fns(config, vocab.size)
-  train_data = {"inputs": jnp.asarray(splits["train"].inputs),
-                "targets": jnp.asarray(splits["train"].targets)}
-  eval_data = {name: prepare_eval_batches(splits[name], config.eval.batch_size,
-                                          config.eval.max_lines)
-               for name in ("in_domain", "out_of_domain")}
+  mesh = sharding.seed_mesh(len(seeds), config.num_devices)
+  train_data = sharding.put_replicated({"inputs": splits["train"].inputs,
+                                        "targets": splits["train"].targets}, mesh)
+  eval_data = sharding.put_replicated(
+      {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines)
+       for name in ("in_domain", "out_of_domain")}, mesh)
   evaluate = make_eval_fn(config, fns, vocab, eval_data)
 
+  writer = sharding.is_writer()
   manager = checkpointing.make_manager(workdir, max_to_keep=config.checkpoint.max_to_keep)
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
-  table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"))
-  summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"), tensorboard)
+  table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"), enabled=writer)
+  summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                           tensorboard and writer)
 
-  state = fns.init(seed_keys(seeds))
-  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  latest, restored = checkpointing.restore_latest_good(manager, workdir, abstract)
+  state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(
+      sharding.put_replicated(np.asarray(seed_keys(seeds)), mesh))
+  latest, restored = checkpointing.restore_latest_good(
+      manager, workdir, sharding.abstract_like(state, mesh))
   if latest is not None:
     state = restored
     dropped = table.truncate_after(latest)
     log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
-                 dropped)
+             dropped)
   step = int(latest or 0)
+  log.info("%s", sharding.describe(mesh, len(seeds)))
 
   def log_eval(step, state, write=True):
-    results = jax.device_get(evaluate(state.params))
-    diverged = np.asarray(state.diverged)
+    results = sharding.to_host(evaluate(state.params))
+    diverged = np.asarray(sharding.to_host(state.diverged))
     flat = {}
     for split, metrics in results.items():
       for name, values in metrics.items():
@@ -468,17 +475,19 @@ def _fmt_metrics(metrics: dict) -> str:
 
 
 def _log_train(step, state, seeds, fns, config, table, summaries, t0, step0):
-  sums = jax.device_get(state.sums)
+  sums = sharding.to_host(state.sums)
+  diverged = np.asarray(sharding.to_host(state.diverged))
+  diverged_step = np.asarray(sharding.to_host(state.diverged_step), np.float64)
   n = np.maximum(sums["steps"], 1.0)
   schedule = make_schedule(config.optim)
   metrics = {
       "train/loss": sums["loss"] / n,
       "train/grad_norm": sums["grad_norm"] / n,
       "train/learning_rate": np.full(len(seeds), float(schedule(step - 1))),
-      "train/diverged": np.asarray(state.diverged, np.float64),
-      "train/diverged_step": np.asarray(state.diverged_step, np.float64),
+      "train/diverged": diverged.astype(np.float64),
+      "train/diverged_step": diverged_step,
   }
-  metrics["train/loss"] = np.where(np.asarray(state.diverged), np.nan, metrics["train/loss"])
+  metrics["train/loss"] = np.where(diverged, np.nan, metrics["train/loss"])
   table.write(step, seeds, metrics)
   summaries.write(step, seeds, metrics)
   rate = (step - step0) / max(time.time() - t0, 1e-9)

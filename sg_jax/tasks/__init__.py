@@ -13,21 +13,25 @@ from sg_jax.tasks.vocab import EncodedSplit, Vocab, encode
 TASK_NAMES = ("question", "tense", "dyck")
 
 
-def get_task(name: str):
+def get_task(name: str, **options):
   """The task object for `"question"`, `"tense"` or `"dyck"`.
+
+  Args:
+    name: task name.
+    **options: constructor options of the task (Dyck: `max_length`, `num_types`, `max_depth`).
 
   Raises:
     ValueError: unknown task name (named in the message).
   """
   if name == "question":
     from sg_jax.tasks.question import QuestionTask  # pylint: disable=import-outside-toplevel
-    return QuestionTask()
+    return QuestionTask(**options)
   if name == "tense":
     from sg_jax.tasks.tense import TenseTask  # pylint: disable=import-outside-toplevel
-    return TenseTask()
+    return TenseTask(**options)
   if name == "dyck":
     from sg_jax.tasks.dyck import DyckTask  # pylint: disable=import-outside-toplevel
-    return DyckTask()
+    return DyckTask(**options)
   raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
 
 
