@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Single multi-GPU host launcher for sg_jax: install, then run `python -m sg_jax.main` or
+# `python -m sg_jax.sweep` in the background on the GPUs of this machine, mirroring runs/ to a
+# bucket if asked.
+#
+# Usage: launch/gpu_host.sh COMMAND [options] [-- ARGS for sg_jax.main/sg_jax.sweep]
+#
+# Commands:
+#   install   pip-install the requirements, JAX with CUDA 12 and sg_jax (editable)
+#   train     start `python -m sg_jax.main ARGS` in the background (log: --log)
+#   sweep     start `python -m sg_jax.sweep ARGS` in the background (log: --log)
+#   push      copy runs/ to --bucket (gs:// with gcloud storage, anything else with rsync)
+#   pull      copy --bucket back into runs/ (resume on a new machine)
+#   status    show the GPUs and the end of the log
+#
+# Options:
+#   --gpus=0,1,...   GPUs the job may use (CUDA_VISIBLE_DEVICES; default: all). One process
+#                    uses every visible GPU: the seed axis is sharded over them.
+#   --log=FILE       job log (default sg_jax_job.log)
+#   --bucket=DEST    gs://BUCKET/PATH or a path/host:path for rsync (push/pull)
+#   --dry_run        print the exact commands instead of running them
+#
+# A job stopped with SIGTERM/SIGINT checkpoints and exits with code 75; rerunning the same
+# train/sweep command resumes from the latest checkpoint.
+#
+# Example:
+#   launch/gpu_host.sh install
+#   launch/gpu_host.sh sweep --gpus=0,1,2,3 -- --config=configs/question.py --depths=2,4,6,8,10 \
+#       --seeds=10 --root=runs/qf
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$HERE/.." && pwd)"
+source "$HERE/common.sh"
+
+COMMAND=${1:-}
+[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: launch/gpu_host.sh COMMAND [options] [-- ARGS] (see the header of this file)"
+shift
+GPUS="" LOG="sg_jax_job.log" BUCKET=""
+JOB_ARGS=()
+while (($#)); do
+  case "$1" in
+    --gpus=*) GPUS=${1#*=} ;;
+    --log=*) LOG=${1#*=} ;;
+    --bucket=*) BUCKET=${1#*=} ;;
+    --dry_run) DRY_RUN=1 ;;
+    --) shift; JOB_ARGS=("$@"); break ;;
+    *) die "unknown option $1 (options go before --, sg_jax arguments after it)" ;;
+  esac
+  shift
+done
+if [[ -n "$GPUS" && ! "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+  die "--gpus must be comma-separated GPU indices, got $GPUS"
+fi
+
+sync_cmd() {  # $1 = source, $2 = destination
+  if [[ "$1" == gs://* || "$2" == gs://* ]]; then
+    run gcloud storage rsync --recursive "$1" "$2"
+  else
+    run rsync -a "$1/" "$2/"
+  fi
+}
+
+start_job() {  # $1 = main | sweep
+  [[ ${#JOB_ARGS[@]} -gt 0 ]] || die "give the sg_jax.$1 arguments after --, e.g. -- --config=configs/question.py --workdir=runs/q6"
+  local env=(env)
+  [[ -n "$GPUS" ]] && env+=(CUDA_VISIBLE_DEVICES="$GPUS")
+  # JAX preallocates 75% of GPU memory by default; several jobs per GPU need less.
+  env+=(XLA_PYTHON_CLIENT_PREALLOCATE=false)
+  run cd "$REPO_ROOT"
+  if [[ "$DRY_RUN" == 1 ]]; then
+    echo "$(join_cmd nohup "${env[@]}" python -m "sg_jax.$1" "${JOB_ARGS[@]}") > $(quote "$LOG") 2>&1 &"
+  else
+    nohup "${env[@]}" python -m "sg_jax.$1" "${JOB_ARGS[@]}" > "$LOG" 2>&1 &
+    echo "started sg_jax.$1 as process $! (log: $REPO_ROOT/$LOG)" >&2
+  fi
+}
+
+case "$COMMAND" in
+  install)
+    run cd "$REPO_ROOT"
+    run pip install -r requirements.txt
+    run pip install -U 'jax[cuda12]'
+    run pip install -e . ;;
+  train) start_job main ;;
+  sweep) start_job sweep ;;
+  push)
+    [[ -n "$BUCKET" ]] || die "push needs --bucket"
+    run cd "$REPO_ROOT"
+    sync_cmd runs "${BUCKET%/}/runs" ;;
+  pull)
+    [[ -n "$BUCKET" ]] || die "pull needs --bucket"
+    run cd "$REPO_ROOT"
+    run mkdir -p runs
+    sync_cmd "${BUCKET%/}/runs" runs ;;
+  status)
+    run nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total --format=csv
+    run tail -n 20 "$REPO_ROOT/$LOG" ;;
+  *) die "unknown command $COMMAND (install, train, sweep, push, pull, status)" ;;
+esac

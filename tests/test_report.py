@@ -1,0 +1,129 @@
+"""Tests of the report (`sg_jax.report`) on hand-written sweep roots: every figure and table is
+written, early stopping follows the stated first/last-best rule, missing analysis panels are
+skipped with a note, a single workdir works, and a folder without metrics.csv is named."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sg_jax import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = [0, 100, 200, 300, 400]
+# depth -> seed -> (in-domain accuracy, generalisation accuracy) per step.
+CURVES = {
+    2: {0: ([0.2, 0.99, 1.0, 1.0, 1.0], [0.1, 0.05, 0.3, 0.6, 0.9]),
+        1: ([0.2, 0.9, 1.0, 0.98, 1.0], [0.1, 0.2, 0.1, 0.4, 0.5])},
+    4: {0: ([0.1, 0.5, 0.95, 1.0, 1.0], [0.0, 0.1, 0.2, 0.85, 0.95]),
+        1: ([0.1, 0.6, 1.0, 1.0, float("nan")], [0.0, 0.1, 0.2, 0.3, float("nan")])},
+}
+
+
+def _write(path, rows):
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["step", "seed", "name", "value"])
+    w.writerows(rows)
+
+
+def _make_run(workdir, depth, analysis=True):
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump({"task": "question", "model": {"num_layers": depth},
+               "train": {"num_steps": STEPS[-1]}}, f)
+  rows = []
+  for seed, (acc_in, acc_gen) in CURVES[depth].items():
+    for t, step in enumerate(STEPS):
+      rows += [(step, seed, "in_domain/accuracy", acc_in[t]),
+               (step, seed, "out_of_domain/accuracy", acc_gen[t]),
+               (step, seed, "train/loss", 3.0 - t * 0.5)]
+  _write(os.path.join(workdir, "metrics.csv"), rows)
+  if analysis:
+    _write(os.path.join(workdir, "analysis.csv"),
+           [(step, seed, name, value) for seed in CURVES[depth] for step in STEPS
+            for name, value in (("weight_norm", 10 + step / 100), ("tscore", step / 1000))])
+
+
+@pytest.fixture()
+def sweep_root(tmp_path):
+  root = tmp_path / "qf"
+  _make_run(str(root / "depth2"), 2, analysis=True)
+  _make_run(str(root / "depth4"), 4, analysis=False)
+  with open(root / "sweep.json", "w") as f:
+    json.dump({"jobs": {"2": {"workdir": "depth2"}, "4": {"workdir": "depth4"}}}, f)
+  return str(root)
+
+
+def test_early_stopping_tie_breaking():
+  steps = np.array(STEPS)
+  acc_in, acc_gen = map(np.array, CURVES[2][0])
+  assert report.early_stopping(steps, acc_in, steps, acc_gen, "first") == (200, 0.3)
+  assert report.early_stopping(steps, acc_in, steps, acc_gen, "last") == (400, 0.9)
+  # Within a tolerance of 0.01, 0.99 at step 100 ties with 1.0.
+  assert report.early_stopping(steps, acc_in, steps, acc_gen, "first", 0.01) == (100, 0.05)
+  with pytest.raises(ValueError, match="first"):
+    report.early_stopping(steps, acc_in, steps, acc_gen, "middle")
+  assert report.first_reaching(steps, acc_in, 0.99) == 100
+
+
+def test_sweep_report_writes_every_figure_and_table(sweep_root):
+  result = report.build_report(sweep_root)
+  out = os.path.join(sweep_root, "report")
+  names = sorted(os.path.basename(p) for p in result["figures"])
+  assert names == ["dynamics_tscore.png", "dynamics_weight_norm.png", "early_stopping.png",
+                   "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png"]
+  for path in result["figures"]:
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert len(result["skipped"]) == 2  # attention sparsity and tparseval have no rows
+  md = open(os.path.join(out, "summary.md")).read()
+  assert "dynamics_attention_sparsity_paper.png skipped" in md and "first best" in md
+  rows = {int(r["depth"]): r for r in csv.DictReader(open(os.path.join(out, "summary.csv")))}
+  assert rows[2]["seeds_above_threshold"] == "1" and rows[4]["seeds_above_threshold"] == "1"
+  assert float(rows[2]["final_generalisation_mean"]) == pytest.approx(0.7)
+  # depth 2: first best -> steps 200 (0.3) and 200 (0.1); last best -> 400 (0.9), 400 (0.5).
+  assert float(rows[2]["early_stop_first_generalisation_mean"]) == pytest.approx(0.2)
+  assert float(rows[2]["early_stop_last_generalisation_mean"]) == pytest.approx(0.7)
+  # depth 4 seed 1 diverged at the last step: its final value is the last finite one (0.3).
+  seeds = list(csv.DictReader(open(os.path.join(out, "summary_seeds.csv"))))
+  s = next(r for r in seeds if r["depth"] == "4" and r["seed"] == "1")
+  assert (s["final_step"], float(s["final_generalisation"])) == ("300", pytest.approx(0.3))
+  assert float(rows[2]["final_tscore_mean"]) == pytest.approx(0.4)
+  assert rows[4]["final_tscore_mean"] == ""
+
+
+def test_single_workdir_and_cli(sweep_root, tmp_path):
+  workdir = os.path.join(sweep_root, "depth2")
+  out = str(tmp_path / "figs")
+  done = subprocess.run([sys.executable, "-m", "sg_jax.report", f"--root={workdir}",
+                         f"--out_dir={out}", "--threshold=0.6"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert "depth 2: 2 seeds" in done.stdout
+  assert os.path.exists(os.path.join(out, "grokking_depth2.png"))
+  assert not os.path.exists(os.path.join(out, "grokking_depth4.png"))
+
+
+def test_root_without_metrics_is_named(tmp_path):
+  empty = tmp_path / "nothing_here"
+  empty.mkdir()
+  with pytest.raises(report.ReportError, match="nothing_here"):
+    report.build_report(str(empty))
+  done = subprocess.run([sys.executable, "-m", "sg_jax.report", f"--root={empty}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode != 0 and "no metrics.csv in" in done.stderr
+  assert "nothing_here" in done.stderr
+
+
+def test_subfolders_without_sweep_json_are_found(sweep_root):
+  os.remove(os.path.join(sweep_root, "sweep.json"))
+  assert [os.path.basename(p) for p in report.find_runs(sweep_root)] == ["depth2", "depth4"]
+  assert math.isnan(report.final_value(np.array([1, 2]), np.array([np.nan, np.nan]))[1])

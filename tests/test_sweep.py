@@ -1,0 +1,98 @@
+"""Tests of the sweep driver (`sg_jax.sweep`): job commands and config resolution, the
+finished-run check, and one real tiny sweep (a single depth, two seeds, 10 steps) that is skipped
+when rerun and resumed when asked to train longer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sg_jax import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "question.py")
+
+
+def test_job_command_appends_depth_seeds_overrides_and_extra_flags():
+  cmd = sweep.job_command(f"{CONFIG}:quick,heads=2", 4, 3, "runs/qf/depth4",
+                          overrides=["train.num_steps=300", "--config.model.d_model=64"],
+                          extra=["--allow_config_change"])
+  assert cmd[:3] == [sys.executable, "-m", "sg_jax.main"]
+  assert cmd[3] == f"--config={CONFIG}:quick,heads=2,depth=4,seeds=3"
+  assert cmd[4:] == ["--workdir=runs/qf/depth4", "--config.train.num_steps=300",
+                     "--config.model.d_model=64", "--allow_config_change"]
+  assert sweep.job_config_arg(CONFIG, 2, 10) == f"{CONFIG}:depth=2,seeds=10"
+
+
+def test_resolve_config_applies_depth_seeds_and_overrides():
+  config = sweep.resolve_config(f"{CONFIG}:quick,depth=9", 2, 5, ["train.num_steps=123"])
+  assert (config.model.num_layers, config.num_seeds, config.train.num_steps) == (2, 5, 123)
+  assert config.model.d_model == 128  # from the quick preset
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(depths=[]), "--depths"), (dict(depths=[2, 2]), "twice"), (dict(seeds=0), "--seeds"),
+    (dict(overrides=["train.num_steps"]), "section.field=value"),
+    (dict(overrides=["train.nope=3"]), "unknown config field"),
+])
+def test_plan_rejects_bad_input(tmp_path, kwargs, message):
+  args = dict(config_arg=CONFIG, depths=[2], seeds=2, root=str(tmp_path))
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=message):
+    sweep.plan(**args)
+
+
+def test_missing_config_file_is_named(tmp_path):
+  with pytest.raises(ValueError, match="nope.py"):
+    sweep.plan("configs/nope.py:quick", [2], 2, str(tmp_path))
+
+
+def test_is_finished_needs_config_and_final_checkpoint(tmp_path):
+  assert not sweep.is_finished(str(tmp_path), 10)
+  (tmp_path / "config.json").write_text(json.dumps({"train": {"num_steps": 10}}))
+  assert not sweep.is_finished(str(tmp_path), 10)  # no checkpoint yet
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  tasks = pytest.importorskip("sg_jax.tasks")
+  path = str(tmp_path_factory.mktemp("data"))
+  tasks.get_task("question").generate(path, seed=0, num_train=40,
+                                      sizes={"dev": 8, "test": 8, "gen": 8})
+  return path
+
+
+def _tiny_overrides(data_dir, steps):
+  return [f"data.dir={data_dir}", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
+          f"train.num_steps={steps}", "train.steps_per_call=10", "train.log_every=10",
+          "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2"]
+
+
+def test_tiny_sweep_runs_skips_and_resumes(tmp_path, data_dir):
+  root = str(tmp_path / "sweep")
+  args = [sys.executable, "-m", "sg_jax.sweep", f"--config={CONFIG}", "--depths=1", "--seeds=2",
+          f"--root={root}"]
+  overrides = [f"--override={o}" for o in _tiny_overrides(data_dir, 10)]
+  done = subprocess.run(args + overrides + ["--", "--notensorboard"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stdout + done.stderr
+  index = json.load(open(os.path.join(root, "sweep.json")))
+  job = index["jobs"]["1"]
+  assert (job["status"], job["returncode"], job["latest_step"]) == ("finished", 0, 10)
+  assert job["workdir"] == "depth1" and index["seeds"] == 2
+  assert "--config.train.num_steps=10" in job["command"] and "--notensorboard" in job["command"]
+  assert job["started"] and job["ended"]
+  assert os.path.exists(os.path.join(root, "depth1", "metrics.csv"))
+  assert os.path.exists(os.path.join(root, "logs", "depth1.log"))
+
+  # Rerun: nothing to do (no subprocess); the index says skipped.
+  statuses = sweep.run_sweep(CONFIG, [1], 2, root, overrides=_tiny_overrides(data_dir, 10),
+                             extra=["--notensorboard"])
+  assert statuses == {1: "skipped"}
+  # A longer run is not finished: dry run plans to run it again (it would resume at step 10).
+  jobs = sweep.plan(CONFIG, [1], 2, root, _tiny_overrides(data_dir, 20))
+  assert jobs[0]["initial_status"] == "pending"
