@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 from typing import Any
 
 import jax
@@ -28,6 +29,15 @@ CHECKPOINT_DIR = "checkpoints"
 
 class CheckpointError(RuntimeError):
   """A checkpoint directory is missing, unreadable or inconsistent."""
+
+
+class WorkdirError(RuntimeError):
+  """The workdir cannot be written (unwritable, disk full); earlier results are intact."""
+
+
+# Fault injection for tests and scripts/fault_injection.py: when this environment variable holds
+# a step, the process SIGKILLs itself while that step's checkpoint is being written.
+KILL_DURING_SAVE_ENV = "SG_JAX_FAULT_KILL_DURING_SAVE"
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -53,9 +63,33 @@ def make_meta(config: ml_collections.ConfigDict, vocab_json: str, seeds: list[in
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict,
          force: bool = True) -> None:
-  """Saves the stacked state at `step` (asynchronously; call `manager.wait_until_finished()`)."""
-  manager.save(int(step), args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+  """Saves the stacked state at `step` (asynchronously; call `wait`).
+
+  Raises:
+    WorkdirError: the checkpoint cannot be written (e.g. disk full), naming the step; orbax
+      writes into a temporary folder and renames it on success, so earlier steps are intact.
+  """
+  try:
+    manager.save(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+  except Exception as e:
+    raise WorkdirError(f"cannot write checkpoint step {step} in {manager.directory}: {e}; "
+                       f"earlier checkpoints are intact") from e
+  if os.environ.get(KILL_DURING_SAVE_ENV) == str(int(step)):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+  """Waits for pending asynchronous saves.
+
+  Raises:
+    WorkdirError: a pending save failed (e.g. disk full); earlier checkpoints are intact.
+  """
+  try:
+    manager.wait_until_finished()
+  except Exception as e:
+    raise WorkdirError(f"writing a checkpoint in {manager.directory} failed: {e}; earlier "
+                       f"checkpoints are intact") from e
 
 
 def all_steps(workdir: str) -> list[int]:

@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from sg_jax import checkpointing
 from sg_jax import sharding
 from sg_jax import train
 
@@ -54,7 +55,7 @@ def main(argv):
   except train.Preempted as e:
     sg_log.warning("%s; rerun the same command to resume", e)
     sys.exit(train.EXIT_PREEMPTED)
-  except ValueError as e:
+  except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
     sys.exit(f"error: {e}")
   summary = {k: [round(float(x), 4) for x in v] for k, v in result["eval"].items()}
   print(f"finished at step {result['step']}; final per-seed metrics: {summary}")

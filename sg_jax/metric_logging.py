@@ -33,13 +33,20 @@ class MetricsTable:
       self._append(HEADER)
 
   def _append(self, text: str) -> None:
+    """Appends `text` with one write; on any failure (e.g. disk full) the file is cut back to
+    its previous size, so no torn line remains, and OSError is raised naming the file."""
     data = text.encode()
     fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-      written = os.write(fd, data)
-      if written != len(data):
-        raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-      os.fsync(fd)
+      size = os.fstat(fd).st_size
+      try:
+        written = os.write(fd, data)
+        if written != len(data):
+          raise OSError(f"short write ({written} of {len(data)} bytes)")
+        os.fsync(fd)
+      except OSError as e:
+        os.ftruncate(fd, size)
+        raise OSError(e.errno, f"cannot append to {self.path}: {e.strerror or e}") from e
     finally:
       os.close(fd)
 

@@ -241,11 +241,34 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
   splits = {}
   for name, split in (("train", "train"), ("in_domain", task.in_domain_split),
                       ("out_of_domain", task.out_of_domain_split)):
-    splits[name] = task.encode(task.read_split(data_dir, split), vocab)
+    examples = task.read_split(data_dir, split)
+    check_vocabulary(examples, vocab, _split_file(data_dir, task, split), task.name)
+    splits[name] = task.encode(examples, vocab)
   if len(splits["train"]) < config.train.batch_size:
     raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
                      f"number of training lines ({len(splits['train'])})")
   return task, vocab, splits
+
+
+def _split_file(data_dir: str, task, split: str) -> str:
+  """The file `task.read_split(data_dir, split)` reads (the bracketed variant when present)."""
+  names = [n for n in task.file_names(split) if n]
+  for n in reversed(names):
+    if os.path.exists(os.path.join(data_dir, n)):
+      return os.path.join(data_dir, n)
+  return os.path.join(data_dir, names[0])
+
+
+def check_vocabulary(examples, vocab, path: str, task_name: str) -> None:
+  """Raises DataError naming file, line and word if a line uses a word the model does not know."""
+  from sg_jax import tasks  # local import: keeps `import sg_jax.train` light
+
+  known = set(vocab.words)
+  for line, ex in enumerate(examples, start=1):
+    for word in tuple(ex.source) + tuple(ex.target):
+      if word not in known:
+        raise tasks.DataError(path, line, f"word {word!r} is not in the {task_name} vocabulary "
+                              f"({len(known)} words)")
 
 
 EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos", "transformed", "main_verb_pos",
@@ -310,6 +333,22 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
         f"workdir {workdir} was written with a different config; differing fields:\n  "
         + "\n  ".join(blocking)
         + "\nUse another --workdir, or pass --allow_config_change to resume anyway.")
+
+
+def check_writable(workdir: str) -> None:
+  """Creates `workdir` and checks a file can be written there.
+
+  Raises:
+    checkpointing.WorkdirError: naming the workdir and the OS error.
+  """
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_probe.{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise checkpointing.WorkdirError(f"workdir {workdir} is not writable: {e}") from e
 
 
 def _write_json_atomic(path: str, text: str) -> None:
@@ -379,10 +418,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   Raises:
     ValueError: invalid config or data (message names the field / file / line).
+    checkpointing.WorkdirError: the workdir cannot be written (unwritable, disk full); the
+      checkpoints and metric rows written before are intact.
     Preempted: a SIGTERM/SIGINT arrived; a checkpoint of the current step was written.
   """
   configlib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  check_writable(workdir)
   check_workdir_config(workdir, config, allow_config_change)
   task, vocab, splits = load_data(config, workdir)
   _write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
@@ -454,11 +495,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           or flag.received is not None):
         checkpointing.save(manager, step, state, meta)
       if flag.received is not None and step < config.train.num_steps:
-        manager.wait_until_finished()
+        checkpointing.wait(manager)
         manager.close()
         summaries.close()
         raise Preempted(f"signal {flag.received}: checkpoint written at step {step}")
-  manager.wait_until_finished()
+  checkpointing.wait(manager)
   manager.close()
   summaries.close()
   if not last_eval:  # the run had already finished: report its final evaluation again
