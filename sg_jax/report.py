@@ -403,11 +403,13 @@ def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
                 r["fraction_above_threshold"]), textcoords="offset points", xytext=(0, 9),
                 ha="center", fontsize=9)
   ax.set_xticks(depths)
+  if depths:
+    ax.set_xlim(min(depths) - 0.6, max(depths) + 0.6)
   ax.set_xlabel("model depth (layers)")
   ax.set_ylabel(f"fraction of seeds (final gen. acc. > {threshold:g})")
-  ax.set_ylim(-0.05, 1.12)
+  ax.set_ylim(-0.05, 1.25)
   ax.grid(alpha=0.3)
-  ax.legend(loc="lower center", fontsize=8)
+  ax.legend(loc="upper left", fontsize=8)
   ax.set_title(f"{title_prefix}generalising seeds per depth (inverted U)")
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -427,10 +429,10 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str) -> 
     return False
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  cmap = plt.get_cmap("viridis")
+  cmap = plt.get_cmap("tab10")
   order = sorted(present, key=lambda d: (d is None, d))
   for i, depth in enumerate(order):
-    color = cmap(i / max(len(order) - 1, 1) * 0.9)
+    color = cmap(i % cmap.N)
     per_step = collections.defaultdict(list)
     for run in present[depth]:
       for steps, values in run.series.get(metric, {}).values():
@@ -564,12 +566,14 @@ def _write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, s
         value = f"{value}/{row['num_seeds']}"
       cells.append(_fmt(value))
     lines.append("| " + " | ".join(cells) + " |")
+  ties = ("exact ties" if tie_tolerance == 0 else
+          f"values within {tie_tolerance:g} of the best count as tied")
   incomplete = [r for r in runs if r.num_steps and r.series.get(GEN_ACC) and
                 max(int(s[0][-1]) for s in r.series[GEN_ACC].values() if len(s[0])) < r.num_steps]
   lines += [
       "", "Means are over seeds with a finite value; accuracies are fractions of lines correct.",
       "", "**Early stopping rule.** For each seed the evaluation with the highest in-domain "
-      f"accuracy is selected (ties: values within {tie_tolerance:g} of the best). Because "
+      f"accuracy is selected ({ties}). Because "
       "in-domain accuracy usually sits at its maximum for most of training, the tie-breaking "
       "rule decides the result: *first best* takes the earliest tied evaluation (what early "
       "stopping with patience does), *last best* the latest (close to the end of training). "
