@@ -215,6 +215,8 @@ class Runner:
   def run_job(self, job: dict) -> str:
     depth = job["depth"]
     status = job["initial_status"]
+    if self.stopping:  # the sweep was stopped before this job's turn
+      return "pending" if status != "skipped" else status
     if status != "skipped":
       self.index.update(depth, status="running", started=_now(), ended=None, returncode=None)
       print(f"[sweep] depth {depth}: training -> {job['log']}", flush=True)
@@ -280,7 +282,8 @@ def run_sweep(config_arg: str, depths: Sequence[int], seeds: int, root: str, *,
   """Runs or resumes every depth's job and writes `root/sweep.json`.
 
   Returns:
-    {depth: final status}, status in finished | skipped | failed | preempted.
+    {depth: final status}, status in finished | skipped | failed | preempted | pending (not
+    started because the sweep was stopped).
 
   Raises:
     ValueError: as `plan`, or `parallel` < 1.

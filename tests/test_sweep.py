@@ -96,3 +96,43 @@ def test_tiny_sweep_runs_skips_and_resumes(tmp_path, data_dir):
   # A longer run is not finished: dry run plans to run it again (it would resume at step 10).
   jobs = sweep.plan(CONFIG, [1], 2, root, _tiny_overrides(data_dir, 20))
   assert jobs[0]["initial_status"] == "pending"
+
+
+def _fake_job(tmp_path, depth, code):
+  return {"depth": depth, "workdir": f"depth{depth}", "workdir_path": str(tmp_path / f"d{depth}"),
+          "command": [sys.executable, "-c", code], "analyze_command": None,
+          "log": f"depth{depth}.log", "analyze_log": f"depth{depth}.analyze.log",
+          "initial_status": "pending"}
+
+
+def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
+  import signal
+  import threading
+  import time
+
+  index = sweep.SweepIndex(str(tmp_path), {"config": "x"})
+  jobs = [_fake_job(tmp_path, 1, "import time; time.sleep(1.5)"),
+          _fake_job(tmp_path, 2, "import time, sys; time.sleep(1.5); sys.exit(3)")]
+  t0 = time.time()
+  assert sweep.Runner(index, str(tmp_path), parallel=2).run(jobs) == ["finished", "failed"]
+  assert time.time() - t0 < 2.9  # ran at once
+  saved = json.load(open(tmp_path / "sweep.json"))["jobs"]
+  assert saved["2"]["returncode"] == 3 and saved["1"]["status"] == "finished"
+
+  # SIGTERM to the sweep reaches a running job, which checkpoints and exits 75 -> preempted;
+  # the queued job is not started.
+  slow = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); "
+          "print('ready', flush=True); time.sleep(60)")
+  runner = sweep.Runner(index, str(tmp_path), parallel=1)
+  result = {}
+  thread = threading.Thread(target=lambda: result.update(
+      s=runner.run([_fake_job(tmp_path, 3, slow), _fake_job(tmp_path, 4, "pass")])))
+  thread.start()
+  log = tmp_path / "depth3.log"
+  deadline = time.time() + 30
+  while time.time() < deadline and not (log.exists() and "ready" in log.read_text()):
+    time.sleep(0.1)
+  runner.stop(signal.SIGTERM)
+  thread.join(timeout=30)
+  assert result["s"] == ["preempted", "pending"]
+  assert not (tmp_path / "depth4.log").exists()
