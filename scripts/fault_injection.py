@@ -1,0 +1,112 @@
+r"""Fault injection: random kill -9 / resume cycles on a tiny config, compared with one
+uninterrupted run.
+
+  python scripts/fault_injection.py --cycles=20
+
+Each cycle trains the same tiny multi-seed config in a fresh workdir and kills it with SIGKILL at
+a random moment: either after a random delay (anywhere in start-up, compilation, training,
+evaluation or a checkpoint write) or, half of the time, exactly while a randomly chosen
+checkpoint is being written (`SG_JAX_FAULT_KILL_DURING_SAVE`). It then reruns the same command
+until the run completes and checks that metrics.csv and the final parameters are identical
+(bit for bit) to the uninterrupted run. Prints `cycles: N, identical: M` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from sg_jax import checkpointing  # pylint: disable=wrong-import-position
+from sg_jax import metric_logging  # pylint: disable=wrong-import-position
+from sg_jax import tasks  # pylint: disable=wrong-import-position
+
+
+def command(data_dir: str, workdir: str, steps: int) -> list[str]:
+  return [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:quick",
+          f"--workdir={workdir}", f"--config.data.dir={data_dir}", "--config.num_seeds=3",
+          "--config.model.num_layers=1", "--config.model.d_model=32",
+          "--config.model.num_heads=2", "--config.model.d_ff=64",
+          f"--config.train.num_steps={steps}", "--config.train.steps_per_call=10",
+          "--config.train.log_every=10", "--config.eval.every=20",
+          "--config.eval.max_lines=64", "--config.checkpoint.every=20", "--notensorboard"]
+
+
+def fingerprint(workdir: str):
+  rows = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
+  table = sorted((r["step"], r["seed"], r["name"], repr(r["value"])) for r in rows)
+  params = checkpointing.restore(workdir).state["params"]
+  flat = np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(params)])
+  return table, flat
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--cycles", type=int, default=20)
+  parser.add_argument("--steps", type=int, default=120)
+  parser.add_argument("--seed", type=int, default=0, help="seed of the random kill points")
+  parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+  args = parser.parse_args()
+  rng = random.Random(args.seed)
+  tmp = tempfile.mkdtemp(prefix="sg_jax_faults_")
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  data_dir = os.path.join(tmp, "data")
+  tasks.get_task("question").generate(data_dir, seed=0, num_train=400,
+                                      sizes={"dev": 100, "test": 100, "gen": 100})
+  reference = os.path.join(tmp, "reference")
+  t0 = time.time()
+  subprocess.run(command(data_dir, reference, args.steps), cwd=ROOT, env=env, check=True,
+                 capture_output=True)
+  run_time = time.time() - t0
+  ref_table, ref_params = fingerprint(reference)
+  checkpoint_steps = list(range(20, args.steps, 20))
+  identical = 0
+  for cycle in range(args.cycles):
+    workdir = os.path.join(tmp, f"cycle{cycle}")
+    cmd = command(data_dir, workdir, args.steps)
+    if rng.random() < 0.5:
+      step = rng.choice(checkpoint_steps)
+      how = f"SIGKILL while writing checkpoint {step}"
+      subprocess.run(cmd, cwd=ROOT, env=dict(env, **{checkpointing.KILL_DURING_SAVE_ENV: str(step)}),
+                     capture_output=True)
+    else:
+      delay = rng.uniform(0.3, 0.9) * run_time
+      how = f"SIGKILL after {delay:.1f}s"
+      proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+      try:
+        proc.wait(timeout=delay)
+      except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed_at = (checkpointing.all_steps(workdir) or [None])[-1]
+    resumes = 0
+    while (checkpointing.all_steps(workdir) or [0])[-1] < args.steps:
+      subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+      resumes += 1
+    table, params = fingerprint(workdir)
+    same = table == ref_table and np.array_equal(params, ref_params)
+    identical += same
+    print(f"cycle {cycle + 1:2d}: {how:38s} last checkpoint {killed_at}, resumed {resumes}x: "
+          f"{'identical' if same else 'DIFFERENT'}", flush=True)
+  print(f"cycles: {args.cycles}, identical: {identical}")
+  if not args.keep:
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(tmp, ignore_errors=True)
+  return 0 if identical == args.cycles else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
