@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.random import threefry2x32_p
 
 Array = jax.Array
 
@@ -120,6 +121,42 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))
 
 
+class CoordinateDropout(nn.Module):
+  """Inverted dropout whose mask is a counter-based hash of each element's logical coordinates.
+
+  Every element's keep/drop bit is threefry2x32(site key, (token_id, index)), where `token_id`
+  identifies the token (line slot x padded length + position in the line) and `index` the
+  feature (or head x max_len + key position for attention weights). The mask of a token therefore
+  does not depend on the layout of the batch: a padded `[batch, length]` batch and the same lines
+  packed into one row (`train.py`, `train.packing`) drop exactly the same units, and a seed's
+  masks do not depend on which other seeds it is trained with.
+  """
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, token_ids: Array, index: Array, deterministic: bool) -> Array:
+    """x: [..., F]; token_ids and index: uint32 arrays broadcastable to x's shape."""
+    if deterministic or self.rate == 0.0:
+      return x
+    key = jax.random.key_data(self.make_rng("dropout"))
+    if key.shape != (2,):  # non-threefry key implementations: derive two words
+      key = jax.random.bits(jax.random.wrap_key_data(key), (2,), jnp.uint32)
+    shape = x.shape
+    ids = jnp.broadcast_to(token_ids.astype(jnp.uint32), shape)
+    idx = jnp.broadcast_to(index.astype(jnp.uint32), shape)
+    bits, _ = threefry2x32_p.bind(jnp.broadcast_to(key[0], shape),
+                                  jnp.broadcast_to(key[1], shape), ids, idx)
+    keep_prob = 1.0 - self.rate
+    threshold = jnp.uint32(min(int(keep_prob * 2.0 ** 32), 2 ** 32 - 1))
+    keep = bits < threshold
+    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
+
+
+def _feature_index(size: int) -> Array:
+  return jnp.arange(size, dtype=jnp.uint32)
+
+
 class MultiHeadAttention(nn.Module):
   """Bias-free multi-head self-attention returning its attention weights.
 
@@ -131,7 +168,8 @@ class MultiHeadAttention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool):
+  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
+               ids_BxL: Array, positions_BxL: Array):
     cfg = self.config
     d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim
     dtype = jnp.dtype(cfg.dtype)
@@ -144,7 +182,11 @@ class MultiHeadAttention(nn.Module):
     logits_BxHxLxL = jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxLxHxP) / jnp.sqrt(p).astype(dtype)
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
     weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
-    dropped = nn.Dropout(cfg.dropout)(weights_BxHxLxL, deterministic=deterministic)
+    # Element (b, head, q, k) is identified by token q and (head, position of key k).
+    index = (jnp.arange(h, dtype=jnp.uint32)[None, :, None, None] * jnp.uint32(cfg.max_len)
+             + positions_BxL.astype(jnp.uint32)[:, None, None, :])
+    dropped = CoordinateDropout(cfg.dropout, name="attention_dropout")(
+        weights_BxHxLxL, ids_BxL[:, None, :, None], index, deterministic)
     ctx_BxLxHxP = jnp.einsum("bhqk,bkhp->bqhp", dropped.astype(dtype), v_BxLxHxP)
     out_BxLxD = nn.DenseGeneral(
         d, axis=(-2, -1), use_bias=False, dtype=dtype, name="out",
@@ -168,22 +210,25 @@ class TransformerLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool):
+  def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
+               ids_BxL: Array, positions_BxL: Array):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+    ids = ids_BxL[..., None]
+    drop = lambda y, name: CoordinateDropout(cfg.dropout, name=name)(
+        y, ids, _feature_index(y.shape[-1]), deterministic)
     attn_BxLxD, weights = MultiHeadAttention(cfg, name="attention")(
-        x_BxLxD, mask_BxHxLxL, deterministic)
+        x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL)
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
-        x_BxLxD + drop(attn_BxLxD))
+        x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     h_BxLxF = nn.Dense(cfg.d_ff, dtype=dtype, name="linear1",
                        kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
                            x_BxLxD)
-    h_BxLxF = drop(nn.relu(h_BxLxF))
+    h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
     ff_BxLxD = nn.Dense(cfg.d_model, dtype=dtype, name="linear2",
                         kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
-        x_BxLxD + drop(ff_BxLxD))
+        x_BxLxD + drop(ff_BxLxD, "output_dropout"))
     return x_BxLxD, weights
 
 
@@ -198,6 +243,10 @@ class TransformerLM(nn.Module):
     deterministic: disable dropout (evaluation/analysis).
     attention_mask: optional bool [batch, length, length] or [batch, heads, length, length];
       True = may attend. It is AND-ed with the causal mask in every layer.
+    positions_BxL: optional int32 [batch, length] position of each token for the sinusoidal
+      table (default 0..length-1); packed training rows restart it at every line.
+    token_ids_BxL: optional uint32 [batch, length] identity of each token for the dropout masks
+      (default b * length + l); see `CoordinateDropout`.
     return_internals: also return `{'attention': [num_layers, batch, heads, L, L] float32,
       'hidden': [num_layers + 1, batch, L, d_model]}` (hidden[0] = embedding + positions after
       dropout, hidden[l] = output of layer l).
@@ -210,7 +259,8 @@ class TransformerLM(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL: Array, *, deterministic: bool = True,
-               attention_mask: Array | None = None, return_internals: bool = False):
+               attention_mask: Array | None = None, positions_BxL: Array | None = None,
+               token_ids_BxL: Array | None = None, return_internals: bool = False):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     _, length = tokens_BxL.shape
@@ -219,8 +269,16 @@ class TransformerLM(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
                      embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
     x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
-    x_BxLxD = x_BxLxD + jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model)[:length], dtype)
-    x_BxLxD = nn.Dropout(cfg.dropout)(x_BxLxD, deterministic=deterministic)
+    batch = tokens_BxL.shape[0]
+    if positions_BxL is None:  # packed sequences pass each line's positions (restarting at 0)
+      positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if token_ids_BxL is None:  # padded layout: token (b, l) has id b * length + l
+      token_ids_BxL = (jnp.arange(batch, dtype=jnp.uint32)[:, None] * jnp.uint32(length)
+                       + jnp.arange(length, dtype=jnp.uint32)[None, :])
+    table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), dtype)
+    x_BxLxD = x_BxLxD + table[positions_BxL]
+    x_BxLxD = CoordinateDropout(cfg.dropout, name="embedding_dropout")(
+        x_BxLxD, token_ids_BxL[..., None], _feature_index(cfg.d_model), deterministic)
 
     mask = causal_mask(length)[None, None]
     if attention_mask is not None:
@@ -229,7 +287,8 @@ class TransformerLM(nn.Module):
 
     hidden, attention = [x_BxLxD], []
     for i in range(cfg.num_layers):
-      x_BxLxD, weights = TransformerLayer(cfg, name=f"layer_{i}")(x_BxLxD, mask, deterministic)
+      x_BxLxD, weights = TransformerLayer(cfg, name=f"layer_{i}")(
+          x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL)
       hidden.append(x_BxLxD)
       attention.append(weights)
 

@@ -116,20 +116,28 @@ def init_state(key_data: Array, model: model_lib.TransformerLM,
 
 
 def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_BxL: Array,
-            dropout_key: Array | None) -> Array:
-  """Mean token cross-entropy (nats) over the non-padding target positions of a batch."""
+            dropout_key: Array | None, **model_kwargs) -> Array:
+  """Mean token cross-entropy (nats) over the non-padding target positions of a batch.
+
+  `model_kwargs` (positions_BxL, token_ids_BxL, attention_mask) describe packed rows.
+  """
   logits = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
-                       rngs=None if dropout_key is None else {"dropout": dropout_key})
+                       rngs=None if dropout_key is None else {"dropout": dropout_key},
+                       **model_kwargs)
   loss_sum, count = evaluation.token_losses(logits, targets_BxL)
   return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
 
 
 def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
-               model: model_lib.TransformerLM, tx: optax.GradientTransformation) -> TrainState:
-  """One AdamW step of one seed; a non-finite loss/gradient freezes the seed (marks diverged)."""
+               model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+               **model_kwargs) -> TrainState:
+  """One AdamW step of one seed; a non-finite loss/gradient freezes the seed (marks diverged).
+
+  `model_kwargs` describe packed rows (see `pack_lines`); the default is a padded batch.
+  """
   dropout_key = jax.random.fold_in(_subkey(state.key, DROPOUT_KEY), step)
   loss, grads = jax.value_and_grad(lm_loss)(state.params, model, inputs_BxL, targets_BxL,
-                                            dropout_key)
+                                            dropout_key, **model_kwargs)
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -146,39 +154,151 @@ def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: A
       sums=sums)
 
 
-def train_chunk(state: TrainState, data: dict, start_step: Array, num_steps: int,
-                batch_size: int, model: model_lib.TransformerLM,
-                tx: optax.GradientTransformation) -> TrainState:
-  """`num_steps` steps of one seed with `lax.scan`, drawing batches on device.
+def batch_indices(perm: Array, step: Array, batch_size: int, steps_per_epoch: int) -> Array:
+  """Line indices [batch] of `step` within the epoch permutation `perm` [num_lines]."""
+  return jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
+
+
+def epoch_permutation(key_data: Array, step: Array, num_lines: int, steps_per_epoch: int
+                      ) -> Array:
+  """The seed's permutation [num_lines] of the epoch containing `step`.
+
+  Each epoch of `num_lines // batch_size` steps visits a fresh permutation drawn from
+  `fold_in(data_key(seed), epoch)`; the remainder lines of an epoch are skipped.
+  """
+  return jax.random.permutation(
+      jax.random.fold_in(_subkey(key_data, DATA_KEY), step // steps_per_epoch), num_lines)
+
+
+def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: Array,
+               capacity: int) -> dict:
+  """Packs the lines `idx_B` of a padded set into ONE row of `capacity` token positions.
+
+  Lines are laid out one after another; each keeps its own positions (0..n) and attends only to
+  itself (block-diagonal causal mask), and each token keeps the identity it has in the padded
+  layout (line slot x padded length + position) so dropout masks are unchanged
+  (`model.CoordinateDropout`). The loss over the row therefore equals the loss of the padded
+  batch [batch, length] up to float reassociation, with far fewer padding positions.
 
   Args:
-    state: one seed's state.
-    data: {'inputs', 'targets'}: int32 [num_lines, length] training set on device (shared by
-      all seeds).
-    start_step: int32 [] global step of the first step (not batched over seeds).
-    num_steps, batch_size: static.
+    inputs_NxL, targets_NxL: the padded training set [num_lines, length].
+    lengths_N: non-padding positions per line.
+    idx_B: int32 [batch] lines of this step.
+    capacity: static row length; must be >= the lines' total length (else they are truncated).
 
-  Each epoch of `num_lines // batch_size` steps visits a fresh permutation of the lines drawn
-  from `fold_in(data_key(seed), epoch)`; the remainder lines of an epoch are skipped.
+  Returns:
+    dict with `inputs`, `targets` [1, capacity] and model keyword arguments `positions_BxL`,
+    `token_ids_BxL` [1, capacity] and `attention_mask` [1, capacity, capacity].
   """
-  n = data["inputs"].shape[0]
-  steps_per_epoch = n // batch_size
-  data_key = _subkey(state.key, DATA_KEY)
-  perm_for = lambda step: jax.random.permutation(
-      jax.random.fold_in(data_key, step // steps_per_epoch), n)
+  batch = idx_B.shape[0]
+  length = inputs_NxL.shape[1]
+  lens = lengths_N[idx_B]
+  ends = jnp.cumsum(lens)
+  q = jnp.arange(capacity, dtype=jnp.int32)
+  slot = jnp.searchsorted(ends, q, side="right").astype(jnp.int32)  # [C] in 0..batch
+  valid = slot < batch
+  slot_c = jnp.minimum(slot, batch - 1)
+  pos = jnp.clip(q - (ends - lens)[slot_c], 0, length - 1)
+  line = idx_B[slot_c]
+  inputs = jnp.where(valid, inputs_NxL[line, pos], 0)
+  targets = jnp.where(valid, targets_NxL[line, pos], 0)
+  same_line = slot[:, None] == slot[None, :]
+  return {"inputs": inputs[None], "targets": targets[None],
+          "positions_BxL": jnp.where(valid, pos, 0)[None],
+          "token_ids_BxL": (slot_c.astype(jnp.uint32) * jnp.uint32(length)
+                            + pos.astype(jnp.uint32))[None],
+          "attention_mask": same_line[None]}
 
-  def body(carry, t):
-    state, perm = carry
-    step = start_step + t
-    within = step % steps_per_epoch
-    perm = jax.lax.cond(within == 0, lambda: perm_for(step), lambda: perm)
-    idx = jax.lax.dynamic_slice(perm, (within * batch_size,), (batch_size,))
-    state = train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
-    return (state, perm), None
 
-  (state, _), _ = jax.lax.scan(body, (state, perm_for(start_step)),
-                               jnp.arange(num_steps, dtype=jnp.int32))
-  return state
+def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, padded_length: int,
+                       num_buckets: int, samples: int = 4000, seed: int = 0) -> tuple[int, ...]:
+  """Row capacities (token positions) for packed training, smallest first.
+
+  A step uses the smallest capacity that holds the longest of its seeds' batches. The buckets
+  are quantiles of that maximum, estimated by sampling random batches of the training lengths,
+  rounded up to multiples of 8; the last bucket, batch_size * padded_length, always fits.
+  """
+  rng = np.random.default_rng(seed)
+  lengths = np.asarray(lengths)
+  draws = rng.integers(0, len(lengths), size=(samples, num_seeds, batch_size))
+  need = lengths[draws].sum(-1).max(-1)
+  qs = np.quantile(need, np.arange(1, num_buckets + 1) / (num_buckets + 1))
+  caps = sorted({int(np.ceil(c / 8) * 8) for c in qs} | {batch_size * padded_length})
+  return tuple(c for c in caps if c <= batch_size * padded_length)
+
+
+def padding_fraction(config: ml_collections.ConfigDict, lengths: np.ndarray, num_seeds: int,
+                     padded_length: int, num_steps: int = 2000, seed: int = 1) -> float:
+  """Expected fraction of computed token positions that are padding during training.
+
+  Padded layout: 1 - mean(length) / padded_length. Packed layout: capacity chosen per step as in
+  training (smallest bucket holding every seed's batch), estimated over `num_steps` random steps.
+  """
+  lengths = np.asarray(lengths)
+  batch = int(config.train.batch_size)
+  if not config.train.packing:
+    return float(1.0 - lengths.mean() / padded_length)
+  caps = np.asarray(packing_capacities(lengths, batch, num_seeds, padded_length,
+                                       config.train.packing_buckets))
+  rng = np.random.default_rng(seed)
+  totals = lengths[rng.integers(0, len(lengths), size=(num_steps, num_seeds, batch))].sum(-1)
+  chosen = caps[np.searchsorted(caps, totals.max(-1))]
+  return float(1.0 - totals.sum() / (chosen.sum() * num_seeds))
+
+
+def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+                  batch_size: int, capacities: tuple[int, ...] | None) -> Callable:
+  """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
+
+  The per-seed functions (`epoch_permutation`, `batch_indices`, `pack_lines`, `train_step`) get
+  the seed axis here, with `jax.vmap`; the step loop is a `lax.scan` outside the vmap, so the
+  epoch-boundary `cond` and the packing bucket `switch` are real branches (not selects).
+
+  Args of `chunk`:
+    state: stacked TrainState [S, ...].
+    data: {'inputs', 'targets': int32 [num_lines, length], 'lengths': int32 [num_lines]} on
+      device, shared by all seeds.
+    start_step: int32 [] global step of the first step.
+    num_steps: static.
+  """
+
+  def chunk(state, data, start_step, num_steps):
+    n = data["inputs"].shape[0]
+    spe = n // batch_size
+    perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(state.key)
+
+    def padded(state, idx_SxB, step):
+      def one(s, idx):
+        return train_step(s, data["inputs"][idx], data["targets"][idx], step, model, tx)
+      return jax.vmap(one)(state, idx_SxB)
+
+    def packed(capacity):
+      def run(state, idx_SxB, step):
+        def one(s, idx):
+          rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
+          inputs, targets = rows.pop("inputs"), rows.pop("targets")
+          return train_step(s, inputs, targets, step, model, tx, **rows)
+        return jax.vmap(one)(state, idx_SxB)
+      return run
+
+    def body(carry, t):
+      state, perm = carry
+      step = start_step + t
+      perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
+      idx = jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
+      if capacities is None:
+        state = padded(state, idx, step)
+      else:
+        need = jnp.max(jnp.sum(data["lengths"][idx], axis=-1))
+        bucket = jnp.searchsorted(jnp.asarray(capacities), need)
+        state = jax.lax.switch(bucket, [packed(c) for c in capacities], state, idx, step)
+      return (state, perm), None
+
+    (state, _), _ = jax.lax.scan(body, (state, perms(start_step)),
+                                 jnp.arange(num_steps, dtype=jnp.int32))
+    return state
+
+  return chunk
 
 
 @dataclasses.dataclass
@@ -189,36 +309,52 @@ class TrainFns:
   chunk: Callable  # (state, data, start_step, num_steps) -> state
   model: model_lib.TransformerLM
   tx: optax.GradientTransformation
+  capacities: tuple[int, ...] | None  # packed-row buckets (None = padded batches)
 
 
 _TRAIN_FNS_CACHE: dict = {}
 
 
-def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int) -> TrainFns:
+def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
+                   capacities: tuple[int, ...] | None = None) -> TrainFns:
   """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
+
+  Args:
+    config: the run config.
+    vocab_size: rows of the embedding/output layers.
+    capacities: packed-row buckets from `packing_capacities` (None = padded batches).
 
   Cached on the fields that define them, so repeated runs in one process (tests, sweeps,
   notebooks) reuse the compiled functions.
   """
   cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
-               int(vocab_size))
+               int(vocab_size), capacities)
   if cache_key not in _TRAIN_FNS_CACHE:
-    _TRAIN_FNS_CACHE[cache_key] = _build_train_fns(config, vocab_size)
+    model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
+    tx = make_optimizer(config.optim)
+    init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
+    chunk = jax.jit(make_chunk_fn(model, tx, int(config.train.batch_size), capacities),
+                    static_argnums=(3,), donate_argnums=(0,))
+    _TRAIN_FNS_CACHE[cache_key] = TrainFns(init=init, chunk=chunk, model=model, tx=tx,
+                                           capacities=capacities)
   return _TRAIN_FNS_CACHE[cache_key]
 
 
-def _build_train_fns(config: ml_collections.ConfigDict, vocab_size: int) -> TrainFns:
-  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
-  tx = make_optimizer(config.optim)
-  init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
-  batch_size = int(config.train.batch_size)
+def make_train_data(config: ml_collections.ConfigDict, split, num_seeds: int
+                    ) -> tuple[dict, tuple[int, ...] | None]:
+  """Host arrays of the training split and the packing buckets (None when packing is off).
 
-  def chunk(state, data, start_step, num_steps):
-    return jax.vmap(lambda s: train_chunk(s, data, start_step, num_steps, batch_size, model, tx)
-                    )(state)
-
-  chunk = jax.jit(chunk, static_argnums=(3,), donate_argnums=(0,))
-  return TrainFns(init=init, chunk=chunk, model=model, tx=tx)
+  Returns:
+    ({'inputs', 'targets': int32 [N, L], 'lengths': int32 [N]}, capacities).
+  """
+  data = {"inputs": np.asarray(split.inputs, np.int32),
+          "targets": np.asarray(split.targets, np.int32),
+          "lengths": np.asarray(split.lengths, np.int32)}
+  capacities = None
+  if config.train.packing:
+    capacities = packing_capacities(data["lengths"], int(config.train.batch_size), num_seeds,
+                                    data["inputs"].shape[1], int(config.train.packing_buckets))
+  return data, capacities
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,10 +566,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
 
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
-  fns = make_train_fns(config, vocab.size)
+  host_data, capacities = make_train_data(config, splits["train"], len(seeds))
+  fns = make_train_fns(config, vocab.size, capacities)
   mesh = sharding.seed_mesh(len(seeds), config.num_devices)
-  train_data = sharding.put_replicated({"inputs": splits["train"].inputs,
-                                        "targets": splits["train"].targets}, mesh)
+  train_data = sharding.put_replicated(host_data, mesh)
+  waste = padding_fraction(config, host_data["lengths"], len(seeds), host_data["inputs"].shape[1])
+  log.info("training batches: %s; expected padding %.1f%% of computed token positions",
+           f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
   eval_data = sharding.put_replicated(
       {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines)
        for name in ("in_domain", "out_of_domain")}, mesh)

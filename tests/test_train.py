@@ -41,26 +41,63 @@ def flat(tree):
   return np.concatenate([np.asarray(x).reshape(-1) for x in jax.tree_util.tree_leaves(tree)])
 
 
+def _train_params(config, vocab, split, seeds, steps, packing=False):
+  config.train.packing = packing
+  host, capacities = train.make_train_data(config, split, len(seeds))
+  fns = train.make_train_fns(config, vocab.size, capacities)  # cached per group size
+  state = fns.init(train.seed_keys(seeds))
+  state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
+                    steps)
+  return jax.device_get(state.params), capacities
+
+
 def test_vmapped_seeds_equal_each_seed_trained_alone(data_dir, tmp_path):
-  config = tiny_config(data_dir, num_seeds=3, first_seed=5, **{"train.num_steps": 50})
+  config = tiny_config(data_dir)
   _, vocab, splits = train.load_data(config, str(tmp_path))
-  data = {"inputs": jnp.asarray(splits["train"].inputs),
-          "targets": jnp.asarray(splits["train"].targets)}
-
-  def run(first, n):
-    fns = train.make_train_fns(config, vocab.size)  # cached: one compilation per group size
-    state = fns.init(train.seed_keys(list(range(first, first + n))))
-    state = fns.chunk(state, data, jnp.asarray(0, jnp.int32), 50)
-    return jax.device_get(state.params)
-
-  together = run(5, 3)
+  together, _ = _train_params(config, vocab, splits["train"], [5, 6, 7], 50)
   for i, seed in enumerate((5, 6, 7)):
-    alone = run(seed, 1)
+    alone, _ = _train_params(config, vocab, splits["train"], [seed], 50)
     a = flat(jax.tree_util.tree_map(lambda x: x[i], together))
     b = flat(jax.tree_util.tree_map(lambda x: x[0], alone))
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   # Different seeds really differ.
   assert np.abs(flat(jax.tree_util.tree_map(lambda x: x[0] - x[1], together))).max() > 1e-3
+
+
+def test_packed_training_equals_padded_training_with_dropout(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  assert config.model.dropout == 0.1
+  _, vocab, splits = train.load_data(config, str(tmp_path))
+  padded, none = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=False)
+  packed, caps = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=True)
+  assert none is None and len(caps) >= 2 and caps[-1] == 8 * splits["train"].inputs.shape[1]
+  np.testing.assert_allclose(flat(packed), flat(padded), atol=2e-5, rtol=0)
+
+
+def test_pack_lines_lays_out_lines_with_own_positions_and_block_mask():
+  inputs = jnp.asarray([[9, 1, 2, 0], [9, 3, 0, 0], [9, 4, 5, 6]])
+  targets = jnp.asarray([[1, 2, 8, 0], [3, 8, 0, 0], [4, 5, 6, 8]])
+  lengths = jnp.asarray([3, 2, 4])
+  rows = train.pack_lines(inputs, targets, lengths, jnp.asarray([2, 1]), capacity=8)
+  np.testing.assert_array_equal(rows["inputs"][0], [9, 4, 5, 6, 9, 3, 0, 0])
+  np.testing.assert_array_equal(rows["targets"][0], [4, 5, 6, 8, 3, 8, 0, 0])
+  np.testing.assert_array_equal(rows["positions_BxL"][0], [0, 1, 2, 3, 0, 1, 0, 0])
+  # token ids = slot * padded length (4) + position: slot 0 is line 2, slot 1 is line 1
+  np.testing.assert_array_equal(rows["token_ids_BxL"][0][:6], [0, 1, 2, 3, 4, 5])
+  mask = np.asarray(rows["attention_mask"][0])
+  assert mask[5, 4] and not mask[4, 3] and not mask[3, 4] and mask[3, 0]
+
+
+def test_padding_fraction_of_packed_rows_is_small(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  _, _, splits = train.load_data(config, str(tmp_path))
+  lengths, width = splits["train"].lengths, splits["train"].inputs.shape[1]
+  config.train.packing = False
+  padded = train.padding_fraction(config, lengths, 4, width)
+  np.testing.assert_allclose(padded, 1 - lengths.mean() / width)
+  config.train.packing = True
+  packed = train.padding_fraction(config, lengths, 4, width)
+  assert packed < 0.5 * padded
 
 
 def test_run_writes_metrics_and_checkpoints_and_round_trips(data_dir, tmp_path):
