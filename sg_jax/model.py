@@ -153,6 +153,14 @@ class CoordinateDropout(nn.Module):
     return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
 
 
+def default_token_ids_and_positions(batch: int, length: int) -> tuple[Array, Array]:
+  """Padded layout: token (b, l) has dropout id b * length + l (uint32) and position l."""
+  ids = (jnp.arange(batch, dtype=jnp.uint32)[:, None] * jnp.uint32(length)
+         + jnp.arange(length, dtype=jnp.uint32)[None, :])
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  return ids, positions
+
+
 def _feature_index(size: int) -> Array:
   return jnp.arange(size, dtype=jnp.uint32)
 
@@ -169,9 +177,15 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
-               ids_BxL: Array, positions_BxL: Array):
+               ids_BxL: Array | None = None, positions_BxL: Array | None = None):
+    """Returns (output [B, L, d_model], attention weights [B, H, L, L] float32).
+
+    `ids_BxL`/`positions_BxL` identify tokens for the dropout masks (defaults: padded layout).
+    """
     cfg = self.config
     d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim
+    if ids_BxL is None or positions_BxL is None:
+      ids_BxL, positions_BxL = default_token_ids_and_positions(*x_BxLxD.shape[:2])
     dtype = jnp.dtype(cfg.dtype)
     proj = lambda name, fan_out: nn.DenseGeneral(
         (h, p), use_bias=False, dtype=dtype, name=name,
@@ -269,12 +283,11 @@ class TransformerLM(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
                      embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
     x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
-    batch = tokens_BxL.shape[0]
+    default_ids, default_positions = default_token_ids_and_positions(tokens_BxL.shape[0], length)
     if positions_BxL is None:  # packed sequences pass each line's positions (restarting at 0)
-      positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+      positions_BxL = default_positions
     if token_ids_BxL is None:  # padded layout: token (b, l) has id b * length + l
-      token_ids_BxL = (jnp.arange(batch, dtype=jnp.uint32)[:, None] * jnp.uint32(length)
-                       + jnp.arange(length, dtype=jnp.uint32)[None, :])
+      token_ids_BxL = default_ids
     table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), dtype)
     x_BxLxD = x_BxLxD + table[positions_BxL]
     x_BxLxD = CoordinateDropout(cfg.dropout, name="embedding_dropout")(
