@@ -589,9 +589,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       sharding.put_replicated(np.asarray(seed_keys(seeds)), mesh))
   latest, restored = checkpointing.restore_latest_good(
       manager, workdir, sharding.abstract_like(state, mesh))
+  # Rows logged after the checkpoint we resume from (or by an attempt killed before its first
+  # checkpoint) are dropped, so the table equals an uninterrupted run's.
+  dropped = table.truncate_after(-1 if latest is None else latest)
   if latest is not None:
     state = restored
-    dropped = table.truncate_after(latest)
     log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
              dropped)
   step = int(latest or 0)
