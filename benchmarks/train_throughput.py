@@ -1,0 +1,588 @@
+"""Training throughput: seed-vmapped compiled chunks vs a sequential per-step baseline (issue 6).
+
+Plain script (prints tables; not a unit test):
+  python benchmarks/train_throughput.py                      # depths 2,6,10 x seeds 1,2,4,8,16
+  python benchmarks/train_throughput.py --quick              # < 1 minute on a 2-core CPU
+  python benchmarks/train_throughput.py --depths=6 --seeds=1,4,8 --breakdown
+  python benchmarks/train_throughput.py --packing=off --no_sequential --dtype=bfloat16
+
+Model: the reference-size TransformerLM (REFERENCE.md §1: d_model 512, 8 heads, feed-forward 2048,
+dropout 0.1, batch 8 lines per seed and step, AdamW + clipping) on question formation; `--quick`
+shrinks it (depth 2, d_model 128, 4 heads, d_ff 512; the output says so). Data: question-formation
+lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only the train split
+is used), encoded and laid out exactly as `sg_jax.train` does (`train.make_train_data`, packed
+rows when `config.train.packing` is on).
+
+Measured, per depth, seed count and layout (padded / packed, when sg_jax has packing):
+* vmapped: `train.make_train_fns(config, vocab.size).chunk(state, data, start, steps_per_call)`,
+  i.e. the production path (all seeds in one compiled `lax.scan` call). The first call (which
+  compiles) is timed separately and excluded; then calls are timed (each waited for with
+  `block_until_ready`) until at least `--min_time` seconds and `--min_calls` calls; the rate uses
+  the median call.
+* sequential: the same seeds trained one after another with a per-step `jax.jit` of
+  `train.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
+  training set and a per-seed permutation, packed with `train.pack_lines` when packing is on):
+  only the per-step dispatch and the missing seed axis differ. `--seq_steps` steps per seed, one
+  untimed compile step before.
+* the matmul peak of the machine, measured in the same run (before and after the grid, the
+  larger is used): best of several `jnp.dot` of two `--peak_size`-square matrices in the model's
+  dtype, at JAX's default matmul precision (the same the model runs at).
+
+Model FLOPs are counted on REAL (non-padding) tokens only, per seed and step (printed in the
+output): 6 * N * T + 12 * depth * d_model * P, where N = non-embedding matmul parameters
+(depth * (4 d_model^2 + 2 d_model d_ff) + d_model * vocab for the output layer; biases,
+LayerNorms and the embedding lookup excluded), T = real tokens of the step (batch * mean line
+length in target positions, i.e. words + EOS) and P = causal query-key pairs of the step's lines
+(sum over lines of T_line (T_line + 1) / 2; QK^T and attention-times-V, forward and backward).
+The padding fraction is the expected fraction of computed token positions that are padding
+(`train.padding_fraction`, or 1 - mean(length) / padded length where sg_jax has no packing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sg_jax import configlib, train  # noqa: E402
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# sg_jax versions before sequence packing have no `train.packing` field (then: padded only).
+HAS_PACKING = "packing" in configlib.base_config("question").train
+_QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine description (same rows as benchmarks/analysis_throughput.py, plus load and date).
+
+
+def _git_state() -> str:
+  try:
+    rev = subprocess.run(["git", "-C", _REPO, "rev-parse", "--short", "HEAD"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", _REPO, "status", "--porcelain", "--", "sg_jax"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    return rev + (" + uncommitted changes in sg_jax/" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown (not a git checkout)"
+
+
+def _load() -> str:
+  try:
+    return "%.2f %.2f %.2f" % os.getloadavg()
+  except OSError:
+    return "n/a"
+
+
+def machine_rows() -> list[tuple[str, str]]:
+  """(name, value) rows describing the machine, the software and the time of the run."""
+  device = jax.devices()[0]
+  return [
+      ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
+      ("machine", f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
+                  f"({platform.system()} {platform.release()})"),
+      ("load average at start", f"{_load()} (1/5/15 min; a shared machine gives noisy figures)"),
+      ("jax version", jax.__version__),
+      ("backend", f"{jax.default_backend()} ({device.device_kind})"),
+      ("device count", str(jax.device_count())),
+      ("sg_jax", _git_state()),
+  ]
+
+
+def print_rows(title: str, rows) -> None:
+  width = max(len(k) for k, _ in rows)
+  print(f"\n{title}")
+  for k, v in rows:
+    print(f"  {k:<{width}}  {v}")
+  sys.stdout.flush()
+
+
+def table_line(cells, widths) -> str:
+  return "  " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths))
+
+
+def print_table(header: list[str], rows: list[list[str]], widths=None) -> None:
+  """Right-aligned columns; `widths` default to the widest cell of each column."""
+  widths = widths or [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+  print(table_line(header, widths))
+  print("  " + "  ".join("-" * w for w in widths))
+  for r in rows:
+    print(table_line(r, widths))
+  sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------------------------
+# Data, config and the sg_jax entry points (tolerant of the API before / after packing).
+
+
+def question_split(num_train: int, seed: int = 0):
+  """(vocab, EncodedSplit) of `num_train` generated question-formation training lines."""
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+  task = tasks.get_task("question")
+  examples = task.generate_examples(seed=seed, sizes={"train": num_train, "dev": 10, "test": 10,
+                                                      "gen": 10})
+  vocab = task.vocab()
+  return vocab, task.encode(examples["train"], vocab)
+
+
+def make_config(depth: int, num_seeds: int, args, packing: bool):
+  """Question-formation config (= configs/question.py) at `depth` with the benchmark's fields."""
+  config = configlib.apply_config_string(configlib.base_config("question"), f"depth={depth}",
+                                         configlib.PRESETS)
+  if args.quick:
+    for field, value in _QUICK_MODEL.items():
+      configlib.set_field(config, field, value)
+  config.num_seeds = num_seeds
+  config.data.num_train = args.num_train
+  config.model.dtype = args.dtype
+  config.train.steps_per_call = args.steps_per_call
+  if HAS_PACKING:
+    config.train.packing = packing
+  return config
+
+
+def train_layout(config, split, num_seeds: int):
+  """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
+  if hasattr(train, "make_train_data"):
+    out = train.make_train_data(config, split, num_seeds)
+    return out if isinstance(out, tuple) else (out, None)
+  # HOOK (sg_jax without make_train_data): the padded layout of train_and_evaluate.
+  return {"inputs": np.asarray(split.inputs), "targets": np.asarray(split.targets)}, None
+
+
+def train_fns(config, vocab_size: int, capacities):
+  """`train.make_train_fns`, passing the packing capacities where the API takes them."""
+  params = inspect.signature(train.make_train_fns).parameters
+  if "capacities" in params:
+    return train.make_train_fns(config, vocab_size, capacities=capacities)
+  if capacities is not None:
+    raise RuntimeError("train.make_train_fns takes no packing capacities")
+  return train.make_train_fns(config, vocab_size)
+
+
+def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int
+                     ) -> tuple[float, str]:
+  """(expected padding fraction of computed token positions, where the figure comes from)."""
+  fn = getattr(train, "padding_fraction", None)
+  if fn is None:  # HOOK: sg_jax before packing: padded layout only
+    return float(1.0 - np.mean(lengths) / padded_length), "1 - mean(length)/padded length"
+  params = inspect.signature(fn).parameters
+  kwargs = {"padded_length": padded_length} if "padded_length" in params else {}
+  return float(fn(config, lengths, num_seeds, **kwargs)), "train.padding_fraction"
+
+
+def padding_summary(args, split) -> str:
+  """Padding fraction of each layout for every seed count of the grid (timed or not)."""
+  lengths, width = np.asarray(split.lengths), int(split.inputs.shape[1])
+  parts = []
+  for packing in ([False, True] if HAS_PACKING else [False]):
+    values = []
+    for num_seeds in args.seeds:
+      config = make_config(args.depths[0], num_seeds, args, packing)
+      values.append(f"{100 * padding_fraction(config, lengths, num_seeds, width)[0]:.1f}%")
+    parts.append(f"{'packed' if packing else 'padded'} " + "/".join(values))
+  seeds = "/".join(str(s) for s in args.seeds)
+  return f"{'; '.join(parts)} (at {seeds} seeds; {padding_fraction(config, lengths, 1, width)[1]})"
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs and the matmul peak.
+
+
+def model_flops_per_seed_step(config, vocab_size: int, lengths: np.ndarray) -> dict:
+  """Model FLOPs of one seed's training step on real tokens (module docstring formula)."""
+  m = config.model
+  depth, d, f = int(m.num_layers), int(m.d_model), int(m.d_ff)
+  batch = int(config.train.batch_size)
+  lengths = np.asarray(lengths, np.float64)
+  matmul_params = depth * (4 * d * d + 2 * d * f) + d * vocab_size
+  tokens = batch * lengths.mean()
+  pairs = batch * np.mean(lengths * (lengths + 1) / 2)
+  dense = 6.0 * matmul_params * tokens
+  attention = 12.0 * depth * d * pairs
+  return {"matmul_params": matmul_params, "tokens": tokens, "dense": dense,
+          "attention": attention, "total": dense + attention}
+
+
+def matmul_peak(size: int, dtype: str, trials: int = 5) -> float:
+  """Best FLOP/s of `jnp.dot` of two [size, size] matrices (several back-to-back per trial)."""
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
+  b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
+  dot = jax.jit(jnp.dot)
+  dot(a, b).block_until_ready()
+  t0 = time.perf_counter()
+  dot(a, b).block_until_ready()
+  reps = max(1, int(0.2 / max(time.perf_counter() - t0, 1e-6)))
+  best = float("inf")
+  for _ in range(trials):
+    t0 = time.perf_counter()
+    outs = [dot(a, b) for _ in range(reps)]
+    jax.block_until_ready(outs)
+    best = min(best, (time.perf_counter() - t0) / reps)
+  return 2.0 * size ** 3 / best
+
+
+# ----------------------------------------------------------------------------------------------
+# The two ways of training.
+
+
+def time_vmapped(fns, data, keys, steps_per_call: int, min_time: float, min_calls: int):
+  """(compile-call seconds, [seconds per timed call]) of `fns.chunk` on all seeds at once."""
+  state = fns.init(keys)
+  jax.block_until_ready(state)
+  start = 0
+  t0 = time.perf_counter()
+  state = fns.chunk(state, data, jnp.asarray(start, jnp.int32), steps_per_call)
+  jax.block_until_ready(state)
+  first = time.perf_counter() - t0
+  calls = []
+  while len(calls) < min_calls or sum(calls) < min_time:
+    start += steps_per_call
+    t0 = time.perf_counter()
+    state = fns.chunk(state, data, jnp.asarray(start, jnp.int32), steps_per_call)
+    jax.block_until_ready(state)
+    calls.append(time.perf_counter() - t0)
+  return first, calls
+
+
+_SEQUENTIAL_CACHE: dict = {}
+
+
+def make_sequential_step(fns, batch_size: int, capacities):
+  """Jitted `(state, data, perm, step) -> state`: one training step of ONE seed.
+
+  Gathers the seed's batch on device (line `perm[(step % steps_per_epoch) * batch + i]`) and calls
+  `train.train_step`, packing the lines into one row with `train.pack_lines` (smallest of
+  `capacities` that holds them) when packing is on, as `train.make_train_fns` does per seed.
+  """
+  cache_key = (fns.model, id(fns.tx), batch_size, capacities)
+  if cache_key in _SEQUENTIAL_CACHE:  # one compilation per depth and layout
+    return _SEQUENTIAL_CACHE[cache_key][0]
+  model, tx = fns.model, fns.tx
+
+  def step_fn(state, data, perm, step):
+    steps_per_epoch = data["inputs"].shape[0] // batch_size
+    idx = jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
+    if capacities is None:
+      return train.train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
+
+    def packed(capacity):
+      def run(state):
+        rows = train.pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
+        inputs, targets = rows.pop("inputs"), rows.pop("targets")
+        return train.train_step(state, inputs, targets, step, model, tx, **rows)
+      return run
+
+    need = jnp.sum(data["lengths"][idx])
+    bucket = jnp.searchsorted(jnp.asarray(capacities), need)
+    return jax.lax.switch(bucket, [packed(c) for c in capacities], state)
+
+  jitted = jax.jit(step_fn, donate_argnums=(0,))
+  _SEQUENTIAL_CACHE[cache_key] = (jitted, fns.tx)  # keeps tx alive: its id stays unique
+  return jitted
+
+
+def time_sequential(fns, data, keys, batch_size: int, capacities, steps_per_seed: int):
+  """(compile seconds, total seconds) of training the seeds one after another, per-step jit."""
+  step_fn = make_sequential_step(fns, batch_size, capacities)
+  init_one = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))
+  n = data["inputs"].shape[0]
+  states = [init_one(k) for k in keys]
+  perms = [jax.device_put(np.random.default_rng(s).permutation(n).astype(np.int32))
+           for s in range(len(keys))]
+  steps = [jnp.asarray(t, jnp.int32) for t in range(steps_per_seed + 1)]
+  jax.block_until_ready((states, perms, steps))
+  t0 = time.perf_counter()
+  states[0] = step_fn(states[0], data, perms[0], steps[0])
+  jax.block_until_ready(states[0])
+  first = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  for s in range(len(keys)):  # seed after seed, one dispatch per step
+    state = states[s]
+    for t in range(1, steps_per_seed + 1):
+      state = step_fn(state, data, perms[s], steps[t])
+    jax.block_until_ready(state)
+    states[s] = None
+  return first, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------------
+# Where a step's time goes (one seed, padded batch).
+
+
+def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[str, float]]:
+  """[(part, seconds)] of one seed's step: forward with/without dropout, backward, optimizer, the
+  whole `train_step`, the same inside `lax.scan`, and `fns.chunk` for one seed (vmap + scan)."""
+  import optax  # pylint: disable=import-outside-toplevel
+  fns = train_fns(config, vocab_size, None)
+  model, tx = fns.model, fns.tx
+  state = jax.jit(lambda k: train.init_state(k, model, tx))(train.seed_keys([0])[0])
+  idx = np.random.default_rng(0).choice(len(split), int(config.train.batch_size), replace=False)
+  x, y = jnp.asarray(split.inputs[idx]), jnp.asarray(split.targets[idx])
+  key = jax.random.key(1)
+  grads = jax.jit(jax.grad(train.lm_loss), static_argnums=1)(state.params, model, x, y, None)
+  parts = [
+      ("forward, no dropout", lambda p: model.apply({"params": p}, x, deterministic=True),
+       (state.params,)),
+      ("forward, dropout", lambda p: model.apply({"params": p}, x, deterministic=False,
+                                                 rngs={"dropout": key}), (state.params,)),
+      ("forward+backward, no dropout",
+       lambda p: jax.value_and_grad(train.lm_loss)(p, model, x, y, None), (state.params,)),
+      ("forward+backward, dropout",
+       lambda p: jax.value_and_grad(train.lm_loss)(p, model, x, y, key), (state.params,)),
+      ("optimizer (clip + AdamW)",
+       lambda g, o, p: optax.apply_updates(p, tx.update(g, o, p)[0]),
+       (grads, state.opt_state, state.params)),
+      ("train_step (all of it)",
+       lambda s: train.train_step(s, x, y, jnp.asarray(3, jnp.int32), model, tx), (state,)),
+  ]
+  scan_steps = 4
+
+  def scanned(s):  # the same fixed batch, inside lax.scan as a chunk runs it, no seed axis
+    body = lambda s, t: (train.train_step(s, x, y, t, model, tx), None)
+    return jax.lax.scan(body, s, jnp.arange(scan_steps, dtype=jnp.int32))[0]
+
+  host, _ = train_layout(config, split, 1)
+  data = jax.device_put(host)
+  stacked = fns.init(train.seed_keys([0]))
+  parts += [
+      ("train_step in lax.scan, per step", scanned, (state,)),
+      ("fns.chunk, 1 seed (vmap + scan), per step",
+       lambda s: fns.chunk(s, data, jnp.asarray(0, jnp.int32), scan_steps), (stacked,)),
+  ]
+  out = []
+  for name, fn, fn_args in parts:
+    per_call = scan_steps if "per step" in name else 1
+    fn = fn if name.startswith("fns.chunk") else jax.jit(fn)
+    if name.startswith("fns.chunk"):  # donates its state: feed the output back in
+      holder = list(fn_args)
+      run = lambda: holder.__setitem__(0, fn(*holder)) or holder[0]
+    else:
+      run = lambda: fn(*fn_args)
+    jax.block_until_ready(run())
+    best = float("inf")
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(run())
+      best = min(best, (time.perf_counter() - t0) / per_call)
+    out.append((name, best))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true",
+                      help="small run (< 1 minute on a 2-core CPU): depth 2, seeds 1,2, "
+                           "d_model 128 / 4 heads / d_ff 512, few steps")
+  parser.add_argument("--depths", type=_ints, default=None, help="default 2,6,10 (quick: 2)")
+  parser.add_argument("--seeds", type=_ints, default=None,
+                      help="seed counts, default 1,2,4,8,16 (quick: 1,2)")
+  parser.add_argument("--packing", choices=("auto", "off", "on", "both"), default="auto",
+                      help="layouts to time; auto = both when sg_jax has train.packing, else off "
+                           "(quick: off; the packed padding fraction is printed anyway)")
+  parser.add_argument("--steps_per_call", type=int, default=None,
+                      help="steps per compiled call (default: the config's 100 on accelerators; "
+                           "4 on CPU, where one depth-6 step of 8 seeds takes seconds; quick: 5)")
+  parser.add_argument("--min_time", type=float, default=None,
+                      help="timed seconds per measurement, after the compile call (default 10 "
+                           "on accelerators, 20 on CPU; quick: 1)")
+  parser.add_argument("--min_calls", type=int, default=None,
+                      help="timed calls per measurement (default 3; quick: 2)")
+  parser.add_argument("--seq_steps", type=int, default=None,
+                      help="timed steps per seed of the sequential baseline (default: "
+                           "steps_per_call)")
+  parser.add_argument("--no_sequential", action="store_true", help="skip the sequential baseline")
+  parser.add_argument("--num_train", type=int, default=None,
+                      help="generated training lines (default 5000; quick: 2000)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="model compute dtype (and of the matmul-peak measurement)")
+  parser.add_argument("--peak_size", type=int, default=None,
+                      help="matrix size of the peak measurement (default 8192 on GPU/TPU, "
+                           "2048 on CPU; quick: 1024)")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also time the parts of one seed's step (forward, dropout, backward, "
+                           "optimizer) at each depth")
+  args = parser.parse_args(argv)
+  cpu = jax.default_backend() == "cpu"
+  if args.depths is None:
+    args.depths = [2] if args.quick else [2, 6, 10]
+  if args.seeds is None:
+    args.seeds = [1, 2] if args.quick else [1, 2, 4, 8, 16]
+  if args.steps_per_call is None:
+    args.steps_per_call = 5 if args.quick else (4 if cpu else 100)
+  if args.min_time is None:
+    args.min_time = 1.0 if args.quick else (20.0 if cpu else 10.0)
+  if args.min_calls is None:
+    args.min_calls = 2 if args.quick else 3
+  if args.seq_steps is None:
+    args.seq_steps = args.steps_per_call
+  if args.num_train is None:
+    args.num_train = 2000 if args.quick else 5000
+  if args.peak_size is None:
+    args.peak_size = 1024 if args.quick else (2048 if cpu else 8192)
+  if args.packing == "auto":
+    layouts = [False, True] if HAS_PACKING and not args.quick else [False]
+  else:
+    layouts = {"off": [False], "on": [True], "both": [False, True]}[args.packing]
+  if any(layouts) and not HAS_PACKING:
+    parser.error("this sg_jax has no train.packing")
+  args.layouts = layouts
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  vocab, split = question_split(args.num_train)
+  lengths, padded_length = np.asarray(split.lengths), int(split.inputs.shape[1])
+  base = make_config(args.depths[0], 1, args, False)
+  m = base.model
+  model_desc = (f"d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, dropout "
+                f"{m.dropout}, vocab {vocab.size}, {args.dtype}"
+                + ("  [--quick: SMALLER than the reference 512/8/2048]" if args.quick else
+                   " (reference size)"))
+  print_rows("training throughput (issue 6)", machine_rows() + [
+      ("model", model_desc),
+      ("training", f"batch {base.train.batch_size} lines per seed and step, AdamW + clip "
+                   f"{base.optim.grad_clip_norm}; {args.steps_per_call} steps per compiled "
+                   f"call; compile call excluded, >= {args.min_calls} calls and "
+                   f">= {args.min_time:g} s timed, median call"),
+      ("data", f"{len(split)} generated question-formation train lines, length (words + EOS) "
+               f"mean {lengths.mean():.2f}, min {lengths.min()}, max {lengths.max()}; padded "
+               f"length {padded_length}"),
+      ("layouts", ", ".join("packed" if p else "padded" for p in args.layouts)
+                  + ("" if HAS_PACKING else "  (sg_jax has no train.packing: padded only; "
+                     "HOOK: packed rows are timed once config.train.packing exists)")),
+      ("padding fraction", padding_summary(args, split)),
+      ("FLOPs formula", "per seed-step on REAL tokens: 6*N*T + 12*depth*d_model*P; N = "
+                        "depth*(4*d^2 + 2*d*d_ff) + d*vocab (matmul weights, no embedding "
+                        "lookup/bias/LN), T = batch*mean(length), P = batch*mean(len*(len+1)/2) "
+                        "causal query-key pairs"),
+  ])
+
+  peak_before = matmul_peak(args.peak_size, args.dtype)
+  print(f"  matmul peak (start)  {peak_before / 1e9:.1f} GFLOP/s ({args.peak_size}^2 "
+        f"{args.dtype} jnp.dot, best of 5)")
+
+  if args.breakdown:
+    for depth in args.depths:
+      config = make_config(depth, 1, args, False)
+      parts = breakdown(config, vocab.size, split)
+      total = dict(parts)["train_step (all of it)"]
+      print(f"\n  where one seed's step goes (depth {depth}, padded batch, best of 3, jit each):")
+      print_table(["part", "ms", "% of train_step"],
+                  [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
+
+  header = ["depth", "seeds", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
+            "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
+  print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / peak; "
+        "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
+  live_widths = [max(len(h), 6) for h in header]
+  print_table(header, [], live_widths)
+  rows, results = [], {}
+  for depth in args.depths:
+    flops = model_flops_per_seed_step(make_config(depth, 1, args, False), vocab.size, lengths)
+    print(f"  depth {depth}: {flops['matmul_params'] / 1e6:.2f} M matmul params, "
+          f"{flops['tokens']:.1f} real tokens and {flops['total'] / 1e9:.3f} GFLOP "
+          f"({flops['attention'] / flops['total']:.1%} attention) per seed-step")
+    for num_seeds in args.seeds:
+      keys = train.seed_keys(list(range(num_seeds)))
+      for packing in args.layouts:
+        config = make_config(depth, num_seeds, args, packing)
+        host, caps = train_layout(config, split, num_seeds)
+        data = jax.device_put(host)
+        fns = train_fns(config, vocab.size, caps)
+        pad, _ = padding_fraction(config, lengths, num_seeds, padded_length)
+        first, calls = time_vmapped(fns, data, keys, args.steps_per_call, args.min_time,
+                                    args.min_calls)
+        med = float(np.median(calls))
+        rate = args.steps_per_call * num_seeds / med
+        gflops = rate * flops["total"] / 1e9
+        seq = None
+        if not args.no_sequential:
+          seq_caps = train_layout(config, split, 1)[1] if packing else None
+          _, seq_total = time_sequential(fns, data, keys, int(config.train.batch_size),
+                                         seq_caps, args.seq_steps)
+          seq = args.seq_steps * num_seeds / seq_total
+        results[(depth, num_seeds, packing)] = {"rate": rate, "seq": seq, "pad": pad,
+                                                "gflops": gflops}
+        row = [depth, num_seeds, "packed" if packing else "padded", f"{100 * pad:.1f}",
+               f"{first:.1f}", f"{rate:.3f}", f"{rate * flops['tokens']:.0f}", f"{gflops:.1f}",
+               f"{100 * gflops * 1e9 / peak_before:.1f}",
+               f"{100 * (max(calls) - min(calls)) / med:.0f}",
+               "-" if seq is None else f"{seq:.3f}",
+               "-" if seq is None else f"{100 * seq * flops['total'] / peak_before:.1f}",
+               "-" if seq is None else f"{rate / seq:.2f}"]
+        rows.append((row, gflops, seq, flops))
+        print(table_line(row, live_widths))
+        sys.stdout.flush()
+        del data, fns
+
+  peak_after = matmul_peak(args.peak_size, args.dtype)
+  peak = max(peak_before, peak_after)
+  final = []
+  for row, gflops, seq, flops in rows:
+    row = list(row)
+    row[8] = f"{100 * gflops * 1e9 / peak:.1f}"
+    if seq is not None:
+      row[11] = f"{100 * seq * flops['total'] / peak:.1f}"
+    final.append(row)
+  print_rows("summary", [
+      ("matmul peak", f"{peak / 1e9:.1f} GFLOP/s (start {peak_before / 1e9:.1f}, end "
+                      f"{peak_after / 1e9:.1f}; MFU below uses the larger)"),
+      ("load average at end", _load()),
+      ("wall time", f"{time.perf_counter() - t_start:.0f} s"),
+  ])
+  print_table(header, final)
+  print_targets(args, results, peak)
+  return results
+
+
+def print_targets(args, results, peak: float) -> None:
+  """Issue 6 acceptance targets that this run's grid covers."""
+  lines = []
+  best_layout = lambda d, s: max((r for (dd, ss, _), r in results.items() if (dd, ss) == (d, s)),
+                                 key=lambda r: r["rate"], default=None)
+  for (d, s, packing), r in sorted(results.items()):
+    if d == 6 and s in (4, 8):
+      mfu = r["gflops"] * 1e9 / peak
+      lines.append((f"depth 6, {s} seeds, {'packed' if packing else 'padded'}: MFU >= 75%",
+                    f"{100 * mfu:.1f}% {'ok' if mfu >= 0.75 else 'MISSED'}"))
+  for d in args.depths:
+    r = best_layout(d, 8)
+    if r is not None and r["seq"]:
+      need, ratio = (1.15 if d == 2 else 1.0), r["rate"] / r["seq"]
+      lines.append((f"depth {d}, 8 seeds (faster layout): vmapped / sequential >= {need}",
+                    f"{ratio:.2f} {'ok' if ratio >= need else 'MISSED'}"))
+    r1, r16 = best_layout(d, 1), best_layout(d, 16)
+    if r1 and r16:
+      lines.append((f"depth {d}: seed-steps/s at 16 seeds / at 1 (GPU target >= 10)",
+                    f"{r16['rate'] / r1['rate']:.1f}"))
+  pads = [r["pad"] for (_, _, p), r in results.items() if p]
+  if pads:
+    lines.append(("padding with packing <= 10%", f"max {100 * max(pads):.1f}% "
+                                                 f"{'ok' if max(pads) <= 0.10 else 'MISSED'}"))
+  if lines:
+    print_rows("issue 6 targets covered by this run", lines)
+
+
+if __name__ == "__main__":
+  main()
