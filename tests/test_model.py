@@ -94,3 +94,21 @@ def test_bad_model_config_names_the_field():
     model_lib.ModelConfig(vocab_size=5, d_model=30, num_heads=4)
   with pytest.raises(ValueError, match="num_layers"):
     model_lib.ModelConfig(vocab_size=5, num_layers=0)
+
+
+def test_coordinate_dropout_keeps_the_right_fraction_independently_of_layout():
+  drop = model_lib.CoordinateDropout(0.25)
+  x = jnp.ones((4, 50, 64))
+  ids = (jnp.arange(4, dtype=jnp.uint32)[:, None] * 50 + jnp.arange(50, dtype=jnp.uint32))[..., None]
+  index = jnp.arange(64, dtype=jnp.uint32)
+  out = drop.apply({}, x, ids, index, False, rngs={"dropout": jax.random.key(0)})
+  kept = np.asarray(out) > 0
+  assert abs(kept.mean() - 0.75) < 0.01
+  np.testing.assert_allclose(np.asarray(out)[kept], 1 / 0.75, rtol=1e-6)
+  # The same tokens in another layout (flattened, reversed) get the same mask.
+  out2 = drop.apply({}, x.reshape(1, 200, 64)[:, ::-1], ids.reshape(1, 200, 1)[:, ::-1], index,
+                    False, rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_array_equal(np.asarray(out2)[0, ::-1], np.asarray(out).reshape(200, 64))
+  # Another key gives another mask.
+  out3 = drop.apply({}, x, ids, index, False, rngs={"dropout": jax.random.key(1)})
+  assert not np.array_equal(np.asarray(out3), np.asarray(out))
