@@ -6,7 +6,7 @@ Plain script (prints tables; not a unit test):
   python benchmarks/train_throughput.py --depths=6 --seeds=1,4,8 --breakdown
   python benchmarks/train_throughput.py --packing=off --no_sequential --dtype=bfloat16
 
-Model: the reference-size TransformerLM (REFERENCE.md §1: d_model 512, 8 heads, feed-forward 2048,
+Model: the reference-size TransformerLM (docs/REFERENCE.md §1: d_model 512, 8 heads, feed-forward 2048,
 dropout 0.1, batch 8 lines per seed and step, AdamW + clipping) on question formation; `--quick`
 shrinks it (depth 2, d_model 128, 4 heads, d_ff 512; the output says so). Data: question-formation
 lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only the train split

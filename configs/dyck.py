@@ -1,6 +1,6 @@
 r"""Dyck-(20,10) language modelling for structural grokking (Murty et al. 2023, §3).
 
-Defaults = the released code (REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
+Defaults = the released code (docs/REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
 10 seeds, 400k steps; accuracy of the closing-bracket prediction at every closing bracket
 (`eval.dyck_min_distance=10` gives the paper's long-dependency variant).
 

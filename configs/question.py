@@ -1,6 +1,6 @@
 r"""Question formation (McCoy et al. 2020) for structural grokking (Murty et al. 2023, §3).
 
-Defaults = the released code (REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
+Defaults = the released code (docs/REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
 10 seeds, 300k steps, evaluation and checkpoints every 3k steps.
 
 Run (config string: comma-separated presets and key=value pairs):

@@ -1,6 +1,6 @@
 r"""Tense reinflection (McCoy et al. 2020) for structural grokking (Murty et al. 2023, §3).
 
-Defaults = the released code (REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
+Defaults = the released code (docs/REFERENCE.md §1): depth 6, d_model 512, 8 heads, feed-forward 2048,
 10 seeds, 300k steps (the released tense curves use 4 layers: add depth=4). The metric greedily
 decodes at most 2,000 lines per split after the PAST/PRESENT token.
 

@@ -173,6 +173,17 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
                   vocab_json=json.dumps(meta["vocab"]), seeds=list(meta["seeds"]))
 
 
+class _DropItemMetadataWarning(logging.Filter):
+  """Orbax warns that an item folder has no step-level metadata file when an item is read on its
+  own (as `_restore_params_only` does); that is expected here."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "Metadata file does not exist" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DropItemMetadataWarning())
+
+
 def _restore_params_only(path: str) -> dict:
   """Reads only `params` of a saved state as numpy arrays (no optimiser state)."""
   checkpointer = ocp.PyTreeCheckpointer()

@@ -7,7 +7,7 @@ big_vision's parameter strings). Any field can still be overridden afterwards wi
 (e.g. a default warm-up) are resolved in `train.py`, after command-line overrides.
 
 Defaults reproduce the *released* structural-grokking code (Murty et al., ACL 2023;
-`../shared/docs/REFERENCE.md` §1): d_model 512, 8 heads, feed-forward 2048, untied output layer,
+`docs/REFERENCE.md` §1): d_model 512, 8 heads, feed-forward 2048, untied output layer,
 clipping at 1.0, AdamW lr 1e-4 / eps 1e-7, warm-up 10k then linear decay to 0 at 2M, batch 8.
 """
 
@@ -226,7 +226,7 @@ QUICK = {
 }
 
 PAPER = {
-    # The paper's stated variant (REFERENCE.md table): 4 heads, tied embeddings, clipping 10.
+    # The paper's stated variant (docs/REFERENCE.md table): 4 heads, tied embeddings, clipping 10.
     "model.num_heads": 4,
     "model.tied_embeddings": True,
     "optim.grad_clip_norm": 10.0,

@@ -4,7 +4,7 @@ r"""Import a state_dict of the original PyTorch structural-grokking LM into an s
   python -m sg_jax.analyze --workdir=runs/converted
 
 The original code (Murty et al., ACL 2023) saves `model.state_dict()` of its "TransformerLM"
-(`../shared/docs/REFERENCE.md` §1 "Model"). Its keys:
+(`docs/REFERENCE.md` §1 "Model"). Its keys:
   input_embedding.weight [V, d]; output_map.weight [V, d], output_map.bias [V];
   pos.pe (sinusoid buffer); int_seq (index buffer);
   trafo.encoder.layers.{i}.self_attn.data_to_q.weight [d, d],

@@ -1,6 +1,6 @@
 """Task metrics of the structural-grokking study, for one seed (vmapped over seeds by callers).
 
-Definitions follow the released code (Murty et al., ACL 2023, §3; `../shared/docs/REFERENCE.md`
+Definitions follow the released code (Murty et al., ACL 2023, §3; `docs/REFERENCE.md`
 §1 "Tasks"):
 
 * question formation: feed the line up to and including `quest`; among the four auxiliaries

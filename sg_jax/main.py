@@ -61,5 +61,15 @@ def main(argv):
   print(f"finished at step {result['step']}; final per-seed metrics: {summary}")
 
 
+def parse_flags(argv):
+  """absl flag parsing that reports a bad --config (e.g. an unknown key in the config string)
+  as one line instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    sys.exit(f"error: {lines[-1] if lines else e}")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

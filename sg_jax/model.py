@@ -1,7 +1,7 @@
 """The structural-grokking transformer language model (Murty et al., ACL 2023, §3).
 
 `TransformerLM` reproduces the reference "TransformerLM" *as the released code builds it*
-(`../shared/docs/REFERENCE.md` §1 "Model"): a decoder-only stack of post-LayerNorm layers,
+(`docs/REFERENCE.md` §1 "Model"): a decoder-only stack of post-LayerNorm layers,
 
     x = LN(x + Dropout(MHA(x)))
     x = LN(x + Dropout(W2 Dropout(ReLU(W1 x))))
@@ -235,7 +235,7 @@ def _reshaped(init, shape):
 
 
 class TransformerLayer(nn.Module):
-  """One post-LayerNorm transformer layer (REFERENCE.md §1 "Model")."""
+  """One post-LayerNorm transformer layer (docs/REFERENCE.md §1 "Model")."""
 
   config: ModelConfig
 

@@ -24,7 +24,7 @@ figures 1-5 for one's own runs):
                              metric with no data is skipped and the skip noted in summary.md.
   summary.csv / summary.md   (e) one row per depth; summary_seeds.csv one row per seed.
 
-Early stopping (REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is selected;
+Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is selected;
 ties (common: in-domain accuracy sits at 1.0 for most of training) are broken two ways, both
 reported: "first best" takes the earliest tied evaluation, "last best" the latest. Values within
 --tie_tolerance of the maximum count as tied. Steps where a seed's value is not finite (a
@@ -577,7 +577,7 @@ def _write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, s
       "in-domain accuracy usually sits at its maximum for most of training, the tie-breaking "
       "rule decides the result: *first best* takes the earliest tied evaluation (what early "
       "stopping with patience does), *last best* the latest (close to the end of training). "
-      "Both are reported (REFERENCE.md §1: on the released question-formation curves first best "
+      "Both are reported (docs/REFERENCE.md §1: on the released question-formation curves first best "
       "gives ~7% generalisation, last best the final value).",
       "", f"**Generalising seed**: final generalisation accuracy > {threshold:g} (final = the "
       "seed's last evaluated step).", "", "## Figures", ""]

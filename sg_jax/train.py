@@ -84,7 +84,7 @@ def make_schedule(optim: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (REFERENCE.md §1)."""
+  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1)."""
   adamw = optax.adamw(make_schedule(optim), b1=optim.b1, b2=optim.b2, eps=optim.eps,
                       weight_decay=optim.weight_decay)
   if optim.grad_clip_norm > 0:
@@ -644,8 +644,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   manager.close()
   summaries.close()
   if not last_eval:  # the run had already finished: report its final evaluation again
-    last_eval = log_eval(step, state, write=False)
+    last_eval = _logged_eval(table, step, seeds) or log_eval(step, state, write=False)
   return {"step": step, "eval": last_eval, "state": state}
+
+
+def _logged_eval(table: metric_logging.MetricsTable, step: int, seeds: list[int]) -> dict:
+  """The evaluation rows of `step` already in metrics.csv, as {name: [S]} ({} if incomplete)."""
+  if not table.enabled or not os.path.exists(table.path):
+    return {}
+  values: dict = {}
+  for row in table.rows():
+    if row["step"] == step and row["name"].startswith(("in_domain/", "out_of_domain/")):
+      values.setdefault(row["name"], {})[row["seed"]] = row["value"]
+  if not values or any(set(v) != set(seeds) for v in values.values()):
+    return {}
+  return {name: np.asarray([v[s] for s in seeds]) for name, v in values.items()}
 
 
 def _fmt_values(values) -> str:

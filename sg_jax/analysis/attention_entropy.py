@@ -1,6 +1,6 @@
 """Attention entropy / sparsity (Murty et al., ACL 2023, §5 "attention sparsity").
 
-Three quantities, named so that nobody confuses them (`../shared/docs/REFERENCE.md` §1):
+Three quantities, named so that nobody confuses them (`docs/REFERENCE.md` §1):
 
 * `head_entropy` [layers, heads]: mean entropy (nats) of each head's attention distributions in
   the *actual* forward pass, averaged over every non-padding query position of every sentence

@@ -8,7 +8,7 @@ are filled with empty rows that every statistic ignores. Seeds are processed `se
 time (all at once by default) to bound memory: the tree-projection pass runs
 seeds x batch x n_words sequences at once.
 
-Also here: `declarative_words` (the part of a line tree projections use; REFERENCE.md §1).
+Also here: `declarative_words` (the part of a line tree projections use; docs/REFERENCE.md §1).
 """
 
 from __future__ import annotations

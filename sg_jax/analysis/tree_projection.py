@@ -1,7 +1,7 @@
 """Tree projections of a causal transformer LM: SCI charts, projected trees, tscore, tparseval.
 
 Definitions (Murty et al., ICLR 2023, "Characterizing intrinsic compositionality in transformers
-with tree projections", §3-4, as used by Murty et al., ACL 2023, §5; `../shared/docs/REFERENCE.md`
+with tree projections", §3-4, as used by Murty et al., ACL 2023, §5; `docs/REFERENCE.md`
 §1 "Analysis quantities"). A sentence is the DECLARATIVE part of a line: the words before the task
 token with the final "." removed, n words w_0 .. w_{n-1}; the model input is `SOS w_0 .. w_{n-1}`,
 so word k sits at input position k + 1.

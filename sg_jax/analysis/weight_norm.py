@@ -2,7 +2,7 @@
 
 The structural-grokking study tracks the global L2 norm of all parameters over training. The
 released code reports it as is; the paper divides it by the number of layers to compare depths
-(`../shared/docs/REFERENCE.md` §1, "Where the paper and the released code differ"). sg_jax offers
+(`docs/REFERENCE.md` §1, "Where the paper and the released code differ"). sg_jax offers
 both, computed for one seed and vmapped over the seed axis.
 
 Difference from the reference numbers: the reference module also builds a 6-layer

@@ -1,7 +1,7 @@
 """Tasks of sg_jax: question formation, tense reinflection, Dyck-(20,10).
 
 `get_task(name)` returns the task object (generation, reading, vocabulary, encoding); each
-module's docstring gives its design and REFERENCE.md §1 the task facts. Importing this package does not
+module's docstring gives its design and docs/REFERENCE.md §1 the task facts. Importing this package does not
 import TensorFlow (the TFDS builders live in `sg_jax.tasks.tfds_builders`).
 """
 

@@ -1,7 +1,7 @@
 """Shared data types of the tasks: `Example`, `DataError` and the gold-tree helper.
 
 An `Example` is one line of a split. For question formation and tense reinflection (McCoy et al.
-2020; REFERENCE.md §1 "Tasks") `source` ends with the task token and `target` is the output
+2020; docs/REFERENCE.md §1 "Tasks") `source` ends with the task token and `target` is the output
 sentence; the language model reads the line `source + target`. For Dyck, `source` holds the
 bracket tokens (the released trailing `END` dropped) and `target` is empty.
 """
@@ -71,7 +71,7 @@ class Example:
 
 
 def declarative_tree(example: Example) -> trees.Tree:
-  """Gold binarised tree over `example.declarative` for tree projections (REFERENCE.md §1).
+  """Gold binarised tree over `example.declarative` for tree projections (docs/REFERENCE.md §1).
 
   The source tree `[ S . ]` without the final `.`, binarised right-branching (the McCoy trees
   are already binary, so this is the `S` subtree).

@@ -1,4 +1,4 @@
-"""Dyck-(20,10): 20 bracket types, nesting depth <= 10 (REFERENCE.md §1 "Tasks").
+"""Dyck-(20,10): 20 bracket types, nesting depth <= 10 (docs/REFERENCE.md §1 "Tasks").
 
 Sampler (a probabilistic automaton over the stack): at an empty stack the string ends or opens one
 of the 20 types uniformly, ending having the same total weight as opening (P(end) = 1/2; the first
@@ -178,7 +178,7 @@ def generate_ids(*, seed: int = 0, sizes: Optional[dict] = None, num_types: int 
 
 
 class DyckTask:
-  """Dyck-(20,10) language modelling (REFERENCE.md §1)."""
+  """Dyck-(20,10) language modelling (docs/REFERENCE.md §1)."""
   name = "dyck"
   split_names = ("train", "val", "test")
   in_domain_split = "val"

@@ -1,6 +1,6 @@
 """Readers and writers of the released data formats, and the optional download of released files.
 
-Formats (McCoy et al. 2020, `../shared/data/README.md`):
+Formats (McCoy et al. 2020, the README of the released data (McCoy et al. 2020)):
 * `source<TAB>target` per line; the source ends in a task token (`decl`/`quest`, `PAST`/`PRESENT`).
 * bracketed variant (`*_bracket.*`): `[ tree ] task<TAB>[ tree ] punct` (see `trees`).
 * Dyck (structural-grokking repository): space-separated `(x` / `x)` tokens ending in `END`.
@@ -31,7 +31,7 @@ from sg_jax.tasks.base import DataError, Example
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com/tommccoy1/rnn-hierarchical-biases/master/data/"
 HASH_RECORD = "sha256.json"
 
-# SHA-256 of the released files (../shared/data/README.md).
+# SHA-256 of the released files (from the README of the released data).
 KNOWN_SHA256 = {
     "question.dev": "bfa06ca46316917089e97c3c3f653fa3d1e786c9a0fa51b52d491bb0f471fdcb",
     "question.gen": "037ae76f30c2df9779f02ff7245b6e798a79a264d456f9511839aafebc02e817",

@@ -1,6 +1,6 @@
 """Shared machinery of the two McCoy et al. (2020) tasks: split generation, files, shapes.
 
-Generation (REFERENCE.md §1 "Tasks"; `../shared/data/README.md`): distinct sentences are sampled
+Generation (docs/REFERENCE.md §1 "Tasks"; the README of the released data (McCoy et al. 2020)): distinct sentences are sampled
 from the packaged grammar. Each sentence has two candidate lines, the identity line (`decl`/`PAST`)
 and the transformed line (`quest`/`PRESENT`). A transformed line where the two candidate rules
 (linear vs hierarchical) give different outputs is *ambiguous*: it never goes to train/dev/test,

@@ -3,7 +3,7 @@
 Grammar files have one rule per line, `weight<TAB>LHS<TAB>RHS` (RHS symbols separated by spaces);
 weights are relative within one left-hand side; blank lines are ignored; a symbol is a nonterminal
 iff it appears as some rule's LHS. The start symbol is `ROOT`. The two grammars of the released
-data (`question.gr`, `tense.gr`, REFERENCE.md §1 "Tasks") ship as package data in
+data (`question.gr`, `tense.gr`, docs/REFERENCE.md §1 "Tasks") ship as package data in
 `sg_jax/tasks/grammars/` and load with `load_grammar(name)`.
 
 A *derivation* is `(lhs, rhs, children)` where `rhs` is the tuple of RHS symbols of the rule used

@@ -1,4 +1,4 @@
-"""Question formation (McCoy et al. 2020; REFERENCE.md §1 "Tasks").
+"""Question formation (McCoy et al. 2020; docs/REFERENCE.md §1 "Tasks").
 
 Lines: `declarative . decl<TAB>declarative .` (identity) and
 `declarative . quest<TAB>question ?` where the question fronts the *main* auxiliary (the

@@ -1,4 +1,4 @@
-"""Tense reinflection (McCoy et al. 2020; REFERENCE.md §1 "Tasks").
+"""Tense reinflection (McCoy et al. 2020; docs/REFERENCE.md §1 "Tasks").
 
 Sentences are sampled in the present tense from `tense.gr` (where verbs agree in number with their
 subjects). Lines: `past sentence . PAST<TAB>past sentence .` (identity) and

@@ -8,7 +8,7 @@ token, e.g. `[ [ the walrus ] [ doesn't move ] ]`. A line side may hold several 
 ("doesn't", "move")), ".")`.
 
 These trees are the gold trees of the structural-grokking tree-projection analysis
-(REFERENCE.md §1, "Tree projection": tparseval brackets = every internal node's span).
+(docs/REFERENCE.md §1, "Tree projection": tparseval brackets = every internal node's span).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Vocabulary and encoding of lines into padded int32 arrays for the language model.
 
-Ids follow the reference TransformerLM (REFERENCE.md §1 "Model", "Vocabulary"): `<pad>`=0, the
+Ids follow the reference TransformerLM (docs/REFERENCE.md §1 "Model", "Vocabulary"): `<pad>`=0, the
 sorted word types 1..n, then EOS=n+1 and SOS=n+2 (question formation: 68 word types, size 71).
 A line `w1 … wn` becomes inputs `SOS w1 … wn` and targets `w1 … wn EOS`, padded with 0.
 `EncodedSplit` also carries the per-line fields the metrics need (task-token position, main-verb
@@ -135,7 +135,7 @@ class EncodedSplit:
       target's first word `targets[t]`; -1 for Dyck.
     transformed: bool [N] `quest`/`PRESENT` line.
     main_verb_pos: int32 [N] index into `targets` of the target sentence's main verb (the second
-      verb when the subject carries a relative clause, else the first; REFERENCE.md §1 tense
+      verb when the subject carries a relative clause, else the first; docs/REFERENCE.md §1 tense
       metric), -1 if none (Dyck).
     close_mask: bool [N, L] Dyck: `targets[t]` is a closing bracket.
     close_distance: int32 [N, L] Dyck: t minus the target index of the matching opening bracket
