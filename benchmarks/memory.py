@@ -34,10 +34,7 @@ scratch memory is not in `memory_analysis()`, so CPU temporaries are a lower bou
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -47,74 +44,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import configlib, evaluation, train  # noqa: E402
+from sg_jax import evaluation, train  # noqa: E402
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# sg_jax versions before sequence packing have no `train.packing` field (then: padded only).
-HAS_PACKING = "packing" in configlib.base_config("question").train
-_QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
+from common import (HAS_PACKING, load_average, machine_rows, make_config,  # noqa: E402
+                    print_rows, print_table, train_fns, train_layout)
 CAPACITIES_GB = (16, 40, 80, 141)
 GB = 1e9
 MB = 1e6
-
-
-# ----------------------------------------------------------------------------------------------
-# Machine description (as benchmarks/train_throughput.py).
-
-
-def _git_state() -> str:
-  try:
-    rev = subprocess.run(["git", "-C", _REPO, "rev-parse", "--short", "HEAD"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", _REPO, "status", "--porcelain", "--", "sg_jax"],
-                           check=True, capture_output=True, text=True).stdout.strip()
-    return rev + (" + uncommitted changes in sg_jax/" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown (not a git checkout)"
-
-
-def _load() -> str:
-  try:
-    return "%.2f %.2f %.2f" % os.getloadavg()
-  except OSError:
-    return "n/a"
-
-
-def machine_rows() -> list[tuple[str, str]]:
-  """(name, value) rows describing the machine, the software and the time of the run."""
-  device = jax.devices()[0]
-  return [
-      ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
-      ("machine", f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
-                  f"({platform.system()} {platform.release()})"),
-      ("load average at start", f"{_load()} (1/5/15 min)"),
-      ("jax version", jax.__version__),
-      ("backend", f"{jax.default_backend()} ({device.device_kind})"),
-      ("device count", str(jax.device_count())),
-      ("sg_jax", _git_state()),
-  ]
-
-
-def print_rows(title: str, rows) -> None:
-  width = max(len(k) for k, _ in rows)
-  print(f"\n{title}")
-  for k, v in rows:
-    print(f"  {k:<{width}}  {v}")
-  sys.stdout.flush()
-
-
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-  widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-  line = lambda cells: "  " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths))
-  print(line(header))
-  print("  " + "  ".join("-" * w for w in widths))
-  for r in rows:
-    print(line(r))
-  sys.stdout.flush()
-
-
-# ----------------------------------------------------------------------------------------------
-# Data, config and the sg_jax entry points (tolerant of the API before / after packing).
 
 
 def question_splits(num_train: int, num_eval: int, seed: int = 0):
@@ -125,39 +61,6 @@ def question_splits(num_train: int, num_eval: int, seed: int = 0):
                                                       "test": 10, "gen": num_eval})
   vocab = task.vocab()
   return vocab, {name: task.encode(examples[name], vocab) for name in ("train", "dev", "gen")}
-
-
-def make_config(depth: int, num_seeds: int, args, packing: bool):
-  """Question-formation config (= configs/question.py) at `depth` with the benchmark's fields."""
-  config = configlib.apply_config_string(configlib.base_config("question"), f"depth={depth}",
-                                         configlib.PRESETS)
-  if args.quick:
-    for field, value in _QUICK_MODEL.items():
-      configlib.set_field(config, field, value)
-  config.num_seeds = num_seeds
-  config.model.dtype = args.dtype
-  config.train.steps_per_call = args.steps_per_call
-  if HAS_PACKING:
-    config.train.packing = packing
-  return config
-
-
-def train_layout(config, split, num_seeds: int):
-  """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
-  if hasattr(train, "make_train_data"):
-    out = train.make_train_data(config, split, num_seeds)
-    return out if isinstance(out, tuple) else (out, None)
-  # HOOK (sg_jax without make_train_data): the padded layout of train_and_evaluate.
-  return {"inputs": np.asarray(split.inputs), "targets": np.asarray(split.targets)}, None
-
-
-def train_fns(config, vocab_size: int, capacities):
-  """`train.make_train_fns`, passing the packing capacities where the API takes them."""
-  if "capacities" in inspect.signature(train.make_train_fns).parameters:
-    return train.make_train_fns(config, vocab_size, capacities=capacities)
-  if capacities is not None:
-    raise RuntimeError("train.make_train_fns takes no packing capacities")
-  return train.make_train_fns(config, vocab_size)
 
 
 def eval_fn(fns, vocab):
@@ -346,7 +249,7 @@ def main(argv=None):
       const, slope = fit(args.seeds, peaks)
       fits.append((depth, packing, const, slope))
 
-  print_rows("summary", [("load average at end", _load()),
+  print_rows("summary", [("load average at end", load_average()),
                          ("wall time", f"{time.perf_counter() - t_start:.0f} s")])
   print_table(header, detail)
   print("\n  seeds that fit (fit of max(train, eval peak) = constant + slope x seeds; "

@@ -43,8 +43,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -54,75 +52,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import configlib, train  # noqa: E402
+from sg_jax import train  # noqa: E402
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# sg_jax versions before sequence packing have no `train.packing` field (then: padded only).
-HAS_PACKING = "packing" in configlib.base_config("question").train
-_QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
-
-
-# ----------------------------------------------------------------------------------------------
-# Machine description (same rows as benchmarks/analysis_throughput.py, plus load and date).
-
-
-def _git_state() -> str:
-  try:
-    rev = subprocess.run(["git", "-C", _REPO, "rev-parse", "--short", "HEAD"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", _REPO, "status", "--porcelain", "--", "sg_jax"],
-                           check=True, capture_output=True, text=True).stdout.strip()
-    return rev + (" + uncommitted changes in sg_jax/" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown (not a git checkout)"
-
-
-def _load() -> str:
-  try:
-    return "%.2f %.2f %.2f" % os.getloadavg()
-  except OSError:
-    return "n/a"
-
-
-def machine_rows() -> list[tuple[str, str]]:
-  """(name, value) rows describing the machine, the software and the time of the run."""
-  device = jax.devices()[0]
-  return [
-      ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
-      ("machine", f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
-                  f"({platform.system()} {platform.release()})"),
-      ("load average at start", f"{_load()} (1/5/15 min; a shared machine gives noisy figures)"),
-      ("jax version", jax.__version__),
-      ("backend", f"{jax.default_backend()} ({device.device_kind})"),
-      ("device count", str(jax.device_count())),
-      ("sg_jax", _git_state()),
-  ]
-
-
-def print_rows(title: str, rows) -> None:
-  width = max(len(k) for k, _ in rows)
-  print(f"\n{title}")
-  for k, v in rows:
-    print(f"  {k:<{width}}  {v}")
-  sys.stdout.flush()
-
-
-def table_line(cells, widths) -> str:
-  return "  " + "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths))
-
-
-def print_table(header: list[str], rows: list[list[str]], widths=None) -> None:
-  """Right-aligned columns; `widths` default to the widest cell of each column."""
-  widths = widths or [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-  print(table_line(header, widths))
-  print("  " + "  ".join("-" * w for w in widths))
-  for r in rows:
-    print(table_line(r, widths))
-  sys.stdout.flush()
-
-
-# ----------------------------------------------------------------------------------------------
-# Data, config and the sg_jax entry points (tolerant of the API before / after packing).
+from common import (HAS_PACKING, load_average, machine_rows, make_config,  # noqa: E402
+                    print_rows, print_table, table_line, train_fns, train_layout)
 
 
 def question_split(num_train: int, seed: int = 0):
@@ -133,41 +66,6 @@ def question_split(num_train: int, seed: int = 0):
                                                       "gen": 10})
   vocab = task.vocab()
   return vocab, task.encode(examples["train"], vocab)
-
-
-def make_config(depth: int, num_seeds: int, args, packing: bool):
-  """Question-formation config (= configs/question.py) at `depth` with the benchmark's fields."""
-  config = configlib.apply_config_string(configlib.base_config("question"), f"depth={depth}",
-                                         configlib.PRESETS)
-  if args.quick:
-    for field, value in _QUICK_MODEL.items():
-      configlib.set_field(config, field, value)
-  config.num_seeds = num_seeds
-  config.data.num_train = args.num_train
-  config.model.dtype = args.dtype
-  config.train.steps_per_call = args.steps_per_call
-  if HAS_PACKING:
-    config.train.packing = packing
-  return config
-
-
-def train_layout(config, split, num_seeds: int):
-  """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
-  if hasattr(train, "make_train_data"):
-    out = train.make_train_data(config, split, num_seeds)
-    return out if isinstance(out, tuple) else (out, None)
-  # HOOK (sg_jax without make_train_data): the padded layout of train_and_evaluate.
-  return {"inputs": np.asarray(split.inputs), "targets": np.asarray(split.targets)}, None
-
-
-def train_fns(config, vocab_size: int, capacities):
-  """`train.make_train_fns`, passing the packing capacities where the API takes them."""
-  params = inspect.signature(train.make_train_fns).parameters
-  if "capacities" in params:
-    return train.make_train_fns(config, vocab_size, capacities=capacities)
-  if capacities is not None:
-    raise RuntimeError("train.make_train_fns takes no packing capacities")
-  return train.make_train_fns(config, vocab_size)
 
 
 def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int
@@ -548,7 +446,7 @@ def main(argv=None):
   print_rows("summary", [
       ("matmul peak", f"{peak / 1e9:.1f} GFLOP/s (start {peak_before / 1e9:.1f}, end "
                       f"{peak_after / 1e9:.1f}; MFU below uses the larger)"),
-      ("load average at end", _load()),
+      ("load average at end", load_average()),
       ("wall time", f"{time.perf_counter() - t_start:.0f} s"),
   ])
   print_table(header, final)

@@ -40,6 +40,7 @@ from absl import flags
 from absl import logging
 
 from sg_jax import checkpointing
+from sg_jax import metric_logging
 from sg_jax.analysis import pipeline, weight_norm
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
 from sg_jax.model import ModelConfig
@@ -329,13 +330,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
-  handler = py_logging.StreamHandler(sys.stderr)
-  handler.setFormatter(py_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  sg_log = py_logging.getLogger("sg_jax")
-  sg_log.addHandler(handler)
-  sg_log.setLevel(py_logging.INFO)
-  sg_log.propagate = False
+  metric_logging.setup_cli_logging()
   try:
     result = analyze(
         _WORKDIR.value, steps=parse_list(_STEPS.value, "steps"),

@@ -8,15 +8,14 @@ Rerunning the same command resumes from the latest checkpoint in --workdir. On S
 the run finishes the current compiled call, writes a checkpoint and exits with code 75.
 """
 
-import logging as py_logging
 import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from sg_jax import checkpointing
+from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
 
@@ -38,14 +37,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # Library chatter (orbax, absl) at WARNING; sg_jax's own progress lines at INFO.
-  logging.set_verbosity(logging.WARNING)
-  handler = py_logging.StreamHandler(sys.stderr)
-  handler.setFormatter(py_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  sg_log = py_logging.getLogger("sg_jax")
-  sg_log.addHandler(handler)
-  sg_log.setLevel(py_logging.INFO)
-  sg_log.propagate = False
+  sg_log = metric_logging.setup_cli_logging()
   if _MULTIHOST.value:
     sharding.initialize_distributed()
   try:

@@ -14,11 +14,28 @@ import io
 import logging
 import math
 import os
+import sys
 from typing import Mapping, Sequence
 
 import numpy as np
 
 HEADER = "step,seed,name,value\n"
+
+
+def setup_cli_logging() -> logging.Logger:
+  """Command-line logging: library chatter (orbax, absl) at WARNING, sg_jax's own progress
+  lines (logger "sg_jax") at INFO with a timestamp, on stderr. Returns the sg_jax logger."""
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  sg_log = logging.getLogger("sg_jax")
+  if not sg_log.handlers:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    sg_log.addHandler(handler)
+  sg_log.setLevel(logging.INFO)
+  sg_log.propagate = False
+  return sg_log
 
 
 class MetricsTable:

@@ -58,27 +58,25 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def put_replicated(tree: Any, mesh: Mesh) -> Any:
-  """Places host (numpy) arrays on every device of `mesh`; works multi-host (each process
-  provides its local devices' copies from its own identical host data)."""
-  sharding = replicated(mesh)
+def _put(tree: Any, sharding: NamedSharding) -> Any:
+  """Host arrays -> global arrays with `sharding`; each process fills its local devices."""
 
   def put(x):
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   return jax.tree_util.tree_map(put, tree)
+
+
+def put_replicated(tree: Any, mesh: Mesh) -> Any:
+  """Places host (numpy) arrays on every device of `mesh`; works multi-host (each process
+  provides its local devices' copies from its own identical host data)."""
+  return _put(tree, replicated(mesh))
 
 
 def put_seed_sharded(tree: Any, mesh: Mesh) -> Any:
   """Places host arrays with a leading seed axis on the mesh, sharded along that axis."""
-  sharding = seed_sharding(mesh)
-
-  def put(x):
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-  return jax.tree_util.tree_map(put, tree)
+  return _put(tree, seed_sharding(mesh))
 
 
 def abstract_like(tree: Any, mesh: Mesh) -> Any:
