@@ -7,7 +7,8 @@ Run (config string: comma-separated presets and key=value pairs):
   python -m sg_jax.main --config=configs/question.py:depth=8 --workdir=runs/question8
   python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick   # CPU, minutes
   python -m sg_jax.main --config=configs/question.py:paper,seeds=20 --workdir=runs/q_paper
-Presets: quick (small model, 4 seeds, 3k steps), paper (4 heads, tied embeddings, clip 10).
+Presets: quick (small model, 4 seeds, 3k steps), paper (4 heads, tied embeddings, clip 10),
+grok_cpu (4 layers, d_model 128, 18k steps: structural grokking on a CPU; being tuned).
 """
 
 from sg_jax import configlib
