@@ -550,7 +550,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     tensorboard: also write TensorBoard summaries (clu).
 
   Returns:
-    {'step': final step, 'eval': last evaluation {split: {metric: np [S]}}, 'state': state}.
+    {'step': final step, 'eval': the last evaluation as {'in_domain/accuracy': np [S], ...}
+    (NaN for diverged seeds), 'state': the stacked TrainState}.
 
   Raises:
     ValueError: invalid config or data (message names the field / file / line).
@@ -561,7 +562,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   configlib.validate(config)
   check_writable(workdir)
   check_workdir_config(workdir, config, allow_config_change)
-  task, vocab, splits = load_data(config, workdir)
+  _, vocab, splits = load_data(config, workdir)
   _write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
   _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
 
@@ -619,7 +620,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   num_params = model_lib.num_params(jax.tree_util.tree_map(lambda x: x[0], state.params))
   log.info("training %d seeds %s of %s (%d parameters each) for %d steps in %s",
-               len(seeds), seeds, config.task, num_params, config.train.num_steps, workdir)
+           len(seeds), seeds, config.task, num_params, config.train.num_steps, workdir)
   t0, step0 = time.time(), step
   with _SignalFlag() as flag:
     while step < config.train.num_steps:
