@@ -35,6 +35,8 @@ def test_mccoy_generation_design(name, pair_variants):
       if a < b:
         assert not sentences[a] & sentences[b], (a, b)
   assert all(ex.transformed and task.is_ambiguous(ex) for ex in data["gen"])
+  if name == "question":  # the two rules front different auxiliaries on every gen line
+    assert all(question.linear_question(ex.source[:-1])[0] != ex.target[0] for ex in data["gen"])
   for split in ("train", "dev", "test"):
     assert not any(_word_level_ambiguous(name, ex) for ex in data[split])
     assert not any(task.is_ambiguous(ex) for ex in data[split] if ex.transformed)

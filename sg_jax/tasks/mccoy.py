@@ -249,6 +249,14 @@ class McCoyTask:
                    target_tree=ref.target_tree, task_token=example.task_token,
                    transformed=example.transformed)
 
+  def gen_eligible(self, transformed: Example) -> bool:
+    """Whether an ambiguous transformed line is informative enough for `gen` (default: all).
+
+    Question formation overrides it: the two rules must front different auxiliaries.
+    """
+    del transformed
+    return True
+
   def is_ambiguous(self, example: Example) -> bool:
     """True iff `example` is a transformed line on which the linear and hierarchical rules
     disagree (the kind of line that goes only to `gen`).
@@ -315,11 +323,11 @@ class McCoyTask:
     max_draws = 50 * total + 10_000
     draws = 0
 
-    def fresh(sampler):
+    def fresh(sampler, shape=None):
       # A duplicate is redrawn with the same shape (up to 100 times), so that deduplication does
       # not shift the shape distribution away from shapes with few distinct sentences.
       nonlocal draws
-      shape, tries = None, 0
+      tries = 0
       while True:
         draws += 1
         if draws > max_draws:
@@ -328,14 +336,14 @@ class McCoyTask:
         key = pcfg.words_of(d)
         if key not in seen:
           seen.add(key)
-          return d
+          return d, shape
         tries += 1
 
     for split in ("test", "train", "dev"):
       need = sizes[split]
       lines = out[split]
       while len(lines) < need:
-        ident, trans, ambiguous = self.lines_of(fresh(sample_in))
+        ident, trans, ambiguous = self.lines_of(fresh(sample_in)[0])
         if pair_variants:
           new = [ident] if ambiguous else [ident, trans]
         else:
@@ -348,10 +356,16 @@ class McCoyTask:
         lines.extend(new)
         bar.update(len(new))
     while len(out["gen"]) < sizes["gen"]:
-      _, trans, ambiguous = self.lines_of(fresh(sample_gen))
-      if ambiguous:
-        out["gen"].append(trans)
-        bar.update(1)
+      # A sentence whose transformed line is not a gen line is redrawn with the same shape (up to
+      # 100 times), so that the filter does not shift the gen shape distribution.
+      d, shape = fresh(sample_gen)
+      for _ in range(100):
+        _, trans, ambiguous = self.lines_of(d)
+        if ambiguous and self.gen_eligible(trans):
+          out["gen"].append(trans)
+          bar.update(1)
+          break
+        d, shape = fresh(sample_gen, shape)
     bar.close()
     for split, lines in out.items():
       perm = choice.permutation(len(lines))

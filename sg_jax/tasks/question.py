@@ -114,6 +114,14 @@ class QuestionTask(mccoy.McCoyTask):
   def source_derivation(self, words: Sequence[str]) -> pcfg.Derivation:
     return _parse(tuple(words))
 
+  def gen_eligible(self, transformed: Example) -> bool:
+    """A gen line must front a different auxiliary under the two rules (as every line of the
+    released `question.gen`): when the relative clause's auxiliary equals the main one, the
+    metric (the question's first word) cannot tell the rules apart. Such sentences are used in
+    no split (their `quest` line is ambiguous, so it never goes to train/dev/test either)."""
+    words = transformed.source[:-1]
+    return linear_question(words)[0] != transformed.target[0]
+
   def lines_of(self, d: pcfg.Derivation) -> tuple[Example, Example, bool]:
     words = pcfg.words_of(d)
     tree = pcfg.to_tree(d)
