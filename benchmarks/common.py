@@ -118,3 +118,8 @@ def train_fns(config, vocab_size: int, capacities):
   if capacities is not None:
     raise RuntimeError("train.make_train_fns takes no packing capacities")
   return train.make_train_fns(config, vocab_size)
+
+
+def _ints(text: str) -> list[int]:
+  """'1,2,4' -> [1, 2, 4] (argparse type of the seed and depth lists)."""
+  return [int(x) for x in text.split(",") if x.strip()]

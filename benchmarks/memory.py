@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from sg_jax import evaluation, train  # noqa: E402
 
-from common import (HAS_PACKING, load_average, machine_rows, make_config,  # noqa: E402
+from common import (HAS_PACKING, _ints, load_average, machine_rows, make_config,  # noqa: E402
                     print_rows, print_table, train_fns, train_layout)
 CAPACITIES_GB = (16, 40, 80, 141)
 GB = 1e9
@@ -138,10 +138,6 @@ def seeds_that_fit(capacity: float, const: float, slope: float) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-
-
-def _ints(text: str) -> list[int]:
-  return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv=None):

@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 
 from sg_jax import train  # noqa: E402
 
-from common import (HAS_PACKING, load_average, machine_rows, make_config,  # noqa: E402
+from common import (HAS_PACKING, _ints, load_average, machine_rows, make_config,  # noqa: E402
                     print_rows, print_table, table_line, train_fns, train_layout)
 
 
@@ -279,10 +279,6 @@ def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[st
 
 
 # ----------------------------------------------------------------------------------------------
-
-
-def _ints(text: str) -> list[int]:
-  return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv=None):

@@ -156,8 +156,9 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
   if task_name == "tense":
     pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
   if task_name == "dyck":
-    close_ids = jnp.asarray([i for i, w in enumerate(vocab.words, start=1) if w.endswith(")")],
-                            jnp.int32)
+    from sg_jax.tasks.vocab import POS_CLASSES  # pylint: disable=import-outside-toplevel
+    close_ids = jnp.asarray(
+        np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("close")), jnp.int32)
 
   def one_batch(params, batch):
     logits = apply_fn(params, batch["inputs"])

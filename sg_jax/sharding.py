@@ -74,11 +74,6 @@ def put_replicated(tree: Any, mesh: Mesh) -> Any:
   return _put(tree, replicated(mesh))
 
 
-def put_seed_sharded(tree: Any, mesh: Mesh) -> Any:
-  """Places host arrays with a leading seed axis on the mesh, sharded along that axis."""
-  return _put(tree, seed_sharding(mesh))
-
-
 def abstract_like(tree: Any, mesh: Mesh) -> Any:
   """ShapeDtypeStructs of a seed-stacked tree, carrying the seed sharding (orbax restore target)."""
   sharding = seed_sharding(mesh)
