@@ -6,7 +6,6 @@ Imported by `benchmarks/train_throughput.py` and `benchmarks/memory.py` (run the
 
 from __future__ import annotations
 
-import inspect
 import os
 import platform
 import subprocess
@@ -15,14 +14,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sg_jax import host_devices  # noqa: E402
+
+host_devices.configure_cpu_devices()  # as `python -m sg_jax.main` does, before JAX starts
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax import configlib, train  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# sg_jax versions before sequence packing have no `train.packing` field (then: padded only).
-HAS_PACKING = "packing" in configlib.base_config("question").train
 _QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
 
 
@@ -82,7 +83,7 @@ def print_table(header: list[str], rows: list[list[str]], widths=None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Data, config and the sg_jax entry points (tolerant of the API before / after packing).
+# Data, config and the sg_jax entry points.
 
 
 def make_config(depth: int, num_seeds: int, args, packing: bool):
@@ -96,28 +97,18 @@ def make_config(depth: int, num_seeds: int, args, packing: bool):
   config.data.num_train = args.num_train
   config.model.dtype = args.dtype
   config.train.steps_per_call = args.steps_per_call
-  if HAS_PACKING:
-    config.train.packing = packing
+  config.train.packing = packing
   return config
 
 
-def train_layout(config, split, num_seeds: int):
+def train_layout(config, split, seeds_per_device: int):
   """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
-  if hasattr(train, "make_train_data"):
-    out = train.make_train_data(config, split, num_seeds)
-    return out if isinstance(out, tuple) else (out, None)
-  # HOOK (sg_jax without make_train_data): the padded layout of train_and_evaluate.
-  return {"inputs": np.asarray(split.inputs), "targets": np.asarray(split.targets)}, None
+  return train.make_train_data(config, split, seeds_per_device)
 
 
-def train_fns(config, vocab_size: int, capacities):
-  """`train.make_train_fns`, passing the packing capacities where the API takes them."""
-  params = inspect.signature(train.make_train_fns).parameters
-  if "capacities" in params:
-    return train.make_train_fns(config, vocab_size, capacities=capacities)
-  if capacities is not None:
-    raise RuntimeError("train.make_train_fns takes no packing capacities")
-  return train.make_train_fns(config, vocab_size)
+def train_fns(config, vocab_size: int, capacities, mesh=None):
+  """`train.make_train_fns` (per-device `shard_map` chunk when `mesh` is given)."""
+  return train.make_train_fns(config, vocab_size, capacities, mesh)
 
 
 def _ints(text: str) -> list[int]:

@@ -41,20 +41,20 @@ The padding fraction is the expected fraction of computed token positions that a
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import common  # noqa: E402,F401  (first: one CPU device per core before JAX starts)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import train  # noqa: E402
+from sg_jax import sharding, train  # noqa: E402
 
-from common import (HAS_PACKING, _ints, load_average, machine_rows, make_config,  # noqa: E402
+from common import (_ints, load_average, machine_rows, make_config,  # noqa: E402
                     print_rows, print_table, table_line, train_fns, train_layout)
 
 
@@ -68,29 +68,31 @@ def question_split(num_train: int, seed: int = 0):
   return vocab, task.encode(examples["train"], vocab)
 
 
-def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int
-                     ) -> tuple[float, str]:
-  """(expected padding fraction of computed token positions, where the figure comes from)."""
-  fn = getattr(train, "padding_fraction", None)
-  if fn is None:  # HOOK: sg_jax before packing: padded layout only
-    return float(1.0 - np.mean(lengths) / padded_length), "1 - mean(length)/padded length"
-  params = inspect.signature(fn).parameters
-  kwargs = {"padded_length": padded_length} if "padded_length" in params else {}
-  return float(fn(config, lengths, num_seeds, **kwargs)), "train.padding_fraction"
+def per_device(num_seeds: int) -> int:
+  """Seeds per device when `num_seeds` seeds are sharded as `sg_jax.train` shards them."""
+  return num_seeds // sharding.num_seed_devices(num_seeds)
+
+
+def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int) -> float:
+  """Expected padding fraction of computed token positions (`train.padding_fraction`; seeds of
+  one device share a packing bucket)."""
+  return train.padding_fraction(config, lengths, per_device(num_seeds), padded_length)
 
 
 def padding_summary(args, split) -> str:
   """Padding fraction of each layout for every seed count of the grid (timed or not)."""
   lengths, width = np.asarray(split.lengths), int(split.inputs.shape[1])
   parts = []
-  for packing in ([False, True] if HAS_PACKING else [False]):
+  for packing in (False, True):
     values = []
     for num_seeds in args.seeds:
       config = make_config(args.depths[0], num_seeds, args, packing)
-      values.append(f"{100 * padding_fraction(config, lengths, num_seeds, width)[0]:.1f}%")
+      values.append(f"{100 * padding_fraction(config, lengths, num_seeds, width):.1f}%")
     parts.append(f"{'packed' if packing else 'padded'} " + "/".join(values))
   seeds = "/".join(str(s) for s in args.seeds)
-  return f"{'; '.join(parts)} (at {seeds} seeds; {padding_fraction(config, lengths, 1, width)[1]})"
+  devices = "/".join(str(sharding.num_seed_devices(s)) for s in args.seeds)
+  return (f"{'; '.join(parts)} (at {seeds} seeds on {devices} devices; "
+          f"train.padding_fraction)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,9 +137,13 @@ def matmul_peak(size: int, dtype: str, trials: int = 5) -> float:
 # The two ways of training.
 
 
-def time_vmapped(fns, data, keys, steps_per_call: int, min_time: float, min_calls: int):
-  """(compile-call seconds, [seconds per timed call]) of `fns.chunk` on all seeds at once."""
-  state = fns.init(keys)
+def time_vmapped(fns, host_data, keys, mesh, steps_per_call: int, min_time: float,
+                 min_calls: int):
+  """(compile-call seconds, [seconds per timed call]) of `fns.chunk` on all seeds at once, the
+  state sharded over `mesh` and the data replicated, as `train.train_and_evaluate` runs it."""
+  data = sharding.put_replicated(host_data, mesh)
+  state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(
+      sharding.put_replicated(np.asarray(keys), mesh))
   jax.block_until_ready(state)
   start = 0
   t0 = time.perf_counter()
@@ -333,11 +339,9 @@ def parse_args(argv=None):
   if args.peak_size is None:
     args.peak_size = 1024 if args.quick else (2048 if cpu else 8192)
   if args.packing == "auto":
-    layouts = [False, True] if HAS_PACKING and not args.quick else [False]
+    layouts = [False] if args.quick else [False, True]
   else:
     layouts = {"off": [False], "on": [True], "both": [False, True]}[args.packing]
-  if any(layouts) and not HAS_PACKING:
-    parser.error("this sg_jax has no train.packing")
   args.layouts = layouts
   return args
 
@@ -362,9 +366,7 @@ def main(argv=None):
       ("data", f"{len(split)} generated question-formation train lines, length (words + EOS) "
                f"mean {lengths.mean():.2f}, min {lengths.min()}, max {lengths.max()}; padded "
                f"length {padded_length}"),
-      ("layouts", ", ".join("packed" if p else "padded" for p in args.layouts)
-                  + ("" if HAS_PACKING else "  (sg_jax has no train.packing: padded only; "
-                     "HOOK: packed rows are timed once config.train.packing exists)")),
+      ("layouts", ", ".join("packed" if p else "padded" for p in args.layouts)),
       ("padding fraction", padding_summary(args, split)),
       ("FLOPs formula", "per seed-step on REAL tokens: 6*N*T + 12*depth*d_model*P; N = "
                         "depth*(4*d^2 + 2*d*d_ff) + d*vocab (matmul weights, no embedding "
@@ -401,12 +403,13 @@ def main(argv=None):
       keys = train.seed_keys(list(range(num_seeds)))
       for packing in args.layouts:
         config = make_config(depth, num_seeds, args, packing)
-        host, caps = train_layout(config, split, num_seeds)
-        data = jax.device_put(host)
-        fns = train_fns(config, vocab.size, caps)
-        pad, _ = padding_fraction(config, lengths, num_seeds, padded_length)
-        first, calls = time_vmapped(fns, data, keys, args.steps_per_call, args.min_time,
+        mesh = sharding.seed_mesh(num_seeds)
+        host, caps = train_layout(config, split, per_device(num_seeds))
+        fns = train_fns(config, vocab.size, caps, mesh)
+        pad = padding_fraction(config, lengths, num_seeds, padded_length)
+        first, calls = time_vmapped(fns, host, keys, mesh, args.steps_per_call, args.min_time,
                                     args.min_calls)
+        data = jax.device_put(host)  # the sequential baseline: one device, as a plain jit
         med = float(np.median(calls))
         rate = args.steps_per_call * num_seeds / med
         gflops = rate * flops["total"] / 1e9

@@ -96,11 +96,14 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.optim.eps = 1e-7
   c.optim.weight_decay = 0.0
   # Learning-rate schedule: "linear" = warm-up then linear decay to 0 at decay_steps (reference);
-  # "constant" = warm-up then constant.
+  # "constant" = warm-up then constant; "wsd" = warm-up, constant, then linear cool-down to 0
+  # over the last cooldown_steps steps before decay_steps.
   c.optim.schedule = "linear"
   c.optim.warmup_steps = 10_000
   # Step at which the linear decay reaches 0 (reference: 2M, so lr is ~0.85e-4 at 300k).
   c.optim.decay_steps = 2_000_000
+  # "wsd" only: length of the final linear cool-down (ends at decay_steps).
+  c.optim.cooldown_steps = 0
   # Global-norm gradient clipping (released code 1.0; the paper states 10). 0 disables.
   c.optim.grad_clip_norm = 1.0
 
@@ -246,8 +249,10 @@ GROK_CPU = {
     "model.d_ff": 512,
     "optim.learning_rate": 3e-4,
     "optim.warmup_steps": 2_000,
-    "optim.schedule": "constant",
-    "train.num_steps": 18_000,
+    "optim.schedule": "wsd",
+    "optim.decay_steps": 30_000,
+    "optim.cooldown_steps": 10_000,
+    "train.num_steps": 30_000,
     "train.log_every": 500,
     "eval.every": 1_000,
     "eval.max_lines": 2_000,
@@ -285,10 +290,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(0 <= o.b1 < 1, "optim.b1", "must be in [0, 1)")
   need(0 <= o.b2 < 1, "optim.b2", "must be in [0, 1)")
   need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-  need(o.schedule in ("linear", "constant"), "optim.schedule", "must be linear or constant")
+  need(o.schedule in ("linear", "constant", "wsd"), "optim.schedule",
+       "must be linear, constant or wsd")
   need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
   need(o.decay_steps > o.warmup_steps or o.schedule == "constant", "optim.decay_steps",
        "must exceed optim.warmup_steps")
+  if o.schedule == "wsd":
+    need(o.cooldown_steps >= 1, "optim.cooldown_steps", "must be >= 1 with schedule wsd")
+    need(o.decay_steps - o.cooldown_steps >= o.warmup_steps, "optim.cooldown_steps",
+         "must leave decay_steps - cooldown_steps >= warmup_steps with schedule wsd")
   need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
   t = config.train
   need(t.num_steps >= 1, "train.num_steps", "must be >= 1")

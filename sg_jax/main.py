@@ -4,12 +4,20 @@ r"""Entry point: train many seeds of the structural-grokking LM in one process.
   python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick \
       --config.train.num_steps=5000
 
+On a CPU-only machine the seeds are spread over one XLA device per core (`sg_jax.host_devices`;
+set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself to choose N).
+
 Rerunning the same command resumes from the latest checkpoint in --workdir. On SIGTERM/SIGINT
 the run finishes the current compiled call, writes a checkpoint and exits with code 75.
 """
 
 import sys
 
+from sg_jax import host_devices
+
+host_devices.configure_cpu_devices()  # before JAX starts: one CPU device per core
+
+# pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
 from ml_collections import config_flags

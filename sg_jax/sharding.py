@@ -14,7 +14,7 @@ through `put_replicated`, and only process 0 writes metrics (orbax coordinates c
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -66,6 +66,36 @@ def _put(tree: Any, sharding: NamedSharding) -> Any:
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   return jax.tree_util.tree_map(put, tree)
+
+
+def per_device(fn: Callable, mesh: Mesh, static_argnums: tuple[int, ...] = ()) -> Callable:
+  """`fn` run by every device of `mesh` on its own block of seeds (`jax.shard_map`).
+
+  The first argument of `fn` (and its result) carries a leading seed axis and is split over the
+  mesh; every other non-static argument is replicated. `fn` must treat seeds independently (it
+  sees only the local block [S / num_devices, ...]); nothing is communicated between devices.
+
+  Args:
+    fn: `(seed_stacked, *replicated_or_static) -> seed_stacked`.
+    mesh: a `seed_mesh`.
+    static_argnums: positions of arguments passed through unchanged (Python values; mark them
+      static in the enclosing `jax.jit` too).
+  """
+
+  def wrapped(*args):
+    dynamic = [i for i in range(len(args)) if i not in static_argnums]
+
+    def local(*values):
+      full = list(args)
+      for i, v in zip(dynamic, values):
+        full[i] = v
+      return fn(*full)
+
+    in_specs = tuple(PartitionSpec(SEED_AXIS) if i == 0 else PartitionSpec() for i in dynamic)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs,
+                         out_specs=PartitionSpec(SEED_AXIS))(*[args[i] for i in dynamic])
+
+  return wrapped
 
 
 def put_replicated(tree: Any, mesh: Mesh) -> Any:

@@ -71,11 +71,22 @@ class TrainState:
 
 
 def make_schedule(optim: ml_collections.ConfigDict) -> optax.Schedule:
-  """Learning rate per step: linear warm-up from 0, then linear decay to 0 at `decay_steps`
-  (reference) or constant."""
+  """Learning rate per step (a function of the 0-based step), one of `optim.schedule`:
+
+  * "linear" (reference, docs/REFERENCE.md §1): linear warm-up from 0 over `warmup_steps`, then
+    linear decay to 0 at `decay_steps`;
+  * "constant": warm-up, then `learning_rate` forever;
+  * "wsd" (warm-up, stable, decay): warm-up, constant, then a linear cool-down to 0 over the
+    last `cooldown_steps` steps before `decay_steps` (0 after it).
+  """
   lr, warmup = optim.learning_rate, optim.warmup_steps
   if optim.schedule == "constant":
     after = optax.constant_schedule(lr)
+  elif optim.schedule == "wsd":
+    stable = optim.decay_steps - optim.cooldown_steps - warmup
+    after = optax.join_schedules(
+        [optax.constant_schedule(lr), optax.linear_schedule(lr, 0.0, optim.cooldown_steps)],
+        [stable])
   else:
     after = optax.linear_schedule(lr, 0.0, optim.decay_steps - warmup)
   if warmup == 0:
@@ -232,7 +243,8 @@ def padding_fraction(config: ml_collections.ConfigDict, lengths: np.ndarray, num
   """Expected fraction of computed token positions that are padding during training.
 
   Padded layout: 1 - mean(length) / padded_length. Packed layout: capacity chosen per step as in
-  training (smallest bucket holding every seed's batch), estimated over `num_steps` random steps.
+  training (smallest bucket holding the batch of every seed that shares it: `num_seeds` = seeds
+  per device when training on a mesh), estimated over `num_steps` random steps.
   """
   lengths = np.asarray(lengths)
   batch = int(config.train.batch_size)
@@ -316,33 +328,45 @@ _TRAIN_FNS_CACHE: dict = {}
 
 
 def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
-                   capacities: tuple[int, ...] | None = None) -> TrainFns:
+                   capacities: tuple[int, ...] | None = None,
+                   mesh: jax.sharding.Mesh | None = None) -> TrainFns:
   """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
 
   Args:
     config: the run config.
     vocab_size: rows of the embedding/output layers.
     capacities: packed-row buckets from `packing_capacities` (None = padded batches).
+    mesh: the seed mesh (`sharding.seed_mesh`) or None. With a mesh, `chunk` runs under
+      `jax.shard_map`: each device trains its own seeds with no communication at all, so each
+      device also picks its own packing bucket (from its seeds only: less padding) and devices
+      never wait for one another inside a call. The state must then be sharded over the mesh
+      (`sharding.seed_sharding`) and the data replicated.
 
   Cached on the fields that define them, so repeated runs in one process (tests, sweeps,
   notebooks) reuse the compiled functions.
   """
   cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
-               int(vocab_size), capacities)
+               int(vocab_size), capacities, mesh)
   if cache_key not in _TRAIN_FNS_CACHE:
     model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
     tx = make_optimizer(config.optim)
     init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
-    chunk = jax.jit(make_chunk_fn(model, tx, int(config.train.batch_size), capacities),
-                    static_argnums=(3,), donate_argnums=(0,))
+    chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities)
+    if mesh is not None:
+      chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
+    chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))
     _TRAIN_FNS_CACHE[cache_key] = TrainFns(init=init, chunk=chunk, model=model, tx=tx,
                                            capacities=capacities)
   return _TRAIN_FNS_CACHE[cache_key]
 
 
-def make_train_data(config: ml_collections.ConfigDict, split, num_seeds: int
+def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: int
                     ) -> tuple[dict, tuple[int, ...] | None]:
   """Host arrays of the training split and the packing buckets (None when packing is off).
+
+  Args:
+    seeds_per_device: seeds that share one packing bucket per step (those of one device when
+      `make_train_fns` gets the mesh; all seeds otherwise).
 
   Returns:
     ({'inputs', 'targets': int32 [N, L], 'lengths': int32 [N]}, capacities).
@@ -352,7 +376,8 @@ def make_train_data(config: ml_collections.ConfigDict, split, num_seeds: int
           "lengths": np.asarray(split.lengths, np.int32)}
   capacities = None
   if config.train.packing:
-    capacities = packing_capacities(data["lengths"], int(config.train.batch_size), num_seeds,
+    capacities = packing_capacities(data["lengths"], int(config.train.batch_size),
+                                    seeds_per_device,
                                     data["inputs"].shape[1], int(config.train.packing_buckets))
   return data, capacities
 
@@ -567,11 +592,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
 
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
-  host_data, capacities = make_train_data(config, splits["train"], len(seeds))
-  fns = make_train_fns(config, vocab.size, capacities)
   mesh = sharding.seed_mesh(len(seeds), config.num_devices)
+  per_device = len(seeds) // mesh.devices.size
+  host_data, capacities = make_train_data(config, splits["train"], per_device)
+  fns = make_train_fns(config, vocab.size, capacities, mesh)
   train_data = sharding.put_replicated(host_data, mesh)
-  waste = padding_fraction(config, host_data["lengths"], len(seeds), host_data["inputs"].shape[1])
+  waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
   eval_data = sharding.put_replicated(

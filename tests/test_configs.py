@@ -53,6 +53,8 @@ def test_config_string_aliases_presets_and_types():
     ("eval_every=0", "eval.every"),
     ("checkpoint_every=0", "checkpoint.every"),
     ("dtype=float16", "model.dtype"),
+    ("optim.schedule=wsd,optim.cooldown_steps=0", "optim.cooldown_steps"),
+    ("grok_cpu,optim.cooldown_steps=29000", "optim.cooldown_steps"),
 ])
 def test_invalid_values_name_the_field(arg, match):
   c = load("question", arg)
@@ -69,3 +71,22 @@ def test_parser_errors_name_the_key():
     load("question", "depth=deep")
   with pytest.raises(ValueError, match="unknown task"):
     configlib.base_config("parsing")
+
+
+def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero():
+  from sg_jax import train  # pylint: disable=import-outside-toplevel
+  c = load("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
+                       "optim.cooldown_steps=400")
+  configlib.validate(c)
+  lr = train.make_schedule(c.optim)
+  expected = {0: 0.0, 50: 5e-4, 100: 1e-3, 400: 1e-3, 600: 1e-3, 800: 5e-4, 1000: 0.0,
+              5000: 0.0}
+  for step, value in expected.items():
+    assert abs(float(lr(step)) - value) < 1e-9, (step, float(lr(step)))
+
+
+def test_grok_cpu_preset_cools_down_at_its_last_step():
+  c = load("question", "grok_cpu")
+  configlib.validate(c)
+  assert c.optim.schedule == "wsd" and c.optim.decay_steps == c.train.num_steps
+  assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (4, 128, 4)
