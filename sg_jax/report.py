@@ -19,6 +19,9 @@ figures 1-5 for one's own runs):
                              end of training: bars = mean over seeds, dots = seeds.
   inverted_u.png             (c) fraction of seeds whose final generalisation accuracy exceeds
                              --threshold (default 0.8), per depth.
+  trajectories_depth<D>.png  (a') where analysis.csv exists: one column per seed, accuracy (top)
+                             with tscore / tparseval F1 (middle) and attention sparsity (bottom)
+                             beside it on the same step axis, saturation step marked.
   dynamics_<metric>.png      (d) weight_norm, attention_sparsity_paper, tscore, tparseval_f1 vs
                              step: mean over seeds per depth (thick) and each seed (thin). A
                              metric with no data is skipped and the skip noted in summary.md.
@@ -352,6 +355,67 @@ def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float) -> N
   plt.close(fig)
 
 
+TRAJECTORY_ROWS = (
+    ((IN_ACC, "in-domain acc."), (GEN_ACC, "generalisation acc.")),
+    (("tscore", "tscore"), ("tparseval_f1", "tparseval F1")),
+    (("attention_sparsity_paper", "attention sparsity"),),
+)
+
+
+def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
+                      max_seeds: int = 12) -> bool:
+  """(a') Per seed: accuracy, tree-structuredness and attention sparsity over training.
+
+  One column per seed (at most `max_seeds`), three rows sharing the step axis: in-domain and
+  generalisation accuracy (fraction); tscore and tparseval F1 (unitless / fraction; Murty et
+  al. 2023 §4); attention sparsity (negative mean entropy, nats; Chen et al. 2024). A dotted line
+  marks the first step where the seed's in-domain accuracy reaches `saturation`.
+
+  Returns:
+    False (and writes nothing) when no run of this depth has analysis rows.
+  """
+  columns = []
+  for run in runs:
+    if not any(run.series.get(name) for row in TRAJECTORY_ROWS[1:] for name, _ in row):
+      continue
+    seeds = sorted(set(run.series.get(IN_ACC, {})) | set(run.series.get(GEN_ACC, {})))
+    columns += [(run, seed) for seed in seeds]
+  if not columns:
+    return False
+  columns = columns[:max_seeds]
+  plt = _pyplot()
+  fig, axes = plt.subplots(3, len(columns), figsize=(3.2 * len(columns) + 1, 8), sharex=True,
+                           squeeze=False)
+  colors = ("#1f77b4", "#d62728")
+  for c, (run, seed) in enumerate(columns):
+    sat = None
+    if seed in run.series.get(IN_ACC, {}):
+      sat = first_reaching(*run.series[IN_ACC][seed], saturation)
+    for r, row in enumerate(TRAJECTORY_ROWS):
+      ax = axes[r, c]
+      for (name, label), color in zip(row, colors):
+        if seed in run.series.get(name, {}):
+          steps, values = _finite(*run.series[name][seed])
+          ax.plot(steps, values, color=color, lw=1.4, marker="o", ms=2, label=label)
+      if sat is not None:
+        ax.axvline(sat, color="gray", ls=":", lw=1.0)
+      ax.grid(alpha=0.3)
+      if r == 0:
+        ax.set_ylim(-0.02, 1.02)
+      if c == 0:
+        ax.set_ylabel(("accuracy (fraction)", "tscore / tparseval F1",
+                       "sparsity (-entropy, nats)")[r])
+        ax.legend(fontsize=7, loc="best")
+    axes[0, c].set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
+    axes[-1, c].set_xlabel("training step")
+  fig.suptitle(f"{_task_prefix(runs)}accuracy and syntactic structure per seed, "
+               f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return True
+
+
 def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str) -> None:
   """(b) Generalisation at early stopping (first / last best) vs at the end, per depth."""
   plt = _pyplot()
@@ -512,6 +576,12 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     path = os.path.join(out_dir, f"grokking_depth{depth if depth is not None else 'unknown'}.png")
     plot_grokking(by_depth[depth], depth, path, saturation)
     figures.append(path)
+    path = os.path.join(out_dir,
+                        f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_trajectories(by_depth[depth], depth, path, saturation):
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
 
   seed_rows = seed_summary(runs, threshold, saturation, tie_tolerance)
   depth_rows = depth_summary(seed_rows)

@@ -78,8 +78,10 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   result = report.build_report(sweep_root)
   out = os.path.join(sweep_root, "report")
   names = sorted(os.path.basename(p) for p in result["figures"])
+  # trajectories only where analysis rows exist (depth 2, not depth 4)
   assert names == ["dynamics_tscore.png", "dynamics_weight_norm.png", "early_stopping.png",
-                   "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png"]
+                   "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
+                   "trajectories_depth2.png"]
   for path in result["figures"]:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
