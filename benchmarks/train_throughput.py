@@ -13,17 +13,20 @@ lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only 
 is used), encoded and laid out exactly as `sg_jax.train` does (`train.make_train_data`, packed
 rows when `config.train.packing` is on).
 
-Measured, per depth, seed count and layout (padded / packed, when sg_jax has packing):
-* vmapped: `train.make_train_fns(config, vocab.size).chunk(state, data, start, steps_per_call)`,
-  i.e. the production path (all seeds in one compiled `lax.scan` call). The first call (which
-  compiles) is timed separately and excluded; then calls are timed (each waited for with
-  `block_until_ready`) until at least `--min_time` seconds and `--min_calls` calls; the rate uses
-  the median call.
+Measured, per depth, seed count and layout (padded / packed):
+* vmapped: `train.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
+  steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
+  CPU-only machine the host is split into max(8, cores) devices by `sg_jax.host_devices`, as
+  `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
+  override), each device running its own seeds in one compiled `lax.scan` call (`shard_map`),
+  packing buckets chosen per device. The first call (which compiles) is timed separately and
+  excluded; then calls are timed (each waited for with `block_until_ready`) until at least
+  `--min_time` seconds and `--min_calls` calls; the rate uses the median call.
 * sequential: the same seeds trained one after another with a per-step `jax.jit` of
   `train.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
   training set and a per-seed permutation, packed with `train.pack_lines` when packing is on):
-  only the per-step dispatch and the missing seed axis differ. `--seq_steps` steps per seed, one
-  untimed compile step before.
+  only the per-step dispatch, the missing seed axis and the single device differ.
+  `--seq_steps` steps per seed, one untimed compile step before.
 * the matmul peak of the machine, measured in the same run (before and after the grid, the
   larger is used): best of several `jnp.dot` of two `--peak_size`-square matrices in the model's
   dtype, at JAX's default matmul precision (the same the model runs at).
@@ -35,7 +38,7 @@ LayerNorms and the embedding lookup excluded), T = real tokens of the step (batc
 length in target positions, i.e. words + EOS) and P = causal query-key pairs of the step's lines
 (sum over lines of T_line (T_line + 1) / 2; QK^T and attention-times-V, forward and backward).
 The padding fraction is the expected fraction of computed token positions that are padding
-(`train.padding_fraction`, or 1 - mean(length) / padded length where sg_jax has no packing).
+(`train.padding_fraction` with the seeds of one device sharing a bucket).
 """
 
 from __future__ import annotations

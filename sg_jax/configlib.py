@@ -242,7 +242,7 @@ GROK_CPU = {
     # and 0.7-0.8 by 18k steps. Differs from the paper: 4x narrower, 10x less data, 3x larger
     # learning rate, no decay, 18k instead of 300k steps.
     "num_seeds": 4,
-    "data.num_train": 10_000,
+    "data.num_train": 100_000,
     "model.num_layers": 4,
     "model.d_model": 128,
     "model.num_heads": 4,

@@ -21,7 +21,7 @@ FLAG = "--xla_force_host_platform_device_count"
 
 
 def configure_cpu_devices(num_devices: int = 0) -> bool:
-  """Adds `FLAG=<cores>` to the XLA_FLAGS environment variable before JAX starts.
+  """Adds `FLAG=<num_devices>` to the XLA_FLAGS environment variable before JAX starts.
 
   Does nothing when XLA_FLAGS already sets the flag (the user's choice wins) or when JAX has
   already been imported (too late to take effect). GPU/TPU hosts are unaffected: JAX's default
