@@ -134,8 +134,9 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
   Args:
     workdir: run directory.
     step: checkpoint step; None = latest.
-    target: optional abstract pytree (e.g. from `jax.eval_shape`) the state is restored into;
-      None restores the saved tree as nested dicts of arrays.
+    target: optional abstract pytree (e.g. from `jax.eval_shape`, with shardings) the state is
+      restored into; None restores the saved tree as nested dicts of numpy arrays, whatever
+      devices wrote it.
     params_only: restore only `state['params']` (faster, for the analysis).
 
   Raises:
@@ -153,14 +154,11 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
   try:
     meta = read_meta(mngr, step)
     if target is not None:
-      state_args = ocp.args.StandardRestore(target)
-    elif params_only:
-      state = _restore_params_only(os.path.join(checkpoint_dir(workdir), str(step), "state"))
-      state_args = None
+      state = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))["state"]
     else:
-      state_args = ocp.args.StandardRestore()
-    if state_args is not None:
-      state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+      state = _restore_as_numpy(os.path.join(checkpoint_dir(workdir), str(step), "state"),
+                                "params" if params_only else None)
   except CheckpointError:
     raise
   except Exception as e:  # orbax/tensorstore raise many types for corrupt data
@@ -175,7 +173,7 @@ def restore(workdir: str, step: int | None = None, target: Any = None,
 
 class _DropItemMetadataWarning(logging.Filter):
   """Orbax warns that an item folder has no step-level metadata file when an item is read on its
-  own (as `_restore_params_only` does); that is expected here."""
+  own (as `_restore_as_numpy` does); that is expected here."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
@@ -184,18 +182,23 @@ class _DropItemMetadataWarning(logging.Filter):
 logging.getLogger("absl").addFilter(_DropItemMetadataWarning())
 
 
-def _restore_params_only(path: str) -> dict:
-  """Reads only `params` of a saved state as numpy arrays (no optimiser state)."""
+def _restore_as_numpy(path: str, only: str | None = None) -> dict:
+  """Reads a saved state (or only its top-level entry `only`, e.g. 'params') as numpy arrays.
+
+  Numpy targets make the restore independent of the devices the checkpoint was written from
+  (a run on 8 CPU devices is read by an analysis process with one).
+  """
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(path)
   tree = getattr(metadata, "item_metadata", metadata)
   tree = getattr(tree, "tree", tree)
-  abstract = {"params": jax.tree_util.tree_map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
+  if only is not None:
+    tree = {only: tree[only]}
+  abstract = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
   restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                                         abstract)
   return checkpointer.restore(path, args=ocp.args.PyTreeRestore(
-      item=abstract, restore_args=restore_args, partial_restore=True))
+      item=abstract, restore_args=restore_args, partial_restore=only is not None))
 
 
 def restore_seed_params(workdir: str, seed: int, step: int | None = None):

@@ -70,7 +70,7 @@ class TrainState:
   sums: dict
 
 
-def make_schedule(optim: ml_collections.ConfigDict) -> optax.Schedule:
+def make_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
   """Learning rate per step (a function of the 0-based step), one of `optim.schedule`:
 
   * "linear" (reference, docs/REFERENCE.md §1): linear warm-up from 0 over `warmup_steps`, then
@@ -78,25 +78,30 @@ def make_schedule(optim: ml_collections.ConfigDict) -> optax.Schedule:
   * "constant": warm-up, then `learning_rate` forever;
   * "wsd" (warm-up, stable, decay): warm-up, constant, then a linear cool-down to 0 over the
     last `cooldown_steps` steps before `decay_steps` (0 after it).
+
+  `decay_steps` = 0 means `num_steps` (the run's train.num_steps): the decay ends at the last step.
   """
   lr, warmup = optim.learning_rate, optim.warmup_steps
+  decay_steps = optim.decay_steps or num_steps
   if optim.schedule == "constant":
     after = optax.constant_schedule(lr)
   elif optim.schedule == "wsd":
-    stable = optim.decay_steps - optim.cooldown_steps - warmup
+    stable = decay_steps - optim.cooldown_steps - warmup
     after = optax.join_schedules(
         [optax.constant_schedule(lr), optax.linear_schedule(lr, 0.0, optim.cooldown_steps)],
         [stable])
   else:
-    after = optax.linear_schedule(lr, 0.0, optim.decay_steps - warmup)
+    after = optax.linear_schedule(lr, 0.0, decay_steps - warmup)
   if warmup == 0:
     return after
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
 
 
-def make_optimizer(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1)."""
-  adamw = optax.adamw(make_schedule(optim), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int
+                   ) -> optax.GradientTransformation:
+  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1) with
+  the learning rate of `make_schedule(optim, num_steps)`."""
+  adamw = optax.adamw(make_schedule(optim, num_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
                       weight_decay=optim.weight_decay)
   if optim.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(optim.grad_clip_norm), adamw)
@@ -346,10 +351,11 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   notebooks) reuse the compiled functions.
   """
   cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
+               int(config.train.num_steps) if not config.optim.decay_steps else None,
                int(vocab_size), capacities, mesh)
   if cache_key not in _TRAIN_FNS_CACHE:
     model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
-    tx = make_optimizer(config.optim)
+    tx = make_optimizer(config.optim, int(config.train.num_steps))
     init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
     chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities)
     if mesh is not None:
@@ -701,7 +707,7 @@ def _log_train(step, state, seeds, fns, config, table, summaries, t0, step0):
   diverged = np.asarray(sharding.to_host(state.diverged))
   diverged_step = np.asarray(sharding.to_host(state.diverged_step), np.float64)
   n = np.maximum(sums["steps"], 1.0)
-  schedule = make_schedule(config.optim)
+  schedule = make_schedule(config.optim, int(config.train.num_steps))
   metrics = {
       "train/loss": sums["loss"] / n,
       "train/grad_norm": sums["grad_norm"] / n,

@@ -78,7 +78,7 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero():
   c = load("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
                        "optim.cooldown_steps=400")
   configlib.validate(c)
-  lr = train.make_schedule(c.optim)
+  lr = train.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
   expected = {0: 0.0, 50: 5e-4, 100: 1e-3, 400: 1e-3, 600: 1e-3, 800: 5e-4, 1000: 0.0,
               5000: 0.0}
   for step, value in expected.items():
@@ -86,7 +86,13 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero():
 
 
 def test_grok_cpu_preset_cools_down_at_its_last_step():
+  from sg_jax import train  # pylint: disable=import-outside-toplevel
   c = load("question", "grok_cpu")
   configlib.validate(c)
-  assert c.optim.schedule == "wsd" and c.optim.decay_steps == c.train.num_steps
+  assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
   assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (4, 128, 4)
+  for steps in (30_000, 50_000):  # the cool-down follows a changed step count
+    lr = train.make_schedule(c.optim, steps)
+    assert float(lr(steps - 10_000)) == pytest.approx(3e-4)
+    assert float(lr(steps - 5_000)) == pytest.approx(1.5e-4)
+    assert float(lr(steps)) == 0.0
