@@ -19,11 +19,12 @@ grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and 
 * AdamW lr 3e-4 (paper: 1e-4) with 2k warm-up: the smaller model tolerates a larger rate, which
   shortens the time to grok.
 * A linear cool-down to 0 over the last 10k steps (schedule "wsd"; paper: a slow linear decay
-  that is still at 0.85e-4 at 300k): at a constant rate generalisation keeps swinging by +-0.2
-  between evaluations; the cool-down settles each seed where it is.
-* 100k training lines, the paper's size: with 10k lines two of four seeds stalled at ~0.65
-  generalisation, failing every gen line whose relative-clause auxiliary differs in number from
-  the main one (agreement across an object relative clause needs more declaratives to learn).
+  that is still at 0.85e-4 at 300k): at a constant rate generalisation swings by +-0.2 between
+  evaluations; the cool-down damps the swings, so the final evaluation is less of a lottery.
+* 100k training lines, the paper's size. In a 10k-line run (seeds 0-3), two seeds stalled near
+  0.65 generalisation, failing every gen line whose relative-clause auxiliary differs in number
+  from the main one (agreement across an object relative clause); the 100k-line runs reached a
+  higher mean (README). One run per setting, so this is evidence, not proof.
 * Evaluation on 2,000 lines per split every 1k steps (paper: all lines every 3k steps).
 """
 

@@ -300,7 +300,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if o.schedule == "wsd":
     need(o.cooldown_steps >= 1, "optim.cooldown_steps", "must be >= 1 with schedule wsd")
     need(decay_steps - o.cooldown_steps >= o.warmup_steps, "optim.cooldown_steps",
-         "must leave decay_steps - cooldown_steps >= warmup_steps with schedule wsd")
+         f"must be <= decay_steps - warmup_steps = {decay_steps} - {o.warmup_steps} with "
+         f"schedule wsd (decay_steps 0 = train.num_steps)")
   need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
   t = config.train
   need(t.num_steps >= 1, "train.num_steps", "must be >= 1")

@@ -4,8 +4,9 @@ r"""Entry point: train many seeds of the structural-grokking LM in one process.
   python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick \
       --config.train.num_steps=5000
 
-On a CPU-only machine the seeds are spread over one XLA device per core (`sg_jax.host_devices`;
-set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself to choose N).
+On a CPU-only machine the host is split into max(8, cores) XLA devices and the seeds are spread
+over them (`sg_jax.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
+to choose N).
 
 Rerunning the same command resumes from the latest checkpoint in --workdir. On SIGTERM/SIGINT
 the run finishes the current compiled call, writes a checkpoint and exits with code 75.
@@ -15,7 +16,7 @@ import sys
 
 from sg_jax import host_devices
 
-host_devices.configure_cpu_devices()  # before JAX starts: one CPU device per core
+host_devices.configure_cpu_devices()  # before JAX starts: max(8, cores) CPU devices
 
 # pylint: disable=wrong-import-position
 from absl import app

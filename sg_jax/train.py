@@ -1,7 +1,9 @@
 """Training loop: many seeds of the structural-grokking LM at once (Murty et al., ACL 2023).
 
-Everything is written for ONE seed (`init_state`, `train_step`, `train_chunk`) and the seed axis
-is added with `jax.vmap` in exactly one place (`make_train_fns`). A compiled call runs
+Everything is written for ONE seed (`init_state`, `train_step`, `epoch_permutation`,
+`pack_lines`); the seed axis is added with `jax.vmap` only where the functions of a run are
+built (`make_chunk_fn`, `make_train_fns`), and `make_train_fns` shards it over devices
+(`sharding.per_device`, each device training its own seeds). A compiled call runs
 `train.steps_per_call` optimisation steps with `lax.scan`; the training set lives on device and
 each seed draws its own epoch permutations from its own key. Every random quantity of seed `s` at
 step `t` is a pure function of (`jax.random.key(s)`, `t`), so a resumed run equals an
