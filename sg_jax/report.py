@@ -405,7 +405,8 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
       if c == 0:
         ax.set_ylabel(("accuracy (fraction)", "tscore / tparseval F1",
                        "sparsity (-entropy, nats)")[r])
-        ax.legend(fontsize=7, loc="best")
+        if ax.get_legend_handles_labels()[0]:  # a row without data (e.g. no gold trees) has none
+          ax.legend(fontsize=7, loc="best")
     axes[0, c].set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
     axes[-1, c].set_xlabel("training step")
   fig.suptitle(f"{_task_prefix(runs)}accuracy and syntactic structure per seed, "
