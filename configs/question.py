@@ -21,10 +21,11 @@ grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and 
 * A linear cool-down to 0 over the last 10k steps (schedule "wsd"; paper: a slow linear decay
   that is still at 0.85e-4 at 300k): at a constant rate generalisation swings by +-0.2 between
   evaluations; the cool-down damps the swings, so the final evaluation is less of a lottery.
-* 100k training lines, the paper's size. In a 10k-line run (seeds 0-3), two seeds stalled near
-  0.65 generalisation, failing every gen line whose relative-clause auxiliary differs in number
-  from the main one (agreement across an object relative clause); the 100k-line runs reached a
-  higher mean (README). One run per setting, so this is evidence, not proof.
+* 100k training lines, the paper's size (a 10k-line run of seeds 0-3 ended at mean 0.65).
+  Seeds that end near 0.65 fail the gen lines whose relative-clause auxiliary differs in number
+  from the main one (agreement across an object relative clause; README); more training lines
+  did not remove that plateau for every seed (README: 1 of 3 seed sets reached a mean >= 0.7 by
+  30k steps).
 * Evaluation on 2,000 lines per split every 1k steps (paper: all lines every 3k steps).
 """
 
