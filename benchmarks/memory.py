@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from sg_jax import evaluation, train  # noqa: E402
 
-from common import (HAS_PACKING, _ints, load_average, machine_rows, make_config,  # noqa: E402
+from common import (_ints, load_average, machine_rows, make_config,  # noqa: E402
                     print_rows, print_table, train_fns, train_layout)
 CAPACITIES_GB = (16, 40, 80, 141)
 GB = 1e9
@@ -149,7 +149,7 @@ def parse_args(argv=None):
   parser.add_argument("--seeds", type=_ints, default=None,
                       help="seed counts to compile and fit (default 1,2,4,8; quick: 1,2)")
   parser.add_argument("--packing", choices=("auto", "off", "on", "both"), default="auto",
-                      help="layouts; auto = both when sg_jax has train.packing (quick: off)")
+                      help="layouts; auto = both (quick: off)")
   parser.add_argument("--steps_per_call", type=int, default=100,
                       help="steps per compiled call (memory does not grow with it)")
   parser.add_argument("--num_train", type=int, default=5000, help="generated training lines")
@@ -168,11 +168,9 @@ def parse_args(argv=None):
   if args.quick:
     args.steps_per_call = min(args.steps_per_call, 10)
   if args.packing == "auto":
-    args.layouts = [False, True] if HAS_PACKING and not args.quick else [False]
+    args.layouts = [False] if args.quick else [False, True]
   else:
     args.layouts = {"off": [False], "on": [True], "both": [False, True]}[args.packing]
-  if any(args.layouts) and not HAS_PACKING:
-    parser.error("this sg_jax has no train.packing")
   return args
 
 

@@ -299,8 +299,8 @@ def parse_args(argv=None):
   parser.add_argument("--seeds", type=_ints, default=None,
                       help="seed counts, default 1,2,4,8,16 (quick: 1,2)")
   parser.add_argument("--packing", choices=("auto", "off", "on", "both"), default="auto",
-                      help="layouts to time; auto = both when sg_jax has train.packing, else off "
-                           "(quick: off; the packed padding fraction is printed anyway)")
+                      help="layouts to time; auto = both (quick: off; the packed padding "
+                           "fraction is printed anyway)")
   parser.add_argument("--steps_per_call", type=int, default=None,
                       help="steps per compiled call (default: the config's 100 on accelerators; "
                            "4 on CPU, where one depth-6 step of 8 seeds takes seconds; quick: 5)")
