@@ -468,9 +468,13 @@ def print_targets(args, results, peak: float) -> None:
                     f"{100 * mfu:.1f}% {'ok' if mfu >= 0.75 else 'MISSED'}"))
   for d in args.depths:
     r = best_layout(d, 8)
-    if r is not None and r["seq"]:
-      need, ratio = (1.15 if d == 2 else 1.0), r["rate"] / r["seq"]
-      lines.append((f"depth {d}, 8 seeds (faster layout): vmapped / sequential >= {need}",
+    # Fastest vmapped layout against the fastest sequential layout: on CPU the sequential
+    # baseline is faster padded than packed, so comparing within one layout would flatter vmap.
+    seq = max((q["seq"] or 0.0 for (dd, ss, _), q in results.items() if (dd, ss) == (d, 8)),
+              default=0.0)
+    if r is not None and seq:
+      need, ratio = (1.15 if d == 2 else 1.0), r["rate"] / seq
+      lines.append((f"depth {d}, 8 seeds: fastest vmapped / fastest sequential >= {need}",
                     f"{ratio:.2f} {'ok' if ratio >= need else 'MISSED'}"))
     r1, r16 = best_layout(d, 1), best_layout(d, 16)
     if r1 and r16:

@@ -5,7 +5,9 @@ Definitions follow the released code (Murty et al., ACL 2023, §3; `docs/REFEREN
 
 * question formation: feed the line up to and including `quest`; among the four auxiliaries
   {do, does, don't, doesn't} take the one with the highest next-token score; correct when it is the
-  question's first word. Computed on `quest` lines only.
+  question's first word. Computed on `quest` lines only. Beside the accuracy, the agreement of
+  the ranked auxiliary with two non-hierarchical rules (`question_rule_auxiliaries`) tells
+  which rule a model that misses a gen line follows.
 * tense reinflection: greedy-decode after `PAST`/`PRESENT`; correct when the decoded sentence has
   the target's part-of-speech sequence and the target's main verb.
 * Dyck: at every closing bracket (optionally only those whose opening bracket is at least
@@ -40,21 +42,57 @@ def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]
   return jnp.sum(ce * mask, axis=-1), jnp.sum(mask, axis=-1)
 
 
-def question_correct(logits_BxLxV: Array, task_pos_B: Array, targets_BxL: Array,
-                     aux_ids: Array) -> Array:
-  """Auxiliary-ranking correctness per line (bool [batch]).
+def question_prediction(logits_BxLxV: Array, task_pos_B: Array, aux_ids: Array) -> Array:
+  """The auxiliary ranked first after `quest` (int32 [batch] vocabulary ids).
 
   Args:
     logits_BxLxV: next-token logits of the teacher-forced line.
     task_pos_B: index t of the `quest`/`decl` token in the inputs; logits[t] predict the first
       word of the target.
-    targets_BxL: target ids; targets[t] at t = task_pos is the target's first word.
     aux_ids: int32 [4] vocabulary ids of do, does, don't, doesn't.
   """
   at_task = jnp.take_along_axis(logits_BxLxV, task_pos_B[:, None, None], axis=1)[:, 0]  # [B, V]
-  best = aux_ids[jnp.argmax(at_task[:, aux_ids], axis=-1)]
+  return aux_ids[jnp.argmax(at_task[:, aux_ids], axis=-1)]
+
+
+def question_correct(logits_BxLxV: Array, task_pos_B: Array, targets_BxL: Array,
+                     aux_ids: Array) -> Array:
+  """Auxiliary-ranking correctness per line (bool [batch]); arguments as `question_prediction`,
+  and targets_BxL: target ids, targets[t] at t = task_pos is the target's first word."""
+  best = question_prediction(logits_BxLxV, task_pos_B, aux_ids)
   first = jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
   return best == first
+
+
+def question_rule_auxiliaries(inputs_BxL: Array, task_pos_B: Array, aux_ids: Array,
+                              rel_ids: Array) -> tuple[Array, Array]:
+  """Auxiliaries fronted by two non-hierarchical rules (int32 [batch] ids each; -1 if none).
+
+  * move-first (McCoy et al. 2020, the linear rule): the first auxiliary of the declarative
+    (`tasks.question.linear_question`);
+  * skip-relative: the first auxiliary not directly after a relative pronoun (`that`/`who`),
+    i.e. move-first that skips the auxiliary of a subject relative clause
+    (`tasks.question.skip_relative_auxiliary`). It agrees with the hierarchical rule on every
+    training question and fails on gen lines whose subject carries an object relative clause;
+    the `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README).
+
+  Args:
+    inputs_BxL: `SOS w1 .. wn quest ...` input ids.
+    task_pos_B: index of the task token in the inputs (the declarative is before it).
+    aux_ids: int32 [4] ids of the auxiliaries.
+    rel_ids: int32 [R] ids of the relative pronouns.
+  """
+  length = inputs_BxL.shape[1]
+  in_source = jnp.arange(length)[None, :] < task_pos_B[:, None]
+  is_aux = jnp.isin(inputs_BxL, aux_ids) & in_source
+  after_rel = jnp.pad(jnp.isin(inputs_BxL, rel_ids)[:, :-1], ((0, 0), (1, 0)))
+
+  def first_of(mask):
+    i = jnp.argmax(mask, axis=1)
+    word = jnp.take_along_axis(inputs_BxL, i[:, None], axis=1)[:, 0]
+    return jnp.where(jnp.any(mask, axis=1), word, -1)
+
+  return first_of(is_aux), first_of(is_aux & ~after_rel)
 
 
 def dyck_correct(logits_BxLxV: Array, targets_BxL: Array, close_mask_BxL: Array,
@@ -144,7 +182,9 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
   The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
   (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
   `loss` = mean token cross-entropy (nats) over every non-padding target position of the split,
-  `accuracy` = the task metric (module docstring).
+  `accuracy` = the task metric (module docstring); question formation adds
+  `move_first_agreement` and `skip_relative_agreement`: the fraction of `quest` lines whose
+  ranked auxiliary is the one the rule fronts (`question_rule_auxiliaries`).
 
   Raises:
     ValueError: unknown task name.
@@ -153,6 +193,9 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
     raise ValueError(f"unknown task {task_name!r}")
   if task_name == "question":
     aux_ids = jnp.asarray(vocab.encode(QUESTION_AUXILIARIES), jnp.int32)
+    from sg_jax.tasks.vocab import POS_CLASSES  # pylint: disable=import-outside-toplevel
+    rel_ids = jnp.asarray(
+        np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("Rel")), jnp.int32)
   if task_name == "tense":
     pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
   if task_name == "dyck":
@@ -169,8 +212,13 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
     if task_name == "question":
       sel = valid & batch["transformed"]
       ok = question_correct(logits, batch["task_pos"], batch["targets"], aux_ids)
+      best = question_prediction(logits, batch["task_pos"], aux_ids)
+      move_first, skip_rel = question_rule_auxiliaries(batch["inputs"], batch["task_pos"],
+                                                       aux_ids, rel_ids)
       out["correct"] = jnp.sum(ok & sel).astype(jnp.float32)
       out["total"] = jnp.sum(sel).astype(jnp.float32)
+      out["move_first_agreement"] = jnp.sum((best == move_first) & sel).astype(jnp.float32)
+      out["skip_relative_agreement"] = jnp.sum((best == skip_rel) & sel).astype(jnp.float32)
     elif task_name == "tense":
       decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"], batch["task_pos"],
                               decode_steps)
@@ -188,7 +236,12 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
   def evaluate(params, batches):
     sums = jax.lax.map(lambda b: one_batch(params, b), batches)
     sums = jax.tree_util.tree_map(jnp.sum, sums)
-    return {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
-            "accuracy": sums["correct"] / jnp.maximum(sums["total"], 1.0)}
+    total = jnp.maximum(sums["total"], 1.0)
+    out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
+           "accuracy": sums["correct"] / total}
+    for rule in ("move_first_agreement", "skip_relative_agreement"):
+      if rule in sums:
+        out[rule] = sums[rule] / total
+    return out
 
   return evaluate

@@ -79,3 +79,80 @@ def test_pad_to_multiple_marks_valid_lines():
   arrays, n = evaluation.pad_to_multiple({"x": np.arange(5)}, 4)
   assert n == 5 and arrays["x"].shape == (8,)
   np.testing.assert_array_equal(arrays["valid"], [1, 1, 1, 1, 1, 0, 0, 0])
+
+
+def test_question_rule_auxiliaries_hand_built():
+  # ids: 1 do, 2 does, 3 don't, 4 doesn't, 5 that, 6 who, 7 noun, 8 verb, 9 ".", 10 quest, 11 SOS
+  aux, rel = jnp.asarray([1, 2, 3, 4]), jnp.asarray([5, 6])
+  inputs = np.array([
+      # SOS noun that does verb noun don't verb . quest  (subject RC: skip "does")
+      [11, 7, 5, 2, 8, 7, 3, 8, 9, 10, 0],
+      # SOS noun who noun doesn't verb do verb . quest  (object RC: "doesn't" is not skipped)
+      [11, 7, 6, 7, 4, 8, 1, 8, 9, 10, 0],
+      # SOS noun that do verb . quest doesn't  (an auxiliary after the task token is ignored)
+      [11, 7, 5, 1, 8, 9, 10, 4, 0, 0, 0],
+  ])
+  task_pos = jnp.asarray([9, 9, 6])
+  move_first, skip_rel = evaluation.question_rule_auxiliaries(jnp.asarray(inputs), task_pos,
+                                                              aux, rel)
+  np.testing.assert_array_equal(np.asarray(move_first), [2, 4, 1])
+  np.testing.assert_array_equal(np.asarray(skip_rel), [3, 4, -1])
+
+
+def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_lines():
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+  from sg_jax.tasks import question, vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  task = tasks.get_task("question")
+  vocab = task.vocab()
+  gen = task.generate_examples(seed=3, sizes={"train": 50, "dev": 10, "test": 10, "gen": 200})["gen"]
+  enc = vocab_lib.encode(gen, vocab)
+  aux = jnp.asarray(vocab.encode(evaluation.QUESTION_AUXILIARIES), jnp.int32)
+  rel = jnp.asarray(vocab.encode(question.RELATIVE_PRONOUNS), jnp.int32)
+  # make_evaluate_fn finds them by their POS class
+  rel_class = vocab_lib.POS_CLASSES.index("Rel")
+  assert sorted(np.flatnonzero(np.asarray(vocab.pos_table) == rel_class)) == sorted(rel.tolist())
+  move_first, skip_rel = evaluation.question_rule_auxiliaries(
+      jnp.asarray(enc.inputs), jnp.asarray(enc.task_pos), aux, rel)
+  want_first = vocab.encode([question.linear_question(ex.source[:-1])[0] for ex in gen])
+  want_skip = vocab.encode([question.skip_relative_auxiliary(ex.source[:-1]) for ex in gen])
+  np.testing.assert_array_equal(np.asarray(move_first), want_first)
+  np.testing.assert_array_equal(np.asarray(skip_rel), want_skip)
+  # On gen lines move-first is always wrong; skip-relative is right except on object RCs.
+  gold = [ex.target[0] for ex in gen]
+  skip_words = [question.skip_relative_auxiliary(ex.source[:-1]) for ex in gen]
+  assert all(vocab.encode([g])[0] != f for g, f in zip(gold, want_first))
+  assert 0 < np.mean([s == g for s, g in zip(skip_words, gold)]) < 1
+
+
+def test_question_evaluate_reports_rule_agreement():
+  # A "model" that always ranks "does" first: agreement = share of quest lines whose rule fronts
+  # "does"; accuracy = share whose gold first word is "does". Non-quest lines are not counted.
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  words = ("do", "does", "don't", "doesn't", "that", "who", "newt", "sees", ".", "quest", "decl",
+           "?")
+  pos = ("Aux",) * 4 + ("Rel", "Rel", "N", "V", "punct", "task", "task", "punct")
+  vocab = vocab_lib.Vocab.from_word_classes(dict(zip(words, pos)))
+  from sg_jax.tasks.base import Example  # pylint: disable=import-outside-toplevel
+  lines = [
+      # move-first "does", skip-relative "don't", gold "don't"
+      Example(source=tuple("newt that does sees don't sees . quest".split()),
+              target=tuple("don't newt that does sees sees ?".split()),
+              task_token="quest", transformed=True),
+      # move-first "doesn't", skip-relative "doesn't", gold "does"
+      Example(source=tuple("newt who newt doesn't sees does sees . quest".split()),
+              target=tuple("does newt who newt doesn't sees sees ?".split()),
+              task_token="quest", transformed=True),
+      # an identity line: not scored
+      Example(source=tuple("newt does sees . decl".split()), target=tuple("newt does sees .".split()),
+              task_token="decl", transformed=False),
+  ]
+  enc = vocab_lib.encode(lines, vocab)
+  does = vocab.encode(["does"])[0]
+  apply_fn = lambda params, tokens: jnp.zeros(tokens.shape + (vocab.size,)).at[..., does].set(1.0)
+  evaluate = evaluation.make_evaluate_fn("question", apply_fn, vocab)
+  arrays = {k: v[None] for k, v in enc.as_dict().items()}
+  arrays["valid"] = np.ones((1, len(lines)), bool)
+  out = evaluate(None, {k: jnp.asarray(v) for k, v in arrays.items()})
+  assert float(out["accuracy"]) == 0.5
+  assert float(out["move_first_agreement"]) == 0.5
+  assert float(out["skip_relative_agreement"]) == 0.0

@@ -108,7 +108,14 @@ def test_run_writes_metrics_and_checkpoints_and_round_trips(data_dir, tmp_path):
   rows = metric_logging.read_table(str(tmp_path / "metrics.csv"))
   names = {r["name"] for r in rows}
   assert {"train/loss", "train/grad_norm", "train/learning_rate", "in_domain/accuracy",
-          "in_domain/loss", "out_of_domain/accuracy", "out_of_domain/loss"} <= names
+          "in_domain/loss", "out_of_domain/accuracy", "out_of_domain/loss",
+          "out_of_domain/move_first_agreement", "out_of_domain/skip_relative_agreement"} <= names
+  # Every gen line fronts a different auxiliary under move-first than under the hierarchical
+  # rule, and the model ranks one auxiliary per line: accuracy + move-first agreement <= 1.
+  final = {(r["seed"], r["name"]): r["value"] for r in rows if r["step"] == 40}
+  for seed in (0, 1):
+    assert (final[(seed, "out_of_domain/accuracy")]
+            + final[(seed, "out_of_domain/move_first_agreement")]) <= 1.0 + 1e-6
   assert {r["seed"] for r in rows} == {0, 1}
   restored = checkpointing.restore(str(tmp_path))
   assert restored.step == 40 and restored.seeds == [0, 1]

@@ -19,6 +19,7 @@ from sg_jax.tasks import trees
 from sg_jax.tasks.base import Example
 
 AUXILIARIES = ("do", "does", "don't", "doesn't")
+RELATIVE_PRONOUNS = ("who", "that")  # the `Rel` words of grammars/question.gr
 
 
 def question_tree(source_tree: trees.Tree) -> trees.Tree:
@@ -44,6 +45,29 @@ def linear_question(words: Sequence[str]) -> tuple:
   body = list(words[:-1])
   i = next(k for k, w in enumerate(body) if w in AUXILIARIES)
   return (body[i],) + tuple(body[:i] + body[i + 1:]) + ("?",)
+
+
+def skip_relative_auxiliary(words: Sequence[str]) -> str:
+  """The auxiliary fronted by the *skip-relative* rule: the first auxiliary not directly after a
+  relative pronoun (`that`/`who`).
+
+  A non-hierarchical rule that, like the hierarchical one, is right on every training question
+  (no relative clause on the subject) and on gen lines whose subject carries a subject or
+  intransitive relative clause, but fronts the relative clause's auxiliary when the subject
+  carries an object relative clause (`her walruses who our unicorn doesn't entertain do ...`).
+  The `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README); the seed-vmapped
+  metric is `evaluation.question_rule_auxiliaries`.
+
+  Args:
+    words: the declarative (a final `.` is ignored).
+
+  Raises:
+    ValueError: no auxiliary outside that position.
+  """
+  for k, w in enumerate(words):
+    if w in AUXILIARIES and (k == 0 or words[k - 1] not in RELATIVE_PRONOUNS):
+      return w
+  raise ValueError(f"no auxiliary outside a relative-pronoun position in {' '.join(words)!r}")
 
 
 # Sentence-shape counts of the released files (identity lines of dev+test; all gen lines),
