@@ -25,7 +25,7 @@ grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and 
 * 100k training lines, the paper's size (a 10k-line run of seeds 0-3 ended at mean 0.65).
   Seeds that end near 0.65 have learnt a linear rule instead of the hierarchical one ("front
   the first auxiliary not directly after that/who"; right on every training question and on
-  0.6495 of the gen lines) and follow it on >= 99% of gen lines; more training lines did not
+  0.6495 of the gen lines) and follow it on 96-100% of gen lines; more training lines did not
   make leaving that plateau reliable (README: 1 of 3 seed sets reached a mean >= 0.7 by 30k
   steps; a larger lr, 1e-3, gave 0.69 on seeds 0-3).
 * Evaluation on 2,000 lines per split every 1k steps (paper: all lines every 3k steps).
