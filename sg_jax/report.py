@@ -22,6 +22,9 @@ figures 1-5 for one's own runs):
   trajectories_depth<D>.png  (a') where analysis.csv exists: one column per seed, accuracy (top)
                              with tscore / tparseval F1 (middle) and attention sparsity (bottom)
                              beside it on the same step axis, saturation step marked.
+  rules_depth<D>.png         (a'') question formation, where metrics.csv has the rule agreements:
+                             per seed, generalisation accuracy beside agreement with the
+                             move-first and skip-relative rules on gen lines.
   dynamics_<metric>.png      (d) weight_norm, attention_sparsity_paper, tscore, tparseval_f1 vs
                              step: mean over seeds per depth (thick) and each seed (thin). A
                              metric with no data is skipped and the skip noted in summary.md.
@@ -417,6 +420,58 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
   return True
 
 
+RULE_SERIES = ((GEN_ACC, "generalisation acc. (hierarchical rule)", "#d62728"),
+               ("out_of_domain/move_first_agreement", "agrees with move-first", "#7f7f7f"),
+               ("out_of_domain/skip_relative_agreement", "agrees with skip-relative", "#2ca02c"))
+
+
+def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
+               max_seeds: int = 12) -> bool:
+  """(a'') Question formation, per seed: which rule the model's fronted auxiliary follows on gen.
+
+  One panel per seed (at most `max_seeds`): generalisation accuracy (agreement with the
+  hierarchical rule) beside the agreement with the move-first and skip-relative rules
+  (`evaluation.question_rule_auxiliaries`), all fractions of gen `quest` lines, over training
+  steps; a dotted line marks the first step where in-domain accuracy reaches `saturation`.
+
+  Returns:
+    False (and writes nothing) when no run of this depth logged rule agreement (runs of other
+    tasks, or made before the metric existed).
+  """
+  columns = []
+  for run in runs:
+    if run.series.get(RULE_SERIES[2][0]):
+      columns += [(run, seed) for seed in sorted(run.series[RULE_SERIES[2][0]])]
+  if not columns:
+    return False
+  columns = columns[:max_seeds]
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1, 3.4), sharey=True,
+                           squeeze=False)
+  for c, (run, seed) in enumerate(columns):
+    ax = axes[0, c]
+    for name, label, color in RULE_SERIES:
+      if seed in run.series.get(name, {}):
+        ax.plot(*_finite(*run.series[name][seed]), color=color, lw=1.4, marker="o", ms=2,
+                label=label)
+    if seed in run.series.get(IN_ACC, {}):
+      sat = first_reaching(*run.series[IN_ACC][seed], saturation)
+      if sat is not None:
+        ax.axvline(sat, color="gray", ls=":", lw=1.0)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
+    ax.set_xlabel("training step")
+  axes[0, 0].set_ylabel("fraction of gen lines")
+  axes[0, 0].legend(fontsize=7, loc="best")
+  fig.suptitle(f"{_task_prefix(runs)}which rule fronts the auxiliary on gen lines, "
+               f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return True
+
+
 def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str) -> None:
   """(b) Generalisation at early stopping (first / last best) vs at the end, per depth."""
   plt = _pyplot()
@@ -580,6 +635,11 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     path = os.path.join(out_dir,
                         f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
     if plot_trajectories(by_depth[depth], depth, path, saturation):
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
+    path = os.path.join(out_dir, f"rules_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_rules(by_depth[depth], depth, path, saturation):
       figures.append(path)
     elif os.path.exists(path):
       os.remove(path)

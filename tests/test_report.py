@@ -45,6 +45,9 @@ def _make_run(workdir, depth, analysis=True):
       rows += [(step, seed, "in_domain/accuracy", acc_in[t]),
                (step, seed, "out_of_domain/accuracy", acc_gen[t]),
                (step, seed, "train/loss", 3.0 - t * 0.5)]
+      if analysis:  # depth 2 also logged the rule agreements, depth 4 did not
+        rows += [(step, seed, "out_of_domain/move_first_agreement", 1.0 - acc_gen[t]),
+                 (step, seed, "out_of_domain/skip_relative_agreement", 0.5)]
   _write(os.path.join(workdir, "metrics.csv"), rows)
   if analysis:
     _write(os.path.join(workdir, "analysis.csv"),
@@ -78,10 +81,11 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   result = report.build_report(sweep_root)
   out = os.path.join(sweep_root, "report")
   names = sorted(os.path.basename(p) for p in result["figures"])
-  # trajectories only where analysis rows exist (depth 2, not depth 4)
+  # trajectories only where analysis rows exist, rules only where the agreement rows exist
+  # (both depth 2, not depth 4)
   assert names == ["dynamics_tscore.png", "dynamics_weight_norm.png", "early_stopping.png",
                    "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
-                   "trajectories_depth2.png"]
+                   "rules_depth2.png", "trajectories_depth2.png"]
   for path in result["figures"]:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
