@@ -73,8 +73,8 @@ def question_rule_auxiliaries(inputs_BxL: Array, task_pos_B: Array, aux_ids: Arr
   * skip-relative: the first auxiliary not directly after a relative pronoun (`that`/`who`),
     i.e. move-first that skips the auxiliary of a subject relative clause
     (`tasks.question.skip_relative_auxiliary`). It agrees with the hierarchical rule on every
-    training question and fails on gen lines whose subject carries an object relative clause;
-    the `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README).
+    training question and fails on gen lines whose subject carries an object-extracted relative
+    clause; the `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README).
 
   Args:
     inputs_BxL: `SOS w1 .. wn quest ...` input ids.

@@ -104,7 +104,8 @@ def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_l
   from sg_jax.tasks import question, vocab as vocab_lib  # pylint: disable=import-outside-toplevel
   task = tasks.get_task("question")
   vocab = task.vocab()
-  gen = task.generate_examples(seed=3, sizes={"train": 50, "dev": 10, "test": 10, "gen": 200})["gen"]
+  sizes = {"train": 50, "dev": 10, "test": 10, "gen": 200}
+  gen = task.generate_examples(seed=3, sizes=sizes)["gen"]
   enc = vocab_lib.encode(gen, vocab)
   aux = jnp.asarray(vocab.encode(evaluation.QUESTION_AUXILIARIES), jnp.int32)
   rel = jnp.asarray(vocab.encode(question.RELATIVE_PRONOUNS), jnp.int32)
@@ -143,8 +144,8 @@ def test_question_evaluate_reports_rule_agreement():
               target=tuple("does newt who newt doesn't sees sees ?".split()),
               task_token="quest", transformed=True),
       # an identity line: not scored
-      Example(source=tuple("newt does sees . decl".split()), target=tuple("newt does sees .".split()),
-              task_token="decl", transformed=False),
+      Example(source=tuple("newt does sees . decl".split()),
+              target=tuple("newt does sees .".split()), task_token="decl", transformed=False),
   ]
   enc = vocab_lib.encode(lines, vocab)
   does = vocab.encode(["does"])[0]

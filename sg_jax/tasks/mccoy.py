@@ -19,7 +19,7 @@ within each split.
 Sentence shapes (`sentence_shape`) are drawn from the distribution measured on the released files
 (`shapes="released"`, default) and the words from the PCFG given the shape: the released data do
 not follow the grammar's own rule weights (e.g. only 13% of question sentences have an intransitive
-main verb, against 50% under `question.gr`; gen holds no object relative clauses).
+main verb, against 50% under `question.gr`; gen holds no relative clause on the object).
 `shapes="grammar"` samples the plain PCFG instead.
 """
 

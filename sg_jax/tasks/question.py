@@ -54,7 +54,8 @@ def skip_relative_auxiliary(words: Sequence[str]) -> str:
   A non-hierarchical rule that, like the hierarchical one, is right on every training question
   (no relative clause on the subject) and on gen lines whose subject carries a subject or
   intransitive relative clause, but fronts the relative clause's auxiliary when the subject
-  carries an object relative clause (`her walruses who our unicorn doesn't entertain do ...`).
+  carries an object-extracted relative clause (`her walruses who our unicorn doesn't entertain
+  do ...`).
   The `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README); the seed-vmapped
   metric is `evaluation.question_rule_auxiliaries`.
 
