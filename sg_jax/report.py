@@ -459,6 +459,7 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
       if sat is not None:
         ax.axvline(sat, color="gray", ls=":", lw=1.0)
     ax.set_ylim(-0.02, 1.02)
+    ax.locator_params(axis="x", nbins=4)
     ax.grid(alpha=0.3)
     ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
     ax.set_xlabel("training step")
