@@ -191,6 +191,13 @@ def first_reaching(steps: np.ndarray, values: np.ndarray, level: float) -> int |
   return int(steps[hit[0]]) if hit.size else None
 
 
+def saturation_step(run: "Run", seed: int, saturation: float) -> int | None:
+  """First step where `seed`'s in-domain accuracy reaches `saturation` (None: never / no rows)."""
+  if seed not in run.series.get(IN_ACC, {}):
+    return None
+  return first_reaching(*run.series[IN_ACC][seed], saturation)
+
+
 def early_stopping(in_steps: np.ndarray, in_acc: np.ndarray, gen_steps: np.ndarray,
                    gen_acc: np.ndarray, tie: str, tolerance: float = 0.0):
   """Generalisation accuracy at the early-stopping checkpoint chosen on in-domain accuracy.
@@ -334,12 +341,11 @@ def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float) -> N
         if seed in run.series.get(name, {}):
           steps, values = run.series[name][seed]
           ax.plot(steps, values, color=color, lw=1.4, label=label if ax is axes[1] else None)
-      if seed in run.series.get(IN_ACC, {}):
-        sat = first_reaching(*run.series[IN_ACC][seed], saturation)
-        if sat is not None:
-          for ax in axes:
-            ax.axvline(sat, color=color, ls=":", lw=1.0, alpha=0.8)
-          marked = True
+      sat = saturation_step(run, seed, saturation)
+      if sat is not None:
+        for ax in axes:
+          ax.axvline(sat, color=color, ls=":", lw=1.0, alpha=0.8)
+        marked = True
   for ax, title in zip(axes, ("In-domain accuracy", "Generalisation (out-of-domain) accuracy")):
     ax.set_title(title)
     ax.set_xlabel("training step")
@@ -391,9 +397,7 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
                            squeeze=False)
   colors = ("#1f77b4", "#d62728")
   for c, (run, seed) in enumerate(columns):
-    sat = None
-    if seed in run.series.get(IN_ACC, {}):
-      sat = first_reaching(*run.series[IN_ACC][seed], saturation)
+    sat = saturation_step(run, seed, saturation)
     for r, row in enumerate(TRAJECTORY_ROWS):
       ax = axes[r, c]
       for (name, label), color in zip(row, colors):
@@ -420,9 +424,10 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
   return True
 
 
+SKIP_RELATIVE = "out_of_domain/skip_relative_agreement"
 RULE_SERIES = ((GEN_ACC, "generalisation acc. (hierarchical rule)", "#d62728"),
                ("out_of_domain/move_first_agreement", "agrees with move-first", "#7f7f7f"),
-               ("out_of_domain/skip_relative_agreement", "agrees with skip-relative", "#2ca02c"))
+               (SKIP_RELATIVE, "agrees with skip-relative", "#2ca02c"))
 
 
 def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
@@ -440,8 +445,7 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
   """
   columns = []
   for run in runs:
-    if run.series.get(RULE_SERIES[2][0]):
-      columns += [(run, seed) for seed in sorted(run.series[RULE_SERIES[2][0]])]
+    columns += [(run, seed) for seed in sorted(run.series.get(SKIP_RELATIVE, {}))]
   if not columns:
     return False
   columns = columns[:max_seeds]
@@ -454,10 +458,9 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
       if seed in run.series.get(name, {}):
         ax.plot(*_finite(*run.series[name][seed]), color=color, lw=1.4, marker="o", ms=2,
                 label=label)
-    if seed in run.series.get(IN_ACC, {}):
-      sat = first_reaching(*run.series[IN_ACC][seed], saturation)
-      if sat is not None:
-        ax.axvline(sat, color="gray", ls=":", lw=1.0)
+    sat = saturation_step(run, seed, saturation)
+    if sat is not None:
+      ax.axvline(sat, color="gray", ls=":", lw=1.0)
     ax.set_ylim(-0.02, 1.02)
     ax.locator_params(axis="x", nbins=4)
     ax.grid(alpha=0.3)
