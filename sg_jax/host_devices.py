@@ -5,8 +5,8 @@ holding every seed leaves cores idle, and seeds vmapped on one device must share
 bucket per step. Splitting the host into several devices (the
 `--xla_force_host_platform_device_count` flag; by default max(8, cores)) lets `sg_jax.sharding`
 place a share of the seeds on each (one seed each for up to 8 seeds); each device then runs its
-own seeds' steps independently (`sharding.per_device`). The `grok_cpu` preset trains about 1.3x
-faster on 2 cores (README, Performance). Results do not depend on the device count
+own seeds' steps independently (`sharding.per_device`). The `grok_cpu` recipe at depth 4 trained
+about 1.3x faster on 2 cores (README, Performance). Results do not depend on the device count
 (tests/test_sharding.py).
 
 This module must not import JAX: the flag is read when JAX initialises its CPU backend.

@@ -90,7 +90,7 @@ def test_grok_cpu_preset_cools_down_at_its_last_step():
   c = load("question", "grok_cpu")
   configlib.validate(c)
   assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
-  assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (4, 128, 4)
+  assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (6, 128, 4)
   for steps in (30_000, 50_000):  # the cool-down follows a changed step count
     lr = train.make_schedule(c.optim, steps)
     assert float(lr(steps - 10_000)) == pytest.approx(3e-4)
