@@ -13,10 +13,10 @@ lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only 
 is used), encoded and laid out exactly as `sg_jax.train` does (`train.make_train_data`, packed
 rows when `config.train.packing` is on).
 
-Measured, per depth, seed count and layout (padded / packed):
+Measured, per depth, seed count, device count (`--num_devices`) and layout (padded / packed):
 * vmapped: `train.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
   steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
-  CPU-only machine the host is split into max(8, cores) devices by `sg_jax.host_devices`, as
+  CPU-only machine the host is split into 2 x cores devices by `sg_jax.host_devices`, as
   `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
   override), each device running its own seeds in one compiled `lax.scan` call (`shard_map`),
   packing buckets chosen per device. The first call (which compiles) is timed separately and
@@ -71,15 +71,18 @@ def question_split(num_train: int, seed: int = 0):
   return vocab, task.encode(examples["train"], vocab)
 
 
-def per_device(num_seeds: int) -> int:
-  """Seeds per device when `num_seeds` seeds are sharded as `sg_jax.train` shards them."""
-  return num_seeds // sharding.num_seed_devices(num_seeds)
+def per_device(num_seeds: int, max_devices: int = 0) -> int:
+  """Seeds per device when `num_seeds` seeds are sharded as `sg_jax.train` shards them (at most
+  `max_devices` devices if set: the config's `num_devices`)."""
+  return num_seeds // sharding.num_seed_devices(num_seeds, max_devices)
 
 
-def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int) -> float:
+def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int,
+                     max_devices: int = 0) -> float:
   """Expected padding fraction of computed token positions (`train.padding_fraction`; seeds of
   one device share a packing bucket)."""
-  return train.padding_fraction(config, lengths, per_device(num_seeds), padded_length)
+  return train.padding_fraction(config, lengths, per_device(num_seeds, max_devices),
+                                padded_length)
 
 
 def padding_summary(args, split) -> str:
@@ -312,6 +315,11 @@ def parse_args(argv=None):
   parser.add_argument("--seq_steps", type=int, default=None,
                       help="timed steps per seed of the sequential baseline (default: "
                            "steps_per_call)")
+  parser.add_argument("--num_devices", type=_ints, default=[0],
+                      help="device counts to shard the seeds over, as the config's num_devices "
+                           "(0 = all, the default; each is rounded down to a divisor of the "
+                           "seed count), e.g. 2,4 on a 2-core CPU (4 host devices by default; "
+                           "XLA_FLAGS=--xla_force_host_platform_device_count=8 for more)")
   parser.add_argument("--no_sequential", action="store_true", help="skip the sequential baseline")
   parser.add_argument("--num_train", type=int, default=None,
                       help="generated training lines (default 5000; quick: 2000)")
@@ -390,7 +398,7 @@ def main(argv=None):
       print_table(["part", "ms", "% of train_step"],
                   [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
 
-  header = ["depth", "seeds", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
+  header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
             "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
   print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / peak; "
         "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
@@ -406,44 +414,50 @@ def main(argv=None):
       keys = train.seed_keys(list(range(num_seeds)))
       for packing in args.layouts:
         config = make_config(depth, num_seeds, args, packing)
-        mesh = sharding.seed_mesh(num_seeds)
-        host, caps = train_layout(config, split, per_device(num_seeds))
-        fns = train_fns(config, vocab.size, caps, mesh)
-        pad = padding_fraction(config, lengths, num_seeds, padded_length)
-        first, calls = time_vmapped(fns, host, keys, mesh, args.steps_per_call, args.min_time,
-                                    args.min_calls)
-        data = jax.device_put(host)  # the sequential baseline: one device, as a plain jit
-        med = float(np.median(calls))
-        rate = args.steps_per_call * num_seeds / med
-        gflops = rate * flops["total"] / 1e9
-        seq = None
-        if not args.no_sequential:
-          seq_caps = train_layout(config, split, 1)[1] if packing else None
-          _, seq_total = time_sequential(fns, data, keys, int(config.train.batch_size),
-                                         seq_caps, args.seq_steps)
-          seq = args.seq_steps * num_seeds / seq_total
-        results[(depth, num_seeds, packing)] = {"rate": rate, "seq": seq, "pad": pad,
-                                                "gflops": gflops}
-        row = [depth, num_seeds, "packed" if packing else "padded", f"{100 * pad:.1f}",
-               f"{first:.1f}", f"{rate:.3f}", f"{rate * flops['tokens']:.0f}", f"{gflops:.1f}",
-               f"{100 * gflops * 1e9 / peak_before:.1f}",
-               f"{100 * (max(calls) - min(calls)) / med:.0f}",
-               "-" if seq is None else f"{seq:.3f}",
-               "-" if seq is None else f"{100 * seq * flops['total'] / peak_before:.1f}",
-               "-" if seq is None else f"{rate / seq:.2f}"]
-        rows.append((row, gflops, seq, flops))
-        print(table_line(row, live_widths))
-        sys.stdout.flush()
-        del data, fns
+        seq, device_counts = None, []
+        for max_devices in args.num_devices:
+          mesh = sharding.seed_mesh(num_seeds, max_devices)
+          if mesh.devices.size in device_counts:  # same layout as an earlier entry
+            continue
+          device_counts.append(mesh.devices.size)
+          host, caps = train_layout(config, split, per_device(num_seeds, max_devices))
+          fns = train_fns(config, vocab.size, caps, mesh)
+          pad = padding_fraction(config, lengths, num_seeds, padded_length, max_devices)
+          first, calls = time_vmapped(fns, host, keys, mesh, args.steps_per_call, args.min_time,
+                                      args.min_calls)
+          med = float(np.median(calls))
+          rate = args.steps_per_call * num_seeds / med
+          gflops = rate * flops["total"] / 1e9
+          if seq is None and not args.no_sequential:  # once per layout: it uses one device
+            data = jax.device_put(host)
+            seq_caps = train_layout(config, split, 1)[1] if packing else None
+            _, seq_total = time_sequential(fns, data, keys, int(config.train.batch_size),
+                                           seq_caps, args.seq_steps)
+            seq = args.seq_steps * num_seeds / seq_total
+            del data
+          results[(depth, num_seeds, packing, mesh.devices.size)] = {
+              "rate": rate, "seq": seq, "pad": pad, "gflops": gflops}
+          row = [depth, num_seeds, mesh.devices.size, "packed" if packing else "padded",
+                 f"{100 * pad:.1f}", f"{first:.1f}", f"{rate:.3f}",
+                 f"{rate * flops['tokens']:.0f}", f"{gflops:.1f}",
+                 f"{100 * gflops * 1e9 / peak_before:.1f}",
+                 f"{100 * (max(calls) - min(calls)) / med:.0f}",
+                 "-" if seq is None else f"{seq:.3f}",
+                 "-" if seq is None else f"{100 * seq * flops['total'] / peak_before:.1f}",
+                 "-" if seq is None else f"{rate / seq:.2f}"]
+          rows.append((row, gflops, seq, flops))
+          print(table_line(row, live_widths))
+          sys.stdout.flush()
+          del fns
 
   peak_after = matmul_peak(args.peak_size, args.dtype)
   peak = max(peak_before, peak_after)
   final = []
   for row, gflops, seq, flops in rows:
     row = list(row)
-    row[8] = f"{100 * gflops * 1e9 / peak:.1f}"
+    row[header.index("MFU %")] = f"{100 * gflops * 1e9 / peak:.1f}"
     if seq is not None:
-      row[11] = f"{100 * seq * flops['total'] / peak:.1f}"
+      row[header.index("seq MFU %")] = f"{100 * seq * flops['total'] / peak:.1f}"
     final.append(row)
   print_rows("summary", [
       ("matmul peak", f"{peak / 1e9:.1f} GFLOP/s (start {peak_before / 1e9:.1f}, end "
@@ -459,18 +473,19 @@ def main(argv=None):
 def print_targets(args, results, peak: float) -> None:
   """Issue 6 acceptance targets that this run's grid covers."""
   lines = []
-  best_layout = lambda d, s: max((r for (dd, ss, _), r in results.items() if (dd, ss) == (d, s)),
+  best_layout = lambda d, s: max((r for (dd, ss, *_), r in results.items() if (dd, ss) == (d, s)),
                                  key=lambda r: r["rate"], default=None)
-  for (d, s, packing), r in sorted(results.items()):
+  for (d, s, packing, devices), r in sorted(results.items()):
     if d == 6 and s in (4, 8):
       mfu = r["gflops"] * 1e9 / peak
-      lines.append((f"depth 6, {s} seeds, {'packed' if packing else 'padded'}: MFU >= 75%",
+      lines.append((f"depth 6, {s} seeds on {devices} device(s), "
+                    f"{'packed' if packing else 'padded'}: MFU >= 75%",
                     f"{100 * mfu:.1f}% {'ok' if mfu >= 0.75 else 'MISSED'}"))
   for d in args.depths:
     r = best_layout(d, 8)
     # Fastest vmapped layout against the fastest sequential layout: on CPU the sequential
     # baseline is faster padded than packed, so comparing within one layout would flatter vmap.
-    seq = max((q["seq"] or 0.0 for (dd, ss, _), q in results.items() if (dd, ss) == (d, 8)),
+    seq = max((q["seq"] or 0.0 for (dd, ss, *_), q in results.items() if (dd, ss) == (d, 8)),
               default=0.0)
     if r is not None and seq:
       need, ratio = (1.15 if d == 2 else 1.0), r["rate"] / seq
@@ -480,7 +495,7 @@ def print_targets(args, results, peak: float) -> None:
     if r1 and r16:
       lines.append((f"depth {d}: seed-steps/s at 16 seeds / at 1 (GPU target >= 10)",
                     f"{r16['rate'] / r1['rate']:.1f}"))
-  pads = [r["pad"] for (_, _, p), r in results.items() if p]
+  pads = [r["pad"] for (_, _, p, _), r in results.items() if p]
   if pads:
     lines.append(("padding with packing <= 10%", f"max {100 * max(pads):.1f}% "
                                                  f"{'ok' if max(pads) <= 0.10 else 'MISSED'}"))

@@ -3,10 +3,11 @@
 On a CPU, XLA runs the small matrix multiplies of these models on few threads, so one device
 holding every seed leaves cores idle, and seeds vmapped on one device must share one packing
 bucket per step. Splitting the host into several devices (the
-`--xla_force_host_platform_device_count` flag; by default max(8, cores)) lets `sg_jax.sharding`
-place a share of the seeds on each (one seed each for up to 8 seeds); each device then runs its
-own seeds' steps independently (`sharding.per_device`). The `grok_cpu` recipe at depth 4 trained
-about 1.3x faster on 2 cores (README, Performance). Results do not depend on the device count
+`--xla_force_host_platform_device_count` flag; by default 2 x cores) lets `sg_jax.sharding`
+place a share of the seeds on each; each device then runs its own seeds' steps independently
+(`sharding.per_device`). Two devices per core was the fastest layout measured on a 2-core CPU:
+8 seeds of the reference-size model on 4 devices trained 1.2-1.3x faster than on 8 (one each)
+and 1.05x faster than on 2 (README, Performance). Results do not depend on the device count
 (tests/test_sharding.py).
 
 This module must not import JAX: the flag is read when JAX initialises its CPU backend.
@@ -28,7 +29,7 @@ def configure_cpu_devices(num_devices: int = 0) -> bool:
   devices there are the accelerators, and the CPU devices stay unused.
 
   Args:
-    num_devices: CPU devices to create; 0 = max(8, cores this process may run on).
+    num_devices: CPU devices to create; 0 = 2 x the cores this process may run on.
 
   Returns:
     True if the flag was added.
@@ -39,6 +40,6 @@ def configure_cpu_devices(num_devices: int = 0) -> bool:
   if num_devices <= 0:
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else (os.cpu_count() or 1))
-    num_devices = max(8, cores)
+    num_devices = 2 * cores
   os.environ["XLA_FLAGS"] = f"{flags} {FLAG}={num_devices}".strip()
   return True

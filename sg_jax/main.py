@@ -4,7 +4,7 @@ r"""Entry point: train many seeds of the structural-grokking LM in one process.
   python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick \
       --config.train.num_steps=5000
 
-On a CPU-only machine the host is split into max(8, cores) XLA devices and the seeds are spread
+On a CPU-only machine the host is split into 2 x cores XLA devices and the seeds are spread
 over them (`sg_jax.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
 to choose N).
 
@@ -16,7 +16,7 @@ import sys
 
 from sg_jax import host_devices
 
-host_devices.configure_cpu_devices()  # before JAX starts: max(8, cores) CPU devices
+host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
 
 # pylint: disable=wrong-import-position
 from absl import app
