@@ -7,7 +7,7 @@ bucket per step. Splitting the host into several devices (the
 place a share of the seeds on each; each device then runs its own seeds' steps independently
 (`sharding.per_device`). Two devices per core was the fastest layout measured on a 2-core CPU:
 8 seeds of the reference-size model on 4 devices trained 1.2-1.3x faster than on 8 (one each)
-and 1.05x faster than on 2 (README, Performance). Results do not depend on the device count
+and 1.05-1.2x faster than on 2 (README, Performance). Results do not depend on the device count
 (tests/test_sharding.py).
 
 This module must not import JAX: the flag is read when JAX initialises its CPU backend.
