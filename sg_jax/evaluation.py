@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-Array = jax.Array
+from sg_jax.tasks.question import AUXILIARIES as QUESTION_AUXILIARIES
 
-QUESTION_AUXILIARIES = ("do", "does", "don't", "doesn't")
+Array = jax.Array
 
 
 def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]:
@@ -55,13 +55,17 @@ def question_prediction(logits_BxLxV: Array, task_pos_B: Array, aux_ids: Array) 
   return aux_ids[jnp.argmax(at_task[:, aux_ids], axis=-1)]
 
 
+def question_target(targets_BxL: Array, task_pos_B: Array) -> Array:
+  """The question's first word (int32 [batch] ids): targets[t] at t = task_pos."""
+  return jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
+
+
 def question_correct(logits_BxLxV: Array, task_pos_B: Array, targets_BxL: Array,
                      aux_ids: Array) -> Array:
-  """Auxiliary-ranking correctness per line (bool [batch]); arguments as `question_prediction`,
-  and targets_BxL: target ids, targets[t] at t = task_pos is the target's first word."""
-  best = question_prediction(logits_BxLxV, task_pos_B, aux_ids)
-  first = jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
-  return best == first
+  """Auxiliary-ranking correctness per line (bool [batch]); arguments as `question_prediction`
+  and `question_target`."""
+  return (question_prediction(logits_BxLxV, task_pos_B, aux_ids)
+          == question_target(targets_BxL, task_pos_B))
 
 
 def question_rule_auxiliaries(inputs_BxL: Array, task_pos_B: Array, aux_ids: Array,
@@ -211,8 +215,8 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
            "tokens": jnp.sum(jnp.where(valid, count, 0.0))}
     if task_name == "question":
       sel = valid & batch["transformed"]
-      ok = question_correct(logits, batch["task_pos"], batch["targets"], aux_ids)
       best = question_prediction(logits, batch["task_pos"], aux_ids)
+      ok = best == question_target(batch["targets"], batch["task_pos"])
       move_first, skip_rel = question_rule_auxiliaries(batch["inputs"], batch["task_pos"],
                                                        aux_ids, rel_ids)
       out["correct"] = jnp.sum(ok & sel).astype(jnp.float32)
