@@ -143,6 +143,29 @@ def test_refuses_workdir_with_a_different_config(data_dir, tmp_path):
                              tensorboard=False)
 
 
+def test_diverged_seed_keeps_its_last_finite_parameters(data_dir, tmp_path):
+  """A step whose loss overflows (from finite parameters) freezes the seed's parameters there."""
+  config = tiny_config(data_dir, num_seeds=2)
+  poisoned = {}
+
+  def blow_up(state, step):
+    if step == 20:  # finite, but the logits overflow float32: the loss is non-finite
+      params = jax.tree_util.tree_map(lambda x: x.at[1].multiply(1e30), state.params)
+      state = state.replace(params=params)
+      poisoned["params"] = jax.device_get(params)
+    return state
+
+  out = train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=blow_up)
+  final = jax.device_get(out["state"].params)
+  seed1 = lambda tree: flat(jax.tree_util.tree_map(lambda x: x[1], tree))
+  assert np.isfinite(seed1(poisoned["params"])).all()
+  np.testing.assert_array_equal(seed1(final), seed1(poisoned["params"]))
+  assert bool(out["state"].diverged[1]) and int(out["state"].diverged_step[1]) == 20
+  assert not bool(out["state"].diverged[0]) and np.isfinite(out["eval"]["in_domain/accuracy"][0])
+  assert not np.array_equal(flat(jax.tree_util.tree_map(lambda x: x[0], final)),
+                            flat(jax.tree_util.tree_map(lambda x: x[0], poisoned["params"])))
+
+
 def test_poisoned_seed_is_isolated(data_dir, tmp_path):
   config = tiny_config(data_dir, num_seeds=3)
   clean = train.train_and_evaluate(config, str(tmp_path / "clean"), tensorboard=False)
