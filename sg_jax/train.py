@@ -148,17 +148,22 @@ def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_B
   return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
 
 
-def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
-               model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-               **model_kwargs) -> TrainState:
-  """One AdamW step of one seed; a non-finite loss/gradient freezes its parameters for good
-  (marks the seed diverged; see `TrainState.diverged`).
+def loss_and_grads(params, key_data: Array, inputs_BxL: Array, targets_BxL: Array, step: Array,
+                   model: model_lib.TransformerLM, **model_kwargs) -> tuple[Array, Any]:
+  """(loss [], gradients like `params`) of one seed's step, with that step's dropout masks.
 
-  `model_kwargs` describe packed rows (see `pack_lines`); the default is a padded batch.
+  `key_data` is the seed's uint32 [2] key data; `model_kwargs` describe packed rows (see
+  `pack_lines`); the default is a padded batch.
   """
-  dropout_key = jax.random.fold_in(_subkey(state.key, DROPOUT_KEY), step)
-  loss, grads = jax.value_and_grad(lm_loss)(state.params, model, inputs_BxL, targets_BxL,
-                                            dropout_key, **model_kwargs)
+  dropout_key = jax.random.fold_in(_subkey(key_data, DROPOUT_KEY), step)
+  return jax.value_and_grad(lm_loss)(params, model, inputs_BxL, targets_BxL, dropout_key,
+                                     **model_kwargs)
+
+
+def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
+                    tx: optax.GradientTransformation) -> TrainState:
+  """The optimiser update of one seed from `loss_and_grads`; a non-finite loss/gradient freezes
+  its parameters for good (marks the seed diverged; see `TrainState.diverged`)."""
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -175,6 +180,18 @@ def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: A
       diverged=state.diverged | ~finite,
       diverged_step=jnp.where(state.diverged | finite, state.diverged_step, step),
       sums=sums)
+
+
+def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
+               model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+               **model_kwargs) -> TrainState:
+  """One AdamW step of one seed: `loss_and_grads`, then `apply_gradients`.
+
+  `model_kwargs` describe packed rows (see `pack_lines`); the default is a padded batch.
+  """
+  loss, grads = loss_and_grads(state.params, state.key, inputs_BxL, targets_BxL, step, model,
+                               **model_kwargs)
+  return apply_gradients(state, loss, grads, step, tx)
 
 
 def batch_indices(perm: Array, step: Array, batch_size: int, steps_per_epoch: int) -> Array:
@@ -274,8 +291,8 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
                   batch_size: int, capacities: tuple[int, ...] | None) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
-  The per-seed functions (`epoch_permutation`, `batch_indices`, `pack_lines`, `train_step`) get
-  the seed axis here, with `jax.vmap`; the step loop is a `lax.scan` outside the vmap, so the
+  The per-seed functions (`epoch_permutation`, `batch_indices`, `pack_lines`, `loss_and_grads`,
+  `apply_gradients`) get the seed axis here, with `jax.vmap`; the step loop is a `lax.scan` outside the vmap, so the
   epoch-boundary `cond` and the packing bucket `switch` are real branches (not selects).
 
   Args of `chunk`:
@@ -291,18 +308,21 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
     spe = n // batch_size
     perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(state.key)
 
-    def padded(state, idx_SxB, step):
-      def one(s, idx):
-        return train_step(s, data["inputs"][idx], data["targets"][idx], step, model, tx)
-      return jax.vmap(one)(state, idx_SxB)
+    # Only the gradients depend on the layout; the optimiser update runs outside the bucket
+    # `switch`, whose branches then read the parameters and return fresh buffers (an update
+    # inside the branches made XLA copy parameters and both moments every step).
+    def padded(params, keys, idx_SxB, step):
+      def one(p, k, idx):
+        return loss_and_grads(p, k, data["inputs"][idx], data["targets"][idx], step, model)
+      return jax.vmap(one)(params, keys, idx_SxB)
 
     def packed(capacity):
-      def run(state, idx_SxB, step):
-        def one(s, idx):
+      def run(params, keys, idx_SxB, step):
+        def one(p, k, idx):
           rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
           inputs, targets = rows.pop("inputs"), rows.pop("targets")
-          return train_step(s, inputs, targets, step, model, tx, **rows)
-        return jax.vmap(one)(state, idx_SxB)
+          return loss_and_grads(p, k, inputs, targets, step, model, **rows)
+        return jax.vmap(one)(params, keys, idx_SxB)
       return run
 
     def body(carry, t):
@@ -311,11 +331,13 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
       perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
       idx = jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
       if capacities is None:
-        state = padded(state, idx, step)
+        loss, grads = padded(state.params, state.key, idx, step)
       else:
         need = jnp.max(jnp.sum(data["lengths"][idx], axis=-1))
         bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-        state = jax.lax.switch(bucket, [packed(c) for c in capacities], state, idx, step)
+        loss, grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
+                                     state.key, idx, step)
+      state = jax.vmap(lambda s, l, g: apply_gradients(s, l, g, step, tx))(state, loss, grads)
       return (state, perm), None
 
     (state, _), _ = jax.lax.scan(body, (state, perms(start_step)),
