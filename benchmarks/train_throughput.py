@@ -397,6 +397,12 @@ def main(argv=None):
       print(f"\n  where one seed's step goes (depth {depth}, padded batch, best of 3, jit each):")
       print_table(["part", "ms", "% of train_step"],
                   [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
+      ideal = model_flops_per_seed_step(config, vocab.size, lengths)["total"] / peak_before
+      opt = dict(parts)["optimizer (clip + AdamW)"]
+      print(f"  MFU ceiling set by the optimiser: the model FLOPs of a seed-step take "
+            f"{ideal * 1e3:.1f} ms at the matmul peak; with the optimiser's {opt * 1e3:.1f} ms "
+            f"on top, MFU <= {100 * ideal / (ideal + opt):.0f}% even if every matmul ran at the "
+            f"peak and nothing else (padding, dropout, LayerNorm, softmax, loss) took time")
 
   header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
             "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
