@@ -188,8 +188,8 @@ class HeadProjection(nn.Module):
   `split`, [num_heads, head_dim, d_model] when merging), applied as ONE 2-D matmul on the kernel
   reshaped to [d_model, num_heads * head_dim] (resp. [num_heads * head_dim, d_model]), a free
   reshape of a row-major array. With the 3-D kernel contracted directly, XLA on CPU transposed
-  every attention kernel, and its gradient, on every training step (~10% of a depth-6 step; README,
-  Performance).
+  every attention kernel, and its gradient, on every training step (~10% of the op time of a
+  depth-6 forward+backward; README, Performance).
 
   Attributes:
     heads: (num_heads, head_dim).

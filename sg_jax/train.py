@@ -292,8 +292,9 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
   The per-seed functions (`epoch_permutation`, `batch_indices`, `pack_lines`, `loss_and_grads`,
-  `apply_gradients`) get the seed axis here, with `jax.vmap`; the step loop is a `lax.scan` outside the vmap, so the
-  epoch-boundary `cond` and the packing bucket `switch` are real branches (not selects).
+  `apply_gradients`) get the seed axis here, with `jax.vmap`; the step loop is a `lax.scan`
+  outside the vmap, so the epoch-boundary `cond` and the packing bucket `switch` are real
+  branches (not selects).
 
   Args of `chunk`:
     state: stacked TrainState [S, ...].

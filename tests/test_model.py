@@ -112,3 +112,24 @@ def test_coordinate_dropout_keeps_the_right_fraction_independently_of_layout():
   # Another key gives another mask.
   out3 = drop.apply({}, x, ids, index, False, rngs={"dropout": jax.random.key(1)})
   assert not np.array_equal(np.asarray(out3), np.asarray(out))
+
+
+def test_head_projection_equals_the_3d_kernel_contraction():
+  """HeadProjection = einsum with its 3-D kernel, both ways (the layout the analysis relies on)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  h, p = 4, 8
+  x = jax.random.normal(jax.random.key(0), (2, 5, h * p))
+  init = nn.initializers.normal(1.0)
+  split = model_lib.HeadProjection((h, p), split=True, kernel_init=init)
+  params = split.init(jax.random.key(1), x)
+  kernel = params["params"]["kernel"]
+  assert kernel.shape == (h * p, h, p)
+  np.testing.assert_allclose(split.apply(params, x), jnp.einsum("bld,dhp->blhp", x, kernel),
+                             rtol=1e-5, atol=1e-5)
+  merge = model_lib.HeadProjection((h, p), split=False, kernel_init=init)
+  y = x.reshape(2, 5, h, p)
+  params = merge.init(jax.random.key(2), y)
+  kernel = params["params"]["kernel"]
+  assert kernel.shape == (h, p, h * p)
+  np.testing.assert_allclose(merge.apply(params, y), jnp.einsum("blhp,hpd->bld", y, kernel),
+                             rtol=1e-5, atol=1e-5)
