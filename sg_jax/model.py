@@ -181,6 +181,63 @@ def _feature_index(size: int) -> Array:
   return jnp.arange(size, dtype=jnp.uint32)
 
 
+@jax.custom_vjp
+def matmul(x_NxI: Array, kernel_IxO: Array) -> Array:
+  """`x @ kernel` ([..., I] x [I, O] -> [..., O]) whose kernel gradient is ONE [I, O] contraction.
+
+  Same value and gradients as `jnp.dot`; only how the backward pass is written differs. JAX's
+  own rule computes the kernel gradient as an [O, I] product and transposes it; under the seed
+  vmap XLA on CPU keeps that [S, O, I] layout and every optimiser fusion then read the gradient
+  transposed (strided) on every step. Here the gradient is `x^T dy` contracted over all leading
+  axes of x, produced as [I, O] directly (README, Performance: ~20% of a depth-6 step).
+
+  Args:
+    x_NxI: [..., I] activations (any number of leading axes).
+    kernel_IxO: [I, O] weight of the same dtype.
+
+  Returns:
+    [..., O] activations.
+  """
+  return jnp.dot(x_NxI, kernel_IxO)
+
+
+def _matmul_fwd(x_NxI, kernel_IxO):
+  return jnp.dot(x_NxI, kernel_IxO), (x_NxI, kernel_IxO)
+
+
+def _matmul_bwd(residuals, dy_NxO):
+  x_NxI, kernel_IxO = residuals
+  x_2d = x_NxI.reshape(-1, x_NxI.shape[-1])
+  dy_2d = dy_NxO.reshape(-1, dy_NxO.shape[-1])
+  dkernel_IxO = jax.lax.dot_general(x_2d, dy_2d, (((0,), (0,)), ((), ())))
+  dx_NxI = jax.lax.dot_general(dy_NxO, kernel_IxO, (((dy_NxO.ndim - 1,), (1,)), ((), ())))
+  return dx_NxI, dkernel_IxO
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+class Dense(nn.Module):
+  """`nn.Dense` (same `kernel` [in, out] / `bias` [out] parameters, initialisation and outputs)
+  computed with `matmul`, so that its kernel gradient comes out in the kernel's own layout.
+
+  Attributes:
+    features: output size.
+    kernel_init: initialiser of the float32 kernel.
+    dtype: computation dtype (parameters are stored in float32).
+  """
+
+  features: int
+  kernel_init: Any
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    return matmul(x.astype(self.dtype), kernel.astype(self.dtype)) + bias.astype(self.dtype)
+
+
 class HeadProjection(nn.Module):
   """Bias-free projection between [..., d_model] and [..., num_heads, head_dim].
 
@@ -209,11 +266,11 @@ class HeadProjection(nn.Module):
     if self.split:
       d = x.shape[-1]
       kernel = self.param("kernel", self.kernel_init, (d, h, p), jnp.float32)
-      y = jnp.dot(x.astype(self.dtype), kernel.reshape(d, h * p).astype(self.dtype))
+      y = matmul(x.astype(self.dtype), kernel.reshape(d, h * p).astype(self.dtype))
       return y.reshape(*x.shape[:-1], h, p)
     kernel = self.param("kernel", self.kernel_init, (h, p, h * p), jnp.float32)  # d_model = h p
-    return jnp.dot(x.reshape(*x.shape[:-2], h * p).astype(self.dtype),
-                   kernel.reshape(h * p, h * p).astype(self.dtype))
+    return matmul(x.reshape(*x.shape[:-2], h * p).astype(self.dtype),
+                  kernel.reshape(h * p, h * p).astype(self.dtype))
 
 
 class MultiHeadAttention(nn.Module):
@@ -286,12 +343,12 @@ class TransformerLayer(nn.Module):
         x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL)
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
-    h_BxLxF = nn.Dense(cfg.d_ff, dtype=dtype, name="linear1",
+    h_BxLxF = Dense(cfg.d_ff, dtype=dtype, name="linear1",
                        kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
                            x_BxLxD)
     h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
-    ff_BxLxD = nn.Dense(cfg.d_model, dtype=dtype, name="linear2",
-                        kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
+    ff_BxLxD = Dense(cfg.d_model, dtype=dtype, name="linear2",
+                     kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
         x_BxLxD + drop(ff_BxLxD, "output_dropout"))
     return x_BxLxD, weights
@@ -359,8 +416,8 @@ class TransformerLM(nn.Module):
     if cfg.tied_embeddings:
       logits_BxLxV = embed.attend(x_BxLxD.astype(jnp.float32))
     else:
-      logits_BxLxV = nn.Dense(cfg.vocab_size, name="output",
-                              kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
+      logits_BxLxV = Dense(cfg.vocab_size, name="output",
+                           kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
                                   x_BxLxD.astype(jnp.float32))
     logits_BxLxV = logits_BxLxV.astype(jnp.float32)
     if return_internals:

@@ -133,3 +133,40 @@ def test_head_projection_equals_the_3d_kernel_contraction():
   assert kernel.shape == (h, p, h * p)
   np.testing.assert_allclose(merge.apply(params, y), jnp.einsum("blhp,hpd->bld", y, kernel),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_value_and_gradients_equal_jnp_dot_with_and_without_a_seed_axis():
+  """`model.matmul` only rewrites the backward pass: value, d/dx and d/dkernel = `jnp.dot`'s."""
+  kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (3, 2, 5, 16))  # [seeds, batch, length, in]
+  kernel = jax.random.normal(kw, (3, 16, 8))
+  cotangent = jax.random.normal(kg, (3, 2, 5, 8))
+
+  def value_and_vjp(fn, x, kernel, cotangent):
+    y, vjp = jax.vjp(fn, x, kernel)
+    return (y,) + vjp(cotangent)
+
+  for batched in (False, True):
+    run = (jax.vmap(value_and_vjp, in_axes=(None, 0, 0, 0)) if batched
+           else lambda fn, *a: value_and_vjp(fn, *(v[0] for v in a)))
+    got = jax.jit(run, static_argnums=0)(model_lib.matmul, x, kernel, cotangent)
+    want = jax.jit(run, static_argnums=0)(jnp.dot, x, kernel, cotangent)
+    assert got[2].shape == (kernel.shape if batched else kernel.shape[1:])
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_equals_flax_dense_in_parameters_outputs_and_gradients():
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  init = model_lib.xavier_uniform(16, 8)
+  x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  ours = model_lib.Dense(8, kernel_init=init)
+  theirs = nn.Dense(8, kernel_init=init)
+  params = ours.init(jax.random.key(1), x)
+  reference = theirs.init(jax.random.key(1), x)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, reference)
+  params = jax.tree_util.tree_map(lambda p: p + 0.1, params)  # a non-zero bias as well
+  np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x), rtol=1e-6, atol=1e-6)
+  loss = lambda module: lambda p: jnp.sum(jnp.sin(module.apply(p, x)))
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         jax.grad(loss(ours))(params), jax.grad(loss(theirs))(params))
