@@ -306,7 +306,9 @@ def parse_args(argv=None):
                            "fraction is printed anyway)")
   parser.add_argument("--steps_per_call", type=int, default=None,
                       help="steps per compiled call (default: the config's 100 on accelerators; "
-                           "4 on CPU, where one depth-6 step of 8 seeds takes seconds; quick: 5)")
+                           "16 on CPU, where one depth-6 step of 8 seeds takes over a second; "
+                           "quick: 5). Fewer steps per call measure slower per step: each call "
+                           "page-faults its temporary buffers afresh")
   parser.add_argument("--min_time", type=float, default=None,
                       help="timed seconds per measurement, after the compile call (default 10 "
                            "on accelerators, 20 on CPU; quick: 1)")
@@ -339,7 +341,7 @@ def parse_args(argv=None):
   if args.seeds is None:
     args.seeds = [1, 2] if args.quick else [1, 2, 4, 8, 16]
   if args.steps_per_call is None:
-    args.steps_per_call = 5 if args.quick else (4 if cpu else 100)
+    args.steps_per_call = 5 if args.quick else (16 if cpu else 100)
   if args.min_time is None:
     args.min_time = 1.0 if args.quick else (20.0 if cpu else 10.0)
   if args.min_calls is None:
