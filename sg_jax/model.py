@@ -189,7 +189,8 @@ def matmul(x_NxI: Array, kernel_IxO: Array) -> Array:
   own rule computes the kernel gradient as an [O, I] product and transposes it; under the seed
   vmap XLA on CPU keeps that [S, O, I] layout and every optimiser fusion then read the gradient
   transposed (strided) on every step. Here the gradient is `x^T dy` contracted over all leading
-  axes of x, produced as [I, O] directly (README, Performance: ~20% of a depth-6 step).
+  axes of x, produced as [I, O] directly, and the input gradient is `(kernel dy^T)^T`, which
+  spares a transposed copy of the kernel per step (README, Performance).
 
   Args:
     x_NxI: [..., I] activations (any number of leading axes).
@@ -210,7 +211,10 @@ def _matmul_bwd(residuals, dy_NxO):
   x_2d = x_NxI.reshape(-1, x_NxI.shape[-1])
   dy_2d = dy_NxO.reshape(-1, dy_NxO.shape[-1])
   dkernel_IxO = jax.lax.dot_general(x_2d, dy_2d, (((0,), (0,)), ((), ())))
-  dx_NxI = jax.lax.dot_general(dy_NxO, kernel_IxO, (((dy_NxO.ndim - 1,), (1,)), ((), ())))
+  # dx = dy kernel^T, computed as (kernel dy^T)^T: written directly, XLA on CPU copied every
+  # kernel into a transposed layout on each step under the seed vmap (one seed per device).
+  dx_IxN = jax.lax.dot_general(kernel_IxO, dy_2d, (((1,), (1,)), ((), ())))
+  dx_NxI = dx_IxN.T.reshape(*dy_NxO.shape[:-1], kernel_IxO.shape[0])
   return dx_NxI, dkernel_IxO
 
 
