@@ -224,6 +224,7 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 class Dense(nn.Module):
   """`nn.Dense` (same `kernel` [in, out] / `bias` [out] parameters, initialisation and outputs)
   computed with `matmul`, so that its kernel gradient comes out in the kernel's own layout.
+  Maps [..., in] to [..., features] in `dtype`.
 
   Attributes:
     features: output size.
@@ -348,8 +349,8 @@ class TransformerLayer(nn.Module):
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     h_BxLxF = Dense(cfg.d_ff, dtype=dtype, name="linear1",
-                       kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
-                           x_BxLxD)
+                    kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
+                        x_BxLxD)
     h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
     ff_BxLxD = Dense(cfg.d_model, dtype=dtype, name="linear2",
                      kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
@@ -422,7 +423,7 @@ class TransformerLM(nn.Module):
     else:
       logits_BxLxV = Dense(cfg.vocab_size, name="output",
                            kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
-                                  x_BxLxD.astype(jnp.float32))
+                               x_BxLxD.astype(jnp.float32))
     logits_BxLxV = logits_BxLxV.astype(jnp.float32)
     if return_internals:
       return logits_BxLxV, {"attention": jnp.stack(attention), "hidden": jnp.stack(hidden)}

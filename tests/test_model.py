@@ -157,6 +157,7 @@ def test_matmul_value_and_gradients_equal_jnp_dot_with_and_without_a_seed_axis()
 
 
 def test_dense_equals_flax_dense_in_parameters_outputs_and_gradients():
+  """Same key -> same parameters as `nn.Dense`; same outputs and parameter gradients."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   init = model_lib.xavier_uniform(16, 8)
   x = jax.random.normal(jax.random.key(0), (2, 5, 16))
