@@ -173,8 +173,9 @@ def make_sequential_step(fns, batch_size: int, capacities):
   """Jitted `(state, data, perm, step) -> state`: one training step of ONE seed.
 
   Gathers the seed's batch on device (line `perm[(step % steps_per_epoch) * batch + i]`) and calls
-  `train.train_step`, packing the lines into one row with `train.pack_lines` (smallest of
-  `capacities` that holds them) when packing is on, as `train.make_train_fns` does per seed.
+  `train.train_step`, or, when packing is on, `train.loss_and_grads` on the lines packed into one
+  row with `train.pack_lines` (smallest of `capacities` that holds them) and then
+  `train.apply_gradients` outside the bucket switch, as `train.make_chunk_fn` does per seed.
   """
   cache_key = (fns.model, id(fns.tx), batch_size, capacities)
   if cache_key in _SEQUENTIAL_CACHE:  # one compilation per depth and layout
@@ -188,15 +189,16 @@ def make_sequential_step(fns, batch_size: int, capacities):
       return train.train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
 
     def packed(capacity):
-      def run(state):
+      def run(params, key):
         rows = train.pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
         inputs, targets = rows.pop("inputs"), rows.pop("targets")
-        return train.train_step(state, inputs, targets, step, model, tx, **rows)
+        return train.loss_and_grads(params, key, inputs, targets, step, model, **rows)
       return run
 
     need = jnp.sum(data["lengths"][idx])
     bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-    return jax.lax.switch(bucket, [packed(c) for c in capacities], state)
+    loss, grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params, state.key)
+    return train.apply_gradients(state, loss, grads, step, tx)
 
   jitted = jax.jit(step_fn, donate_argnums=(0,))
   _SEQUENTIAL_CACHE[cache_key] = (jitted, fns.tx)  # keeps tx alive: its id stays unique
