@@ -278,6 +278,31 @@ class HeadProjection(nn.Module):
                   kernel.reshape(h * p, h * p).astype(self.dtype))
 
 
+def unpack_lines(x_BxLxF: Array, unpack_BxNxM: Array) -> Array:
+  """Gathers packed rows into the line layout: [B, L, ...] -> [B * N, M, ...].
+
+  `unpack_BxNxM[b, j, o]` is the row position of token o of the j-th line packed in row b
+  (`train.pack_lines`); entries past a line's end may point anywhere in the row (they are
+  computed and discarded).
+  """
+  b, n, m = unpack_BxNxM.shape
+  y = jnp.take_along_axis(x_BxLxF, unpack_BxNxM.reshape(b, n * m, *([1] * (x_BxLxF.ndim - 2))),
+                          axis=1)
+  return y.reshape(b * n, m, *x_BxLxF.shape[2:])
+
+
+def repack_lines(y_BNxMxF: Array, repack_BxL: Array) -> Array:
+  """Inverse of `unpack_lines`: [B * N, M, ...] -> [B, L, ...].
+
+  `repack_BxL[b, q]` is the index j M + o of the line token stored at row position q (any index
+  for padding positions, whose values are never read by a line token).
+  """
+  b = repack_BxL.shape[0]
+  y = y_BNxMxF.reshape(b, -1, *y_BNxMxF.shape[2:])
+  return jnp.take_along_axis(y, repack_BxL.reshape(*repack_BxL.shape, *([1] * (y.ndim - 2))),
+                             axis=1)
+
+
 class MultiHeadAttention(nn.Module):
   """Bias-free multi-head self-attention returning its attention weights.
 
@@ -290,10 +315,18 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
-               ids_BxL: Array | None = None, positions_BxL: Array | None = None):
-    """Returns (output [B, L, d_model], attention weights [B, H, L, L] float32).
+               ids_BxL: Array | None = None, positions_BxL: Array | None = None,
+               lines: tuple[Array, Array] | None = None):
+    """Returns (output [B, L, d_model], attention weights float32).
 
     `ids_BxL`/`positions_BxL` identify tokens for the dropout masks (defaults: padded layout).
+    Without `lines` the weights are [B, H, L, L] under `mask_BxHxLxL`. With `lines` =
+    (unpack_index [B, N, M], repack_index [B, L]) the rows hold N packed lines of at most M
+    tokens (`train.pack_lines`): queries, keys and values are gathered into the line layout
+    [B * N, M] (`unpack_lines`), each line attends causally to itself only (`mask_BxHxLxL`,
+    `ids_BxL` and `positions_BxL` are then not used: line j's token o has the padded layout's
+    id (b N + j) M + o and position o), the weights are [B * N, H, M, M], and the attention
+    output is gathered back to the rows (`repack_lines`).
     """
     cfg = self.config
     d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim
@@ -306,6 +339,12 @@ class MultiHeadAttention(nn.Module):
     q_BxLxHxP = proj("query", d)(x_BxLxD)
     k_BxLxHxP = proj("key", 2 * d)(x_BxLxD)
     v_BxLxHxP = proj("value", 2 * d)(x_BxLxD)
+    if lines is not None:  # from here on B, L = lines, line length (B * N, M)
+      unpack_BxNxM, repack_BxL = lines
+      q_BxLxHxP, k_BxLxHxP, v_BxLxHxP = (unpack_lines(t, unpack_BxNxM)
+                                         for t in (q_BxLxHxP, k_BxLxHxP, v_BxLxHxP))
+      ids_BxL, positions_BxL = default_token_ids_and_positions(*q_BxLxHxP.shape[:2])
+      mask_BxHxLxL = causal_mask(q_BxLxHxP.shape[1])[None, None]
     logits_BxHxLxL = jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxLxHxP) / jnp.sqrt(p).astype(dtype)
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
     weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
@@ -315,6 +354,8 @@ class MultiHeadAttention(nn.Module):
     dropped = CoordinateDropout(cfg.dropout, name="attention_dropout")(
         weights_BxHxLxL, ids_BxL[:, None, :, None], index, deterministic)
     ctx_BxLxHxP = jnp.einsum("bhqk,bkhp->bqhp", dropped.astype(dtype), v_BxLxHxP)
+    if lines is not None:
+      ctx_BxLxHxP = repack_lines(ctx_BxLxHxP, repack_BxL)
     out_BxLxD = HeadProjection(
         (h, p), split=False, dtype=dtype, name="out",
         kernel_init=_reshaped(xavier_uniform(d, d), (h, p, d)))(ctx_BxLxHxP)
@@ -338,14 +379,14 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
-               ids_BxL: Array, positions_BxL: Array):
+               ids_BxL: Array, positions_BxL: Array, lines: tuple[Array, Array] | None = None):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     ids = ids_BxL[..., None]
     drop = lambda y, name: CoordinateDropout(cfg.dropout, name=name)(
         y, ids, _feature_index(y.shape[-1]), deterministic)
     attn_BxLxD, weights = MultiHeadAttention(cfg, name="attention")(
-        x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL)
+        x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines)
     x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     h_BxLxF = Dense(cfg.d_ff, dtype=dtype, name="linear1",
@@ -374,9 +415,14 @@ class TransformerLM(nn.Module):
       table (default 0..length-1); packed training rows restart it at every line.
     token_ids_BxL: optional uint32 [batch, length] identity of each token for the dropout masks
       (default b * length + l); see `CoordinateDropout`.
+    lines: optional (unpack_index int32 [batch, N, M], repack_index int32 [batch, length]) of
+      rows that pack N lines of at most M tokens each (`train.pack_lines`): attention then runs
+      in the line layout [batch * N, M], causal within each line (`MultiHeadAttention`), so its
+      cost follows the lines, not the row length. Excludes `attention_mask`.
     return_internals: also return `{'attention': [num_layers, batch, heads, L, L] float32,
       'hidden': [num_layers + 1, batch, L, d_model]}` (hidden[0] = embedding + positions after
-      dropout, hidden[l] = output of layer l).
+      dropout, hidden[l] = output of layer l); with `lines` the attention is
+      [num_layers, batch * N, heads, M, M].
 
   Returns:
     logits [batch, length, vocab_size] (float32), or `(logits, internals)`.
@@ -387,7 +433,8 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxL: Array, *, deterministic: bool = True,
                attention_mask: Array | None = None, positions_BxL: Array | None = None,
-               token_ids_BxL: Array | None = None, return_internals: bool = False):
+               token_ids_BxL: Array | None = None, lines: tuple[Array, Array] | None = None,
+               return_internals: bool = False):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     _, length = tokens_BxL.shape
@@ -407,6 +454,8 @@ class TransformerLM(nn.Module):
         x_BxLxD, token_ids_BxL[..., None], _feature_index(cfg.d_model), deterministic)
 
     mask = causal_mask(length)[None, None]
+    if attention_mask is not None and lines is not None:
+      raise ValueError("pass either attention_mask or lines (packed rows), not both")
     if attention_mask is not None:
       extra = attention_mask if attention_mask.ndim == 4 else attention_mask[:, None]
       mask = jnp.logical_and(mask, extra)
@@ -414,7 +463,7 @@ class TransformerLM(nn.Module):
     hidden, attention = [x_BxLxD], []
     for i in range(cfg.num_layers):
       x_BxLxD, weights = TransformerLayer(cfg, name=f"layer_{i}")(
-          x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL)
+          x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL, lines)
       hidden.append(x_BxLxD)
       attention.append(weights)
 

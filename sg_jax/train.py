@@ -139,7 +139,7 @@ def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_B
             dropout_key: Array | None, **model_kwargs) -> Array:
   """Mean token cross-entropy (nats) over the non-padding target positions of a batch.
 
-  `model_kwargs` (positions_BxL, token_ids_BxL, attention_mask) describe packed rows.
+  `model_kwargs` (positions_BxL, token_ids_BxL, lines) describe packed rows (`pack_lines`).
   """
   logits = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
                        rngs=None if dropout_key is None else {"dropout": dropout_key},
@@ -215,8 +215,11 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
   """Packs the lines `idx_B` of a padded set into ONE row of `capacity` token positions.
 
   Lines are laid out one after another; each keeps its own positions (0..n) and attends only to
-  itself (block-diagonal causal mask), and each token keeps the identity it has in the padded
-  layout (line slot x padded length + position) so dropout masks are unchanged
+  itself: the model gathers each line's queries, keys and values into the padded layout
+  [batch, length] for attention and the result back into the row (`lines`, see
+  `model.MultiHeadAttention`), so attention costs what it costs on the padded batch while the
+  dense layers run on the row's positions only. Each token keeps the identity it has in the
+  padded layout (line slot x padded length + position) so dropout masks are unchanged
   (`model.CoordinateDropout`). The loss over the row therefore equals the loss of the padded
   batch [batch, length] up to float reassociation, with far fewer padding positions.
 
@@ -228,7 +231,9 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
 
   Returns:
     dict with `inputs`, `targets` [1, capacity] and model keyword arguments `positions_BxL`,
-    `token_ids_BxL` [1, capacity] and `attention_mask` [1, capacity, capacity].
+    `token_ids_BxL` [1, capacity] and `lines` = (unpack_index [1, batch, length]: row position
+    of token o of slot j, clipped to the row; repack_index [1, capacity]: j * length + o of the
+    token at each row position, 0 for padding positions).
   """
   batch = idx_B.shape[0]
   length = inputs_NxL.shape[1]
@@ -242,12 +247,14 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
   line = idx_B[slot_c]
   inputs = jnp.where(valid, inputs_NxL[line, pos], 0)
   targets = jnp.where(valid, targets_NxL[line, pos], 0)
-  same_line = slot[:, None] == slot[None, :]
+  unpack = jnp.minimum((ends - lens)[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :],
+                       capacity - 1)
+  repack = jnp.where(valid, slot_c * length + pos, 0)
   return {"inputs": inputs[None], "targets": targets[None],
           "positions_BxL": jnp.where(valid, pos, 0)[None],
           "token_ids_BxL": (slot_c.astype(jnp.uint32) * jnp.uint32(length)
                             + pos.astype(jnp.uint32))[None],
-          "attention_mask": same_line[None]}
+          "lines": (unpack.astype(jnp.int32)[None], repack.astype(jnp.int32)[None])}
 
 
 def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, padded_length: int,

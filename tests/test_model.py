@@ -53,6 +53,48 @@ def test_extra_attention_mask_is_applied():
   np.testing.assert_allclose(np.asarray(masked[:, 0]), np.asarray(base[:, 0]), rtol=1e-6)
 
 
+def test_packed_row_with_line_indices_equals_the_padded_batch():
+  """Three lines packed into one row (`train.pack_lines` layout) give the padded batch's logits
+  at every line token, its attention weights in the line layout, and the same dropout masks."""
+  from sg_jax import train  # pylint: disable=import-outside-toplevel
+  model, params = _model(dropout=0.3)
+  rng = np.random.default_rng(1)
+  lengths = jnp.asarray([5, 3, 6])
+  inputs = jnp.asarray(rng.integers(1, 20, size=(3, 6)), jnp.int32)
+  inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], inputs, 0)
+  rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
+  tokens = rows.pop("inputs")
+  del rows["targets"]
+  key = {"dropout": jax.random.key(3)}
+  for deterministic in (True, False):
+    padded, pad_int = model.apply({"params": params}, inputs, deterministic=deterministic,
+                                  rngs=key, return_internals=True)
+    packed, pack_int = model.apply({"params": params}, tokens, deterministic=deterministic,
+                                   rngs=key, return_internals=True, **rows)
+    assert pack_int["attention"].shape == pad_int["attention"].shape == (2, 3, 4, 6, 6)
+    starts = [0, 5, 8]
+    for j in range(3):
+      n = int(lengths[j])
+      np.testing.assert_allclose(np.asarray(packed[0, starts[j]:starts[j] + n]),
+                                 np.asarray(padded[j, :n]), atol=1e-5)
+      np.testing.assert_allclose(np.asarray(pack_int["attention"][:, j, :, :n, :n]),
+                                 np.asarray(pad_int["attention"][:, j, :, :n, :n]), atol=1e-6)
+  with pytest.raises(ValueError, match="not both"):
+    model.apply({"params": params}, tokens, attention_mask=jnp.ones((1, 16, 16), bool), **rows)
+
+
+def test_unpack_and_repack_lines_are_inverse_on_line_tokens():
+  x = jnp.arange(2 * 7 * 3, dtype=jnp.float32).reshape(2, 7, 3)
+  unpack = jnp.asarray([[[0, 1, 2], [3, 4, 4]], [[2, 3, 4], [5, 6, 6]]])  # [B=2, N=2, M=3]
+  lines = model_lib.unpack_lines(x, unpack)
+  assert lines.shape == (4, 3, 3)
+  np.testing.assert_array_equal(lines[3, 1], x[1, 6])
+  repack = jnp.asarray([[0, 1, 2, 3, 4, 0, 0], [0, 0, 0, 1, 2, 3, 4]])  # j * M + o per position
+  back = model_lib.repack_lines(lines, repack)
+  np.testing.assert_array_equal(back[0, :5], x[0, :5])
+  np.testing.assert_array_equal(back[1, 2:7], x[1, 2:7])
+
+
 def test_dropout_only_in_training_mode():
   model, params = _model()
   tokens = jnp.ones((1, 5), jnp.int32)

@@ -74,7 +74,7 @@ def test_packed_training_equals_padded_training_with_dropout(data_dir, tmp_path)
   np.testing.assert_allclose(flat(packed), flat(padded), atol=2e-5, rtol=0)
 
 
-def test_pack_lines_lays_out_lines_with_own_positions_and_block_mask():
+def test_pack_lines_lays_out_lines_with_own_positions_and_line_indices():
   inputs = jnp.asarray([[9, 1, 2, 0], [9, 3, 0, 0], [9, 4, 5, 6]])
   targets = jnp.asarray([[1, 2, 8, 0], [3, 8, 0, 0], [4, 5, 6, 8]])
   lengths = jnp.asarray([3, 2, 4])
@@ -84,8 +84,11 @@ def test_pack_lines_lays_out_lines_with_own_positions_and_block_mask():
   np.testing.assert_array_equal(rows["positions_BxL"][0], [0, 1, 2, 3, 0, 1, 0, 0])
   # token ids = slot * padded length (4) + position: slot 0 is line 2, slot 1 is line 1
   np.testing.assert_array_equal(rows["token_ids_BxL"][0][:6], [0, 1, 2, 3, 4, 5])
-  mask = np.asarray(rows["attention_mask"][0])
-  assert mask[5, 4] and not mask[4, 3] and not mask[3, 4] and mask[3, 0]
+  unpack, repack = rows["lines"]
+  # slot j's token o sits at row position start_j + o (clipped to the row past the line's end)
+  np.testing.assert_array_equal(unpack[0], [[0, 1, 2, 3], [4, 5, 6, 7]])
+  # row position q holds line token j * 4 + o; padding positions point at 0
+  np.testing.assert_array_equal(repack[0], [0, 1, 2, 3, 4, 5, 0, 0])
 
 
 def test_padding_fraction_of_packed_rows_is_small(data_dir, tmp_path):
