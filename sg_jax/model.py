@@ -18,6 +18,7 @@ extra boolean attention mask, which the analysis (tree projections, attention en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -221,6 +222,69 @@ def _matmul_bwd(residuals, dy_NxO):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x_NxD: Array, scale_D: Array, bias_D: Array, eps: float) -> Array:
+  """LayerNorm over the last axis (Ba et al. 2016), `(x - mean) / sqrt(var + eps) * scale + bias`.
+
+  Same value as `flax.linen.LayerNorm` up to float rounding (two-pass variance here), with a
+  closed-form VJP: `dx = rstd (g - mean(g) - xhat mean(g xhat))` with `g = dy scale`, and the
+  parameter gradients as two sums over tokens. Differentiating `nn.LayerNorm` left XLA on CPU
+  more and slower reductions: a depth-6 training step was ~4% slower (README, Performance).
+
+  Args:
+    x_NxD: [..., D] float32 activations (any number of leading axes).
+    scale_D, bias_D: [D] float32.
+    eps: added to the variance.
+
+  Returns:
+    [..., D] float32.
+  """
+  return _layer_norm_fwd(x_NxD, scale_D, bias_D, eps)[0]
+
+
+def _layer_norm_fwd(x_NxD, scale_D, bias_D, eps):
+  mean = jnp.mean(x_NxD, axis=-1, keepdims=True)
+  centred = x_NxD - mean
+  rstd = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + eps)
+  xhat = centred * rstd
+  return xhat * scale_D + bias_D, (xhat, rstd, scale_D)
+
+
+def _layer_norm_bwd(eps, residuals, dy_NxD):
+  del eps
+  xhat, rstd, scale_D = residuals
+  tokens = tuple(range(dy_NxD.ndim - 1))
+  dbias = jnp.sum(dy_NxD, axis=tokens)
+  dscale = jnp.sum(dy_NxD * xhat, axis=tokens)
+  dxhat = dy_NxD * scale_D
+  dx = rstd * (dxhat - jnp.mean(dxhat, axis=-1, keepdims=True)
+               - xhat * jnp.mean(dxhat * xhat, axis=-1, keepdims=True))
+  return dx, dscale, dbias
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """`nn.LayerNorm` (same `scale` [D] / `bias` [D] parameters and initialisation) computed with
+  `layer_norm`; statistics in float32, output in `dtype`.
+
+  Attributes:
+    epsilon: added to the variance.
+    dtype: output dtype.
+  """
+
+  epsilon: float = 1e-5
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    d = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones_init(), (d,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (d,), jnp.float32)
+    return layer_norm(x.astype(jnp.float32), scale, bias, self.epsilon).astype(self.dtype)
+
+
 class Dense(nn.Module):
   """`nn.Dense` (same `kernel` [in, out] / `bias` [out] parameters, initialisation and outputs)
   computed with `matmul`, so that its kernel gradient comes out in the kernel's own layout.
@@ -387,7 +451,7 @@ class TransformerLayer(nn.Module):
         y, ids, _feature_index(y.shape[-1]), deterministic)
     attn_BxLxD, weights = MultiHeadAttention(cfg, name="attention")(
         x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines)
-    x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
+    x_BxLxD = LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     h_BxLxF = Dense(cfg.d_ff, dtype=dtype, name="linear1",
                     kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
@@ -395,7 +459,7 @@ class TransformerLayer(nn.Module):
     h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
     ff_BxLxD = Dense(cfg.d_model, dtype=dtype, name="linear2",
                      kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
-    x_BxLxD = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
+    x_BxLxD = LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
         x_BxLxD + drop(ff_BxLxD, "output_dropout"))
     return x_BxLxD, weights
 

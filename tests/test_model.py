@@ -213,3 +213,30 @@ def test_dense_equals_flax_dense_in_parameters_outputs_and_gradients():
   loss = lambda module: lambda p: jnp.sum(jnp.sin(module.apply(p, x)))
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                          jax.grad(loss(ours))(params), jax.grad(loss(theirs))(params))
+
+
+def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
+  """Same parameters as `nn.LayerNorm`; outputs and gradients (input, scale, bias) equal, also
+  under a seed vmap (the custom VJP must batch)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  x = 3.0 * jax.random.normal(jax.random.key(0), (2, 2, 5, 16)) + 1.0  # [seeds, B, L, D]
+  ours, theirs = model_lib.LayerNorm(epsilon=1e-5), nn.LayerNorm(epsilon=1e-5)
+  params = ours.init(jax.random.key(1), x[0])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, theirs.init(jax.random.key(1), x[0]))
+  keys = jax.random.split(jax.random.key(2), 2)
+  params = {"params": {name: jax.random.normal(k, (2, 16))  # per seed, non-trivial
+                       for name, k in zip(("scale", "bias"), keys)}}
+  loss = lambda module: lambda p, xs: jnp.sum(jnp.sin(module.apply(p, xs)) * xs)
+  for seed in range(2):
+    one = jax.tree_util.tree_map(lambda a, s=seed: a[s], params)
+    np.testing.assert_allclose(ours.apply(one, x[seed]), theirs.apply(one, x[seed]), atol=2e-6)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+        jax.grad(loss(ours), argnums=(0, 1))(one, x[seed]),
+        jax.grad(loss(theirs), argnums=(0, 1))(one, x[seed]))
+  vmapped = jax.vmap(jax.grad(loss(ours), argnums=(0, 1)))(params, x)
+  looped = [jax.grad(loss(theirs), argnums=(0, 1))(
+      jax.tree_util.tree_map(lambda a, s=s: a[s], params), x[s]) for s in range(2)]
+  jax.tree_util.tree_map(
+      lambda a, *b: np.testing.assert_allclose(a, np.stack(b), rtol=1e-5, atol=1e-5),
+      vmapped, *looped)
