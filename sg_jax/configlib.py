@@ -117,9 +117,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.train.steps_per_call = 100
   # Train-metric logging interval (steps).
   c.train.log_every = 500
-  # Pack each step's lines into one row (block-diagonal attention, per-line positions) instead
-  # of padding every line to the longest line of the data set. Same losses and gradients up to
-  # float reassociation, same dropout masks; far less padding.
+  # Pack each step's lines into one row (per-line positions; attention runs within each line,
+  # on the lines gathered into the padded layout) instead of padding every line to the longest
+  # line of the data set for the dense layers. Same losses and gradients up to float
+  # reassociation, same dropout masks; far less padding.
   c.train.packing = False
   # Packing: number of row-capacity buckets (each compiles one branch of the train step). 8 keeps
   # padding at 4-7% with 1-2 seeds per device on question formation (4 buckets: 8-11%).
