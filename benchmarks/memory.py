@@ -1,4 +1,4 @@
-"""Training memory per seed, to size a sweep: how many seeds fit in 16/40/80/141 GB (issue 6).
+"""Training memory per seed, to size a sweep: how many seeds fit in 16/40/80/141 GB (README, Performance).
 
 Plain script (prints tables; not a unit test):
   python benchmarks/memory.py                         # depths 2,6,10; seeds 1,2,4,8
@@ -198,7 +198,7 @@ def main(argv=None):
                   for name in ("dev", "gen")}
   m = base.model
   lengths = splits["train"].lengths
-  print_rows("training memory per seed (issue 6)", machine_rows() + [
+  print_rows("training memory per seed", machine_rows() + [
       ("model", f"d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, vocab {vocab.size}, "
                 f"{args.dtype}" + ("  [--quick: SMALLER than the reference 512/8/2048]"
                                    if args.quick else " (reference size)")),

@@ -1,4 +1,4 @@
-"""Training throughput: seed-vmapped compiled chunks vs a sequential per-step baseline (issue 6).
+"""Training throughput: seed-vmapped compiled chunks vs a sequential per-step baseline (README, Performance).
 
 Plain script (prints tables; not a unit test):
   python benchmarks/train_throughput.py                      # depths 2,6,10 x seeds 1,2,4,8,16
@@ -373,7 +373,7 @@ def main(argv=None):
                 f"{m.dropout}, vocab {vocab.size}, {args.dtype}"
                 + ("  [--quick: SMALLER than the reference 512/8/2048]" if args.quick else
                    " (reference size)"))
-  print_rows("training throughput (issue 6)", machine_rows() + [
+  print_rows("training throughput", machine_rows() + [
       ("model", model_desc),
       ("training", f"batch {base.train.batch_size} lines per seed and step, AdamW + clip "
                    f"{base.optim.grad_clip_norm}; {args.steps_per_call} steps per compiled "
@@ -514,9 +514,9 @@ def print_targets(args, results, peak: float) -> None:
     lines.append(("padding with packing <= 10%", f"max {100 * max(pads):.1f}% "
                                                  f"{'ok' if max(pads) <= 0.10 else 'MISSED'}"))
   if lines:
-    print_rows("issue 6 targets covered by this run", lines)
+    print_rows("performance targets covered by this run (README, Performance)", lines)
   else:
-    print("\n  issue 6 targets: none covered by this grid (they need depth 6 with 4/8 seeds, 8 seeds "
+    print("\n  performance targets: none covered by this grid (they need depth 6 with 4/8 seeds, 8 seeds "
           "at depth 2 or 6, or a packed layout; --quick covers none)")
 
 
