@@ -220,6 +220,7 @@ def main(argv=None):
             "temp MB", "train peak MB", "eval temp MB", "eval peak MB", "measured MB",
             "compile s"]
   print("\n  per compiled call (MB = 1e6 bytes)")
+  print("  " + "  ".join(header))
   detail, fits = [], []
   for depth in args.depths:
     for packing in args.layouts:

@@ -407,7 +407,8 @@ def main(argv=None):
 
   header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
             "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
-  print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / peak; "
+  print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / start peak, "
+        "the summary uses the larger of start and end peaks; "
         "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
   live_widths = [max(len(h), 6) for h in header]
   print_table(header, [], live_widths)

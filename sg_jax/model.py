@@ -229,7 +229,7 @@ def layer_norm(x_NxD: Array, scale_D: Array, bias_D: Array, eps: float) -> Array
   Same value as `flax.linen.LayerNorm` up to float rounding (two-pass variance here), with a
   closed-form VJP: `dx = rstd (g - mean(g) - xhat mean(g xhat))` with `g = dy scale`, and the
   parameter gradients as two sums over tokens. Differentiating `nn.LayerNorm` left XLA on CPU
-  more and slower reductions: a depth-6 training step was ~4% slower (README, Performance).
+  more and slower reductions: a depth-6 training step was 4-5% slower (README, Performance).
 
   Args:
     x_NxD: [..., D] float32 activations (any number of leading axes).
@@ -267,7 +267,8 @@ layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 class LayerNorm(nn.Module):
   """`nn.LayerNorm` (same `scale` [D] / `bias` [D] parameters and initialisation) computed with
-  `layer_norm`; statistics in float32, output in `dtype`.
+  `layer_norm`; statistics in float32, output in `dtype`. Not a drop-in with flax's defaults:
+  epsilon defaults to PyTorch's 1e-5 (flax: 1e-6) and dtype to float32 (flax: the input's).
 
   Attributes:
     epsilon: added to the variance.
@@ -356,10 +357,11 @@ def unpack_lines(x_BxLxF: Array, unpack_BxNxM: Array) -> Array:
 
 
 def repack_lines(y_BNxMxF: Array, repack_BxL: Array) -> Array:
-  """Inverse of `unpack_lines`: [B * N, M, ...] -> [B, L, ...].
+  """Gathers the line layout back into packed rows: [B * N, M, ...] -> [B, L, ...].
 
-  `repack_BxL[b, q]` is the index j M + o of the line token stored at row position q (any index
-  for padding positions, whose values are never read by a line token).
+  `repack_BxL[b, q]` is the index j M + o of the line token stored at row position q. On line
+  tokens this inverts `unpack_lines`; padding positions get whatever their index points at
+  (`train.pack_lines` uses 0, line 0's first token), and no line token ever reads them.
   """
   b = repack_BxL.shape[0]
   y = y_BNxMxF.reshape(b, -1, *y_BNxMxF.shape[2:])
@@ -381,16 +383,18 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
                ids_BxL: Array | None = None, positions_BxL: Array | None = None,
                lines: tuple[Array, Array] | None = None):
-    """Returns (output [B, L, d_model], attention weights float32).
+    """Returns (output [B, L, d_model], attention weights float32, before attention dropout).
 
-    `ids_BxL`/`positions_BxL` identify tokens for the dropout masks (defaults: padded layout).
-    Without `lines` the weights are [B, H, L, L] under `mask_BxHxLxL`. With `lines` =
+    `ids_BxL`/`positions_BxL` identify tokens for the dropout masks (if either is None both take
+    the padded layout's defaults). Without `lines` the weights are [B, H, L, L] under
+    `mask_BxHxLxL` (boolean, broadcastable to that shape). With `lines` =
     (unpack_index [B, N, M], repack_index [B, L]) the rows hold N packed lines of at most M
     tokens (`train.pack_lines`): queries, keys and values are gathered into the line layout
     [B * N, M] (`unpack_lines`), each line attends causally to itself only (`mask_BxHxLxL`,
     `ids_BxL` and `positions_BxL` are then not used: line j's token o has the padded layout's
-    id (b N + j) M + o and position o), the weights are [B * N, H, M, M], and the attention
-    output is gathered back to the rows (`repack_lines`).
+    id (b N + j) M + o and position o), the weights are [B * N, H, M, M] (rows past a line's
+    end are computed from whatever the unpack index points at and are meaningless), and the
+    attention output is gathered back to the rows (`repack_lines`).
     """
     cfg = self.config
     d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim

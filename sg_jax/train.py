@@ -214,7 +214,8 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
                capacity: int) -> dict:
   """Packs the lines `idx_B` of a padded set into ONE row of `capacity` token positions.
 
-  Lines are laid out one after another; each keeps its own positions (0..n) and attends only to
+  Lines are laid out one after another; each keeps its own positions (0..n-1 for a line of n
+  tokens) and attends only to
   itself: the model gathers each line's queries, keys and values into the padded layout
   [batch, length] for attention and the result back into the row (`lines`, see
   `model.MultiHeadAttention`), so attention costs what it costs on the padded batch while the
@@ -227,7 +228,9 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
     inputs_NxL, targets_NxL: the padded training set [num_lines, length].
     lengths_N: non-padding positions per line.
     idx_B: int32 [batch] lines of this step.
-    capacity: static row length; must be >= the lines' total length (else they are truncated).
+    capacity: static row length; must be >= the lines' total length (else the tokens past it
+      are silently dropped from the row and the loss; `packing_capacities` always provides a
+      bucket that fits).
 
   Returns:
     dict with `inputs`, `targets` [1, capacity] and model keyword arguments `positions_BxL`,
