@@ -94,7 +94,8 @@ def main(argv=None):
   parser.add_argument("--num_naive", type=int, default=None,
                       help="sentences for the naive run (default 20; 4 with --quick)")
   parser.add_argument("--batch_size", type=int, default=8, help="sentences per batched call")
-  parser.add_argument("--num_layers", type=int, default=6)
+  parser.add_argument("--num_layers", type=int, default=6,
+                      help="model depth (README figures: depth 6)")
   args = parser.parse_args(argv)
   num = args.num_sentences or (64 if args.quick else 200)
   num_naive = min(args.num_naive or (4 if args.quick else 20), num)
@@ -132,6 +133,7 @@ def main(argv=None):
   naive_rate = num_naive / naive_s
   mean_n = np.mean([len(s) for s in decl])
   rows = [
+      ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
       ("machine", f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs "
                   f"({platform.system()} {platform.release()})"),
       ("jax version", jax.__version__),
