@@ -1,4 +1,4 @@
-"""Training memory per seed, to size a sweep: how many seeds fit in 16/40/80/141 GB (README, Performance).
+"""Training memory per seed, to size a sweep: seeds that fit in 16/40/80/141 GB (README).
 
 Plain script (prints tables; not a unit test):
   python benchmarks/memory.py                         # depths 2,6,10; seeds 1,2,4,8

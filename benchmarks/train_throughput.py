@@ -1,4 +1,4 @@
-"""Training throughput: seed-vmapped compiled chunks vs a sequential per-step baseline (README, Performance).
+"""Training throughput: seed-vmapped compiled chunks vs a sequential per-step baseline (README).
 
 Plain script (prints tables; not a unit test):
   python benchmarks/train_throughput.py                      # depths 2,6,10 x seeds 1,2,4,8,16
@@ -407,8 +407,8 @@ def main(argv=None):
 
   header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
             "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
-  print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / start peak, "
-        "the summary uses the larger of start and end peaks; "
+  print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / start "
+        "peak, the summary uses the larger of start and end peaks; "
         "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
   live_widths = [max(len(h), 6) for h in header]
   print_table(header, [], live_widths)
@@ -517,8 +517,8 @@ def print_targets(args, results, peak: float) -> None:
   if lines:
     print_rows("performance targets covered by this run (README, Performance)", lines)
   else:
-    print("\n  performance targets: none covered by this grid (they need depth 6 with 4/8 seeds, 8 seeds "
-          "at depth 2 or 6, or a packed layout; --quick covers none)")
+    print("\n  performance targets: none covered by this grid (they need depth 6 with 4/8 seeds, "
+          "8 seeds at depth 2 or 6, or a packed layout; --quick covers none)")
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
   x = 3.0 * jax.random.normal(jax.random.key(0), (2, 2, 5, 16)) + 1.0  # [seeds, B, L, D]
   ours, theirs = model_lib.LayerNorm(epsilon=1e-5), nn.LayerNorm(epsilon=1e-5)
   params = ours.init(jax.random.key(1), x[0])
-  jax.tree_util.tree_map(np.testing.assert_array_equal, params, theirs.init(jax.random.key(1), x[0]))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params,
+                         theirs.init(jax.random.key(1), x[0]))
   keys = jax.random.split(jax.random.key(2), 2)
   params = {"params": {name: jax.random.normal(k, (2, 16))  # per seed, non-trivial
                        for name, k in zip(("scale", "bias"), keys)}}
