@@ -241,3 +241,31 @@ def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
   jax.tree_util.tree_map(
       lambda a, *b: np.testing.assert_allclose(a, np.stack(b), rtol=1e-5, atol=1e-5),
       vmapped, *looped)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_tracks_float32_values():
+  """`dtype='bfloat16'` (the bf16 compute option): parameters and their gradients stay float32,
+  logits are float32 and within bf16 rounding of the float32 model's, also for packed rows."""
+  from sg_jax import train  # pylint: disable=import-outside-toplevel
+  model32, params = _model()
+  model16, params16 = _model(dtype="bfloat16")
+  assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params16))
+  rng = np.random.default_rng(2)
+  lengths = jnp.asarray([5, 3, 6])
+  inputs = jnp.asarray(rng.integers(1, 20, size=(3, 6)), jnp.int32)
+  inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], inputs, 0)
+  rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
+  tokens = rows.pop("inputs")
+  del rows["targets"]
+  for args, kwargs in (((inputs,), {}), ((tokens,), rows)):
+    full = model32.apply({"params": params}, *args, **kwargs)
+    half = model16.apply({"params": params}, *args, **kwargs)
+    assert half.dtype == jnp.float32
+    scale = float(jnp.max(jnp.abs(full)))
+    assert float(jnp.max(jnp.abs(half - full))) < 0.05 * scale
+    assert float(jnp.max(jnp.abs(half - full))) > 0.0  # it really computed in bf16
+  loss = lambda m: lambda p: jnp.mean(m.apply({"params": p}, inputs) ** 2)
+  g32, g16 = jax.grad(loss(model32))(params), jax.grad(loss(model16))(params)
+  for a, b in zip(jax.tree_util.tree_leaves(g32), jax.tree_util.tree_leaves(g16)):
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(b, a, atol=0.05 * float(jnp.max(jnp.abs(a))) + 1e-6)
