@@ -53,18 +53,25 @@ def test_extra_attention_mask_is_applied():
   np.testing.assert_allclose(np.asarray(masked[:, 0]), np.asarray(base[:, 0]), rtol=1e-6)
 
 
-def test_packed_row_with_line_indices_equals_the_padded_batch():
-  """Three lines packed into one row (`train.pack_lines` layout) give the padded batch's logits
-  at every line token, its attention weights in the line layout, and the same dropout masks."""
+def _three_packed_lines(seed: int):
+  """(lengths [3], padded inputs [3, 6], packed row tokens [1, 16], model kwargs of the row) of
+  three random lines of 5, 3 and 6 tokens packed with `train.pack_lines`."""
   from sg_jax import train  # pylint: disable=import-outside-toplevel
-  model, params = _model(dropout=0.3)
-  rng = np.random.default_rng(1)
+  rng = np.random.default_rng(seed)
   lengths = jnp.asarray([5, 3, 6])
   inputs = jnp.asarray(rng.integers(1, 20, size=(3, 6)), jnp.int32)
   inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], inputs, 0)
   rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
   tokens = rows.pop("inputs")
   del rows["targets"]
+  return lengths, inputs, tokens, rows
+
+
+def test_packed_row_with_line_indices_equals_the_padded_batch():
+  """Three lines packed into one row (`train.pack_lines` layout) give the padded batch's logits
+  at every line token, its attention weights in the line layout, and the same dropout masks."""
+  model, params = _model(dropout=0.3)
+  lengths, inputs, tokens, rows = _three_packed_lines(seed=1)
   key = {"dropout": jax.random.key(3)}
   for deterministic in (True, False):
     padded, pad_int = model.apply({"params": params}, inputs, deterministic=deterministic,
@@ -246,17 +253,10 @@ def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
 def test_bfloat16_compute_keeps_float32_parameters_and_tracks_float32_values():
   """`dtype='bfloat16'` (the bf16 compute option): parameters and their gradients stay float32,
   logits are float32 and within bf16 rounding of the float32 model's, also for packed rows."""
-  from sg_jax import train  # pylint: disable=import-outside-toplevel
   model32, params = _model()
   model16, params16 = _model(dtype="bfloat16")
   assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params16))
-  rng = np.random.default_rng(2)
-  lengths = jnp.asarray([5, 3, 6])
-  inputs = jnp.asarray(rng.integers(1, 20, size=(3, 6)), jnp.int32)
-  inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], inputs, 0)
-  rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
-  tokens = rows.pop("inputs")
-  del rows["targets"]
+  _, inputs, tokens, rows = _three_packed_lines(seed=2)
   for args, kwargs in (((inputs,), {}), ((tokens,), rows)):
     full = model32.apply({"params": params}, *args, **kwargs)
     half = model16.apply({"params": params}, *args, **kwargs)
