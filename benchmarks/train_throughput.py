@@ -27,6 +27,11 @@ Measured, per depth, seed count, device count (`--num_devices`) and layout (padd
   training set and a per-seed permutation, packed with `train.pack_lines` when packing is on):
   only the per-step dispatch, the missing seed axis and the single device differ.
   `--seq_steps` steps per seed, one untimed compile step before.
+* with `--breakdown`, per depth: the parts of one seed's step timed alone (forward, backward,
+  optimiser, the whole step) and the step's matmuls alone (`matmuls_alone`: every dot_general of
+  a packed step, on random operands of the same shapes, one after another, at each seed count),
+  and the MFU ceilings these set (model FLOPs at the peak / time of the matmuls, with and
+  without the optimiser's time added).
 * the matmul peak of the machine, measured in the same run (before and after the grid, the
   larger is used): best of several `jnp.dot` of two `--peak_size`-square matrices in the model's
   dtype, at JAX's default matmul precision (the same the model runs at).
@@ -137,6 +142,100 @@ def matmul_peak(size: int, dtype: str, trials: int = 5) -> float:
     jax.block_until_ready(outs)
     best = min(best, (time.perf_counter() - t0) / reps)
   return 2.0 * size ** 3 / best
+
+
+def _dot_generals(jaxpr) -> list:
+  """[(operand avals, dot_general params)] of every `dot_general` in `jaxpr`, in program order,
+  including those inside nested jaxprs (jit, custom_vjp, remat). Raises ValueError if a loop
+  (`scan`/`while`, whose body runs several times) or a branch (`cond`) holds a matmul."""
+  from jax.extend import core as jex_core  # pylint: disable=import-outside-toplevel
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      out.append((tuple(v.aval for v in eqn.invars), dict(eqn.params)))
+    inner = []
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, jex_core.ClosedJaxpr):
+          inner += _dot_generals(sub.jaxpr)
+        elif isinstance(sub, jex_core.Jaxpr):
+          inner += _dot_generals(sub)
+    if inner and eqn.primitive.name in ("scan", "while", "cond"):
+      raise ValueError(f"a {eqn.primitive.name} of the step holds matmuls: they cannot be "
+                       "listed once each")
+    out += inner
+  return out
+
+
+def _dot_flops(avals, params) -> float:
+  """2 x multiply-adds of one dot_general."""
+  (lhs_contract, _), (lhs_batch, rhs_batch) = params["dimension_numbers"]
+  lhs, rhs = avals
+  rhs_free = [n for i, n in enumerate(rhs.shape)
+              if i not in params["dimension_numbers"][0][1] and i not in rhs_batch]
+  return 2.0 * float(np.prod(lhs.shape)) * float(np.prod(rhs_free))
+
+
+def matmuls_alone(config, vocab_size: int, split, num_seeds: int, max_devices: int = 0,
+                  trials: int = 5) -> dict:
+  """Times the matmuls of a packed training step alone: a lower bound on the step's time.
+
+  One batch of `batch_size` lines (fixed random choice) is packed into a row of exactly its
+  total length (no padding position); every `dot_general` of one seed's forward+backward on it
+  (`train.loss_and_grads` on `train.pack_lines`, listed from its jaxpr: projections,
+  feed-forward, output layer, attention scores and attention-times-values, and their gradients)
+  is run on random operands of the same shapes, dimension numbers and precision, each after the
+  previous one (`lax.optimization_barrier`), with the seed axis vmapped and sharded over
+  `sharding.seed_mesh(num_seeds, max_devices)` as training shards it.
+
+  Returns:
+    {'seconds': best call time / num_seeds (s per seed-step), 'dots': count per seed-step,
+     'dot_flops': their FLOPs per seed-step, 'model_flops': `model_flops_per_seed_step` of the
+     batch, 'devices': mesh size}.
+  """
+  fns = train_fns(config, vocab_size, None)
+  state = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))(train.seed_keys([0])[0])
+  batch = int(config.train.batch_size)
+  idx = np.random.default_rng(0).choice(len(split), batch, replace=False)
+  lengths = np.asarray(split.lengths)
+  data = {"inputs": jnp.asarray(split.inputs), "targets": jnp.asarray(split.targets),
+          "lengths": jnp.asarray(lengths)}
+
+  def one_seed(params, key):
+    rows = train.pack_lines(data["inputs"], data["targets"], data["lengths"],
+                            jnp.asarray(idx, jnp.int32), int(lengths[idx].sum()))
+    inputs, targets = rows.pop("inputs"), rows.pop("targets")
+    return train.loss_and_grads(params, key, inputs, targets, jnp.asarray(3, jnp.int32),
+                                fns.model, **rows)
+
+  dots = _dot_generals(jax.make_jaxpr(one_seed)(state.params, state.key).jaxpr)
+  mesh = sharding.seed_mesh(num_seeds, max_devices)
+  keys = jax.random.split(jax.random.key(0), 2 * len(dots))
+  operands = jax.device_put(
+      [tuple(jax.random.normal(keys[2 * i + j], (num_seeds, *aval.shape)).astype(aval.dtype)
+             for j, aval in enumerate(avals)) for i, (avals, _) in enumerate(dots)],
+      sharding.seed_sharding(mesh))
+
+  def chain(ops):  # one seed: each dot starts after the previous one has finished
+    prev, outs = jnp.zeros(()), []
+    for (a, b), (_, params) in zip(ops, dots):
+      prev, a, b = jax.lax.optimization_barrier((prev, a, b))
+      prev = jax.lax.dot_general(a, b, params["dimension_numbers"], params["precision"],
+                                 preferred_element_type=params["preferred_element_type"])
+      outs.append(prev)
+    return outs
+
+  run = jax.jit(jax.vmap(chain), out_shardings=sharding.seed_sharding(mesh))
+  jax.block_until_ready(run(operands))
+  best = float("inf")
+  for _ in range(trials):
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(operands))
+    best = min(best, time.perf_counter() - t0)
+  return {"seconds": best / num_seeds, "dots": len(dots),
+          "dot_flops": sum(_dot_flops(*d) for d in dots),
+          "model_flops": model_flops_per_seed_step(config, vocab_size, lengths[idx])["total"],
+          "devices": int(mesh.devices.size)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,8 +433,8 @@ def parse_args(argv=None):
                            "2048 on CPU; quick: 1024)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the parts of one seed's step (forward, dropout, backward, "
-                           "optimizer) at each depth, and print the MFU ceiling that the "
-                           "optimiser's time sets")
+                           "optimizer) and the step's matmuls alone (at each seed count) at "
+                           "each depth, and print the MFU ceilings that these times set")
   args = parser.parse_args(argv)
   cpu = jax.default_backend() == "cpu"
   if args.depths is None:
@@ -395,6 +494,7 @@ def main(argv=None):
         f"{args.dtype} jnp.dot, best of 5)")
 
   optimizer_s = {}  # depth -> one seed's optimiser time (--breakdown)
+  alone = {}  # (depth, seeds) -> matmuls_alone(...) (--breakdown)
   if args.breakdown:
     for depth in args.depths:
       config = make_config(depth, 1, args, False)
@@ -404,6 +504,18 @@ def main(argv=None):
       print_table(["part", "ms", "% of train_step"],
                   [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
       optimizer_s[depth] = dict(parts)["optimizer (clip + AdamW)"]
+      for num_seeds in args.seeds:
+        alone[(depth, num_seeds)] = matmuls_alone(make_config(depth, num_seeds, args, True),
+                                                  vocab.size, split, num_seeds)
+      print(f"\n  the matmuls of a packed step alone (depth {depth}; one batch of "
+            f"{base.train.batch_size} lines packed without padding; every dot_general of "
+            "forward+backward, chained, seeds vmapped and sharded as in training; best of 5):")
+      print_table(["seeds", "dev", "dots", "GFLOP", "ms per seed-step", "GFLOP/s", "% of peak"],
+                  [[n, a["devices"], a["dots"], f"{a['dot_flops'] / 1e9:.2f}",
+                    f"{a['seconds'] * 1e3:.1f}",
+                    f"{a['dot_flops'] / a['seconds'] / 1e9:.0f}",
+                    f"{100 * a['dot_flops'] / a['seconds'] / peak_before:.0f}"]
+                   for (d, n), a in alone.items() if d == depth])
 
   header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
             "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
@@ -481,6 +593,15 @@ def main(argv=None):
           f"{ideal * 1e3:.1f} ms at the matmul peak; with the optimiser's {opt * 1e3:.1f} ms on "
           f"top, MFU <= {100 * ideal / (ideal + opt):.0f}% even if every matmul ran at the peak "
           f"and nothing else (padding, dropout, LayerNorm, softmax, loss) took time")
+    for (d, num_seeds), a in alone.items():
+      if d != depth:
+        continue
+      at_peak = a["model_flops"] / peak
+      print(f"  MFU ceiling set by the matmuls themselves, depth {depth}, {num_seeds} seed(s) on "
+            f"{a['devices']} device(s): the batch's model FLOPs take {at_peak * 1e3:.1f} ms at "
+            f"the peak, its matmuls alone {a['seconds'] * 1e3:.1f} ms -> MFU <= "
+            f"{100 * at_peak / a['seconds']:.0f}% with nothing else in the step, <= "
+            f"{100 * at_peak / (a['seconds'] + opt):.0f}% with the optimiser")
   print_targets(args, results, peak)
   return results
 
