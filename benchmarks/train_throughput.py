@@ -178,26 +178,30 @@ def _dot_flops(avals, params) -> float:
 
 def matmuls_alone(config, vocab_size: int, split, num_seeds: int, max_devices: int = 0,
                   trials: int = 5) -> dict:
-  """Times the matmuls of a packed training step alone: a lower bound on the step's time.
+  """Times the matmuls of a packed training step alone, one after another.
 
-  One batch of `batch_size` lines (fixed random choice) is packed into a row of exactly its
-  total length (no padding position); every `dot_general` of one seed's forward+backward on it
+  One batch of `batch_size` lines is packed into a row of exactly its total length (no padding
+  position): of 64 random batches (fixed seed), the one whose total length is closest to the
+  average batch's. Every `dot_general` of one seed's forward+backward on it
   (`train.loss_and_grads` on `train.pack_lines`, listed from its jaxpr: projections,
   feed-forward, output layer, attention scores and attention-times-values, and their gradients)
   is run on random operands of the same shapes, dimension numbers and precision, each after the
-  previous one (`lax.optimization_barrier`), with the seed axis vmapped and sharded over
-  `sharding.seed_mesh(num_seeds, max_devices)` as training shards it.
+  previous one (`lax.optimization_barrier`: no two overlap, which the real step may allow), with
+  a seed axis vmapped and sharded over `sharding.seed_mesh(num_seeds, max_devices)` (the jit of
+  the vmap on seed-sharded operands; training uses `shard_map` on the same mesh).
 
   Returns:
     {'seconds': best call time / num_seeds (s per seed-step), 'dots': count per seed-step,
-     'dot_flops': their FLOPs per seed-step, 'model_flops': `model_flops_per_seed_step` of the
-     batch, 'devices': mesh size}.
+     'dot_flops': their FLOPs per seed-step, 'tokens': the batch's tokens, 'model_flops':
+     `model_flops_per_seed_step` of the batch, 'devices': mesh size}.
   """
   fns = train_fns(config, vocab_size, None)
   state = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))(train.seed_keys([0])[0])
   batch = int(config.train.batch_size)
-  idx = np.random.default_rng(0).choice(len(split), batch, replace=False)
   lengths = np.asarray(split.lengths)
+  rng = np.random.default_rng(0)
+  batches = [rng.choice(len(split), batch, replace=False) for _ in range(64)]
+  idx = min(batches, key=lambda b: abs(lengths[b].sum() - batch * lengths.mean()))
   data = {"inputs": jnp.asarray(split.inputs), "targets": jnp.asarray(split.targets),
           "lengths": jnp.asarray(lengths)}
 
@@ -232,7 +236,7 @@ def matmuls_alone(config, vocab_size: int, split, num_seeds: int, max_devices: i
     t0 = time.perf_counter()
     jax.block_until_ready(run(operands))
     best = min(best, time.perf_counter() - t0)
-  return {"seconds": best / num_seeds, "dots": len(dots),
+  return {"seconds": best / num_seeds, "dots": len(dots), "tokens": int(lengths[idx].sum()),
           "dot_flops": sum(_dot_flops(*d) for d in dots),
           "model_flops": model_flops_per_seed_step(config, vocab_size, lengths[idx])["total"],
           "devices": int(mesh.devices.size)}
@@ -507,9 +511,11 @@ def main(argv=None):
       for num_seeds in args.seeds:
         alone[(depth, num_seeds)] = matmuls_alone(make_config(depth, num_seeds, args, True),
                                                   vocab.size, split, num_seeds)
+      tokens = next(a["tokens"] for (d, _), a in alone.items() if d == depth)
       print(f"\n  the matmuls of a packed step alone (depth {depth}; one batch of "
-            f"{base.train.batch_size} lines packed without padding; every dot_general of "
-            "forward+backward, chained, seeds vmapped and sharded as in training; best of 5):")
+            f"{base.train.batch_size} lines, {tokens} tokens, packed without padding; every "
+            "dot_general of forward+backward, one after another, seeds vmapped and sharded over "
+            "the training mesh; best of 5):")
       print_table(["seeds", "dev", "dots", "GFLOP", "ms per seed-step", "GFLOP/s"],
                   [[n, a["devices"], a["dots"], f"{a['dot_flops'] / 1e9:.2f}",
                     f"{a['seconds'] * 1e3:.1f}", f"{a['dot_flops'] / a['seconds'] / 1e9:.0f}"]
@@ -596,7 +602,8 @@ def main(argv=None):
         continue
       at_peak = a["model_flops"] / peak
       print(f"  MFU ceiling set by the matmuls themselves, depth {depth}, {num_seeds} seed(s) on "
-            f"{a['devices']} device(s): the batch's model FLOPs take {at_peak * 1e3:.1f} ms at "
+            f"{a['devices']} device(s): the model FLOPs of the batch of {a['tokens']} tokens "
+            f"take {at_peak * 1e3:.1f} ms at "
             f"the peak, its matmuls alone {a['seconds'] * 1e3:.1f} ms ("
             f"{100 * a['dot_flops'] / a['seconds'] / peak:.0f}% of the peak) -> MFU <= "
             f"{100 * at_peak / a['seconds']:.0f}% with nothing else in the step, <= "
