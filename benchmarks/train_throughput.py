@@ -169,10 +169,9 @@ def _dot_generals(jaxpr) -> list:
 
 def _dot_flops(avals, params) -> float:
   """2 x multiply-adds of one dot_general."""
-  (lhs_contract, _), (lhs_batch, rhs_batch) = params["dimension_numbers"]
-  lhs, rhs = avals
-  rhs_free = [n for i, n in enumerate(rhs.shape)
-              if i not in params["dimension_numbers"][0][1] and i not in rhs_batch]
+  (_, rhs_contract), (_, rhs_batch) = params["dimension_numbers"]
+  lhs, rhs = avals  # lhs holds the batch, contracted and its own free axes
+  rhs_free = [n for i, n in enumerate(rhs.shape) if i not in rhs_contract + rhs_batch]
   return 2.0 * float(np.prod(lhs.shape)) * float(np.prod(rhs_free))
 
 
@@ -510,7 +509,8 @@ def main(argv=None):
       optimizer_s[depth] = dict(parts)["optimizer (clip + AdamW)"]
       for num_seeds in args.seeds:
         alone[(depth, num_seeds)] = matmuls_alone(make_config(depth, num_seeds, args, True),
-                                                  vocab.size, split, num_seeds)
+                                                  vocab.size, split, num_seeds,
+                                                  args.num_devices[0])
       tokens = next(a["tokens"] for (d, _), a in alone.items() if d == depth)
       print(f"\n  the matmuls of a packed step alone (depth {depth}; one batch of "
             f"{base.train.batch_size} lines, {tokens} tokens, packed without padding; every "
