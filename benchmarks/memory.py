@@ -47,7 +47,8 @@ import numpy as np  # noqa: E402
 from sg_jax import evaluation, train  # noqa: E402
 
 from common import (_ints, load_average, machine_rows, make_config,  # noqa: E402
-                    print_rows, print_table, train_fns, train_layout)
+                    print_rows, print_table, table_line, train_fns,
+                    train_layout)
 CAPACITIES_GB = (16, 40, 80, 141)
 GB = 1e9
 MB = 1e6
@@ -220,7 +221,8 @@ def main(argv=None):
             "temp MB", "train peak MB", "eval temp MB", "eval peak MB", "measured MB",
             "compile s"]
   print("\n  per compiled call (MB = 1e6 bytes)")
-  print("  " + "  ".join(header))
+  live_widths = [max(len(h), 6) for h in header]
+  print_table(header, [], live_widths)
   detail, fits = [], []
   for depth in args.depths:
     for packing in args.layouts:
@@ -239,7 +241,7 @@ def main(argv=None):
                f"{r['eval'] / MB:.0f}", "-" if measured is None else f"{measured / MB:.0f}",
                f"{r['compile_s']:.1f}"]
         detail.append(row)
-        print("  " + "  ".join(str(c) for c in row))
+        print(table_line(row, live_widths))
         sys.stdout.flush()
       const, slope = fit(args.seeds, peaks)
       fits.append((depth, packing, const, slope))

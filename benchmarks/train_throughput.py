@@ -28,8 +28,9 @@ Measured, per depth, seed count, device count (`--num_devices`) and layout (padd
   only the per-step dispatch, the missing seed axis and the single device differ.
   `--seq_steps` steps per seed, one untimed compile step before.
 * with `--breakdown`, per depth: the parts of one seed's step timed alone (forward, backward,
-  optimiser, the whole step) and the step's matmuls alone (`matmuls_alone`: every dot_general of
-  a packed step, on random operands of the same shapes, one after another, at each seed count),
+  optimiser, the whole step) and the step's matmuls alone (`step_matmuls`, `time_matmuls`:
+  every dot_general of a packed step, on random operands of the same shapes, one after another,
+  at each seed count),
   and the MFU ceilings these set (model FLOPs at the peak / time of the matmuls, with and
   without the optimiser's time added).
 * the matmul peak of the machine, measured in the same run (before and after the grid, the
@@ -175,43 +176,52 @@ def _dot_flops(avals, params) -> float:
   return 2.0 * float(np.prod(lhs.shape)) * float(np.prod(rhs_free))
 
 
-def matmuls_alone(config, vocab_size: int, split, num_seeds: int, max_devices: int = 0,
-                  trials: int = 5) -> dict:
-  """Times the matmuls of a packed training step alone, one after another.
+def one_seed_state(config, vocab_size: int):
+  """(`train_fns(config, vocab_size, None)`, one seed's initial TrainState) without a seed axis."""
+  fns = train_fns(config, vocab_size, None)
+  state = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))(train.seed_keys([0])[0])
+  return fns, state
+
+
+def step_matmuls(config, vocab_size: int, split) -> dict:
+  """The matmuls of one seed's packed forward+backward (`train.packed_loss_and_grads`).
 
   One batch of `batch_size` lines is packed into a row of exactly its total length (no padding
   position): of 64 random batches (fixed seed), the one whose total length is closest to the
-  average batch's. Every `dot_general` of one seed's forward+backward on it
-  (`train.loss_and_grads` on `train.pack_lines`, listed from its jaxpr: projections,
-  feed-forward, output layer, attention scores and attention-times-values, and their gradients)
-  is run on random operands of the same shapes, dimension numbers and precision, each after the
-  previous one (`lax.optimization_barrier`: no two overlap, which the real step may allow), with
-  a seed axis vmapped and sharded over `sharding.seed_mesh(num_seeds, max_devices)` (the jit of
-  the vmap on seed-sharded operands; training uses `shard_map` on the same mesh).
+  average batch's. Its `dot_general`s (projections, feed-forward, output layer, attention scores
+  and attention-times-values, and their gradients) are listed from the step's jaxpr.
 
   Returns:
-    {'seconds': best call time / num_seeds (s per seed-step), 'dots': count per seed-step,
-     'dot_flops': their FLOPs per seed-step, 'tokens': the batch's tokens, 'model_flops':
-     `model_flops_per_seed_step` of the batch, 'devices': mesh size}.
+    {'dots': [(operand avals, params)] (`_dot_generals`), 'dot_flops': their FLOPs,
+     'tokens': the batch's tokens, 'model_flops': `model_flops_per_seed_step` of the batch}.
   """
-  fns = train_fns(config, vocab_size, None)
-  state = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))(train.seed_keys([0])[0])
+  fns, state = one_seed_state(config, vocab_size)
   batch = int(config.train.batch_size)
   lengths = np.asarray(split.lengths)
   rng = np.random.default_rng(0)
   batches = [rng.choice(len(split), batch, replace=False) for _ in range(64)]
   idx = min(batches, key=lambda b: abs(lengths[b].sum() - batch * lengths.mean()))
-  data = {"inputs": jnp.asarray(split.inputs), "targets": jnp.asarray(split.targets),
-          "lengths": jnp.asarray(lengths)}
+  data = jax.device_put(train_layout(config, split, 1)[0])
+  packed = lambda params, key: train.packed_loss_and_grads(
+      params, key, data, jnp.asarray(idx, jnp.int32), int(lengths[idx].sum()),
+      jnp.asarray(3, jnp.int32), fns.model)
+  dots = _dot_generals(jax.make_jaxpr(packed)(state.params, state.key).jaxpr)
+  return {"dots": dots, "dot_flops": sum(_dot_flops(*d) for d in dots),
+          "tokens": int(lengths[idx].sum()),
+          "model_flops": model_flops_per_seed_step(config, vocab_size, lengths[idx])["total"]}
 
-  def one_seed(params, key):
-    rows = train.pack_lines(data["inputs"], data["targets"], data["lengths"],
-                            jnp.asarray(idx, jnp.int32), int(lengths[idx].sum()))
-    inputs, targets = rows.pop("inputs"), rows.pop("targets")
-    return train.loss_and_grads(params, key, inputs, targets, jnp.asarray(3, jnp.int32),
-                                fns.model, **rows)
 
-  dots = _dot_generals(jax.make_jaxpr(one_seed)(state.params, state.key).jaxpr)
+def time_matmuls(dots, num_seeds: int, max_devices: int = 0, trials: int = 5) -> dict:
+  """Times `dots` (`step_matmuls`) alone, one after another, for `num_seeds` seeds.
+
+  Each dot runs on random operands of its shapes, dimension numbers and precision after the
+  previous one has finished (`lax.optimization_barrier`: no two overlap, which the real step may
+  allow), with a seed axis vmapped and sharded over `sharding.seed_mesh(num_seeds, max_devices)`
+  (the jit of the vmap on seed-sharded operands; training uses `shard_map` on the same mesh).
+
+  Returns:
+    {'seconds': best call time / num_seeds (s per seed-step), 'devices': mesh size}.
+  """
   mesh = sharding.seed_mesh(num_seeds, max_devices)
   keys = jax.random.split(jax.random.key(0), 2 * len(dots))
   operands = jax.device_put(
@@ -235,10 +245,7 @@ def matmuls_alone(config, vocab_size: int, split, num_seeds: int, max_devices: i
     t0 = time.perf_counter()
     jax.block_until_ready(run(operands))
     best = min(best, time.perf_counter() - t0)
-  return {"seconds": best / num_seeds, "dots": len(dots), "tokens": int(lengths[idx].sum()),
-          "dot_flops": sum(_dot_flops(*d) for d in dots),
-          "model_flops": model_flops_per_seed_step(config, vocab_size, lengths[idx])["total"],
-          "devices": int(mesh.devices.size)}
+  return {"seconds": best / num_seeds, "devices": int(mesh.devices.size)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,7 +283,7 @@ def make_sequential_step(fns, batch_size: int, capacities):
 
   Gathers the seed's batch on device (line `perm[(step % steps_per_epoch) * batch + i]`) and calls
   `train.train_step`, or, when packing is on, `train.loss_and_grads` on the lines packed into one
-  row with `train.pack_lines` (smallest of `capacities` that holds them) and then
+  row (`train.packed_loss_and_grads`, smallest of `capacities` that holds them) and then
   `train.apply_gradients` outside the bucket switch, as `train.make_chunk_fn` does per seed.
   """
   cache_key = (fns.model, id(fns.tx), batch_size, capacities)
@@ -291,11 +298,8 @@ def make_sequential_step(fns, batch_size: int, capacities):
       return train.train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
 
     def packed(capacity):
-      def run(params, key):
-        rows = train.pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
-        inputs, targets = rows.pop("inputs"), rows.pop("targets")
-        return train.loss_and_grads(params, key, inputs, targets, step, model, **rows)
-      return run
+      return lambda params, key: train.packed_loss_and_grads(params, key, data, idx, capacity,
+                                                             step, model)
 
     need = jnp.sum(data["lengths"][idx])
     bucket = jnp.searchsorted(jnp.asarray(capacities), need)
@@ -339,9 +343,8 @@ def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[st
   """[(part, seconds)] of one seed's step: forward with/without dropout, backward, optimizer, the
   whole `train_step`, the same inside `lax.scan`, and `fns.chunk` for one seed (vmap + scan)."""
   import optax  # pylint: disable=import-outside-toplevel
-  fns = train_fns(config, vocab_size, None)
+  fns, state = one_seed_state(config, vocab_size)
   model, tx = fns.model, fns.tx
-  state = jax.jit(lambda k: train.init_state(k, model, tx))(train.seed_keys([0])[0])
   idx = np.random.default_rng(0).choice(len(split), int(config.train.batch_size), replace=False)
   x, y = jnp.asarray(split.inputs[idx]), jnp.asarray(split.targets[idx])
   key = jax.random.key(1)
@@ -497,7 +500,7 @@ def main(argv=None):
         f"{args.dtype} jnp.dot, best of 5)")
 
   optimizer_s = {}  # depth -> one seed's optimiser time (--breakdown)
-  alone = {}  # (depth, seeds) -> matmuls_alone(...) (--breakdown)
+  alone = {}  # (depth, seeds) -> step_matmuls(...) | time_matmuls(...) (--breakdown)
   if args.breakdown:
     for depth in args.depths:
       config = make_config(depth, 1, args, False)
@@ -507,17 +510,16 @@ def main(argv=None):
       print_table(["part", "ms", "% of train_step"],
                   [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
       optimizer_s[depth] = dict(parts)["optimizer (clip + AdamW)"]
+      listed = step_matmuls(make_config(depth, 1, args, True), vocab.size, split)
       for num_seeds in args.seeds:
-        alone[(depth, num_seeds)] = matmuls_alone(make_config(depth, num_seeds, args, True),
-                                                  vocab.size, split, num_seeds,
-                                                  args.num_devices[0])
-      tokens = next(a["tokens"] for (d, _), a in alone.items() if d == depth)
+        alone[(depth, num_seeds)] = {**listed, **time_matmuls(listed["dots"], num_seeds,
+                                                              args.num_devices[0])}
       print(f"\n  the matmuls of a packed step alone (depth {depth}; one batch of "
-            f"{base.train.batch_size} lines, {tokens} tokens, packed without padding; every "
-            "dot_general of forward+backward, one after another, seeds vmapped and sharded over "
-            "the training mesh; best of 5):")
+            f"{base.train.batch_size} lines, {listed['tokens']} tokens, packed without "
+            "padding; every dot_general of forward+backward, one after another, seeds vmapped "
+            "and sharded over the training mesh; best of 5):")
       print_table(["seeds", "dev", "dots", "GFLOP", "ms per seed-step", "GFLOP/s"],
-                  [[n, a["devices"], a["dots"], f"{a['dot_flops'] / 1e9:.2f}",
+                  [[n, a["devices"], len(a["dots"]), f"{a['dot_flops'] / 1e9:.2f}",
                     f"{a['seconds'] * 1e3:.1f}", f"{a['dot_flops'] / a['seconds'] / 1e9:.0f}"]
                    for (d, n), a in alone.items() if d == depth])
 

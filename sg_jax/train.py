@@ -215,11 +215,10 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
   """Packs the lines `idx_B` of a padded set into ONE row of `capacity` token positions.
 
   Lines are laid out one after another; each keeps its own positions (0..n-1 for a line of n
-  tokens) and attends only to
-  itself: the model gathers each line's queries, keys and values into the padded layout
-  [batch, length] for attention and the result back into the row (`lines`, see
-  `model.MultiHeadAttention`), so attention costs what it costs on the padded batch while the
-  dense layers run on the row's positions only. Each token keeps the identity it has in the
+  tokens) and attends only to itself: the model gathers each line's queries, keys and values
+  into the padded layout [batch, length] for attention and the result back into the row
+  (`lines`, see `model.MultiHeadAttention`), so attention costs what it costs on the padded
+  batch while the dense layers run on the row's positions only. Each token keeps the identity it has in the
   padded layout (line slot x padded length + position) so dropout masks are unchanged
   (`model.CoordinateDropout`). The loss over the row therefore equals the loss of the padded
   batch [batch, length] up to float reassociation, with far fewer padding positions.
@@ -258,6 +257,16 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
           "token_ids_BxL": (slot_c.astype(jnp.uint32) * jnp.uint32(length)
                             + pos.astype(jnp.uint32))[None],
           "lines": (unpack.astype(jnp.int32)[None], repack.astype(jnp.int32)[None])}
+
+
+def packed_loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, capacity: int,
+                          step: Array, model: model_lib.TransformerLM) -> tuple[Array, Any]:
+  """`loss_and_grads` of one seed on the lines `idx_B` of `data` ({'inputs', 'targets': int32
+  [num_lines, length], 'lengths': int32 [num_lines]}) packed into one row of `capacity` token
+  positions (`pack_lines`)."""
+  rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx_B, capacity)
+  inputs, targets = rows.pop("inputs"), rows.pop("targets")
+  return loss_and_grads(params, key_data, inputs, targets, step, model, **rows)
 
 
 def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, padded_length: int,
@@ -301,10 +310,10 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
                   batch_size: int, capacities: tuple[int, ...] | None) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
-  The per-seed functions (`epoch_permutation`, `batch_indices`, `pack_lines`, `loss_and_grads`,
-  `apply_gradients`) get the seed axis here, with `jax.vmap`; the step loop is a `lax.scan`
-  outside the vmap, so the epoch-boundary `cond` and the packing bucket `switch` are real
-  branches (not selects).
+  The per-seed functions (`epoch_permutation`, `batch_indices`, `loss_and_grads` or
+  `packed_loss_and_grads`, `apply_gradients`) get the seed axis here, with `jax.vmap`; the step
+  loop is a `lax.scan` outside the vmap, so the epoch-boundary `cond` and the packing bucket
+  `switch` are real branches (not selects).
 
   Args of `chunk`:
     state: stacked TrainState [S, ...].
@@ -330,9 +339,7 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
     def packed(capacity):
       def run(params, keys, idx_SxB, step):
         def one(p, k, idx):
-          rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx, capacity)
-          inputs, targets = rows.pop("inputs"), rows.pop("targets")
-          return loss_and_grads(p, k, inputs, targets, step, model, **rows)
+          return packed_loss_and_grads(p, k, data, idx, capacity, step, model)
         return jax.vmap(one)(params, keys, idx_SxB)
       return run
 
