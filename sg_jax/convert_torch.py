@@ -11,7 +11,8 @@ The original code (Murty et al., ACL 2023) saves `model.state_dict()` of its "Tr
       .self_attn.data_to_kv.weight [2d, d], .self_attn.multi_head_merge.weight [d, d],
       .linear1.weight [F, d] / .bias [F], .linear2.weight [d, F] / .bias [d],
       .norm1.weight / .bias [d], .norm2.weight / .bias [d];
-  trafo.decoder.* (an unused decoder: skipped).
+  trafo.decoder.* (an unused 6-layer decoder: not converted, but its L2 norm is recorded in the
+      checkpoint metadata, because the released weight norm includes it).
 PyTorch's Linear stores [out, in]. Output features of data_to_q are grouped per head, [hp, hp + p)
 for head h; data_to_kv interleaves per head: [2hp, 2hp + p) are head h's keys and
 [2hp + p, 2hp + 2p) its values; the merge projection's INPUT features are [hp, hp + p) per head.
@@ -20,12 +21,16 @@ The head count is not stored in the file (default 8, the released models; `--num
 Input files: a torch pickle (`torch.load`; torch is an optional dependency needed only for that),
 or a `.npz` holding the same keys (numpy only). A leading key prefix such as `module.` or `model.`
 is stripped. The output is an sg_jax checkpoint with one seed (`--seed_id`) at `--step`.
+
+sg_jax's model computes its own position table; the stored `pos.pe` (5,000 rows in float32) is
+only checked, on the `max_len` rows the model uses, at float32 tolerance (`check_positions`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -35,6 +40,8 @@ from sg_jax.model import ModelConfig, sinusoidal_positions
 _LAYER = re.compile(r"^trafo\.encoder\.layers\.(\d+)\.(.+)$")
 _SKIP_PREFIXES = ("trafo.decoder.",)
 _SKIP_KEYS = ("int_seq",)
+# checkpoint-metadata key of the unused decoder's norm: {seed id (str): float}.
+RELEASED_DECODER_NORM = "released_decoder_norm"
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -81,6 +88,65 @@ def _strip_prefix(sd: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
+# A float32 angle pos * div (div <= 1) is off by a few float32 ulps of pos; the sine / cosine of
+# it is then off by as much, so the tolerance of row `pos` is this many ulps of max(pos, 1).
+_PE_ULPS = 4
+
+
+def check_positions(pe: np.ndarray, max_len: int) -> None:
+  """Checks a stored position table against sg_jax's sinusoid on the rows the model uses.
+
+  The original code stores a long (5,000-row) table computed in float32, where the angle
+  `pos * div` loses about one float32 ulp of `pos`: 1e-4 and more from about row 1,000 at
+  d_model 512. sg_jax computes the table itself (in float64, then float32), so only rows
+  0 .. max_len - 1 matter; they must agree within `_PE_ULPS` float32 ulps of the position
+  (4 * 1.19e-7 * max(pos, 1): 2.4e-4 at row 511). Later rows are never read and not checked.
+
+  Args:
+    pe: float [rows, d_model] the stored `pos.pe` buffer (any leading singleton axis removed).
+    max_len: positions sg_jax's model uses (`ModelConfig.max_len`).
+
+  Raises:
+    ValueError: a checked row differs by more than float32 rounding (naming the row, the error
+      and the rows checked).
+  """
+  rows = min(pe.shape[0], max_len)
+  ref = sinusoidal_positions(rows, pe.shape[1]).astype(np.float64)
+  err = np.max(np.abs(pe[:rows].astype(np.float64) - ref), axis=-1)  # [rows]
+  tol = _PE_ULPS * np.finfo(np.float32).eps * np.maximum(np.arange(rows), 1.0)
+  bad = np.nonzero(~(err <= tol))[0]  # NaN counts as bad
+  if bad.size:
+    r = int(bad[0])
+    raise ValueError(
+        f"pos.pe is not the sinusoidal table sg_jax's model uses: row {r} differs by "
+        f"{err[r]:.3g}, more than float32 rounding ({tol[r]:.2g}); checked rows 0..{rows - 1} "
+        f"(the positions of max_len={max_len}; later rows are not used)")
+
+
+def decoder_norm(state_dict: Mapping[str, Any]) -> tuple[float, int]:
+  """Global L2 norm of the unused decoder (`trafo.decoder.*`) that the original module builds.
+
+  The original LM never calls it, so its parameters stay at initialisation, but the released
+  weight norm counts them: released global norm = sqrt(weight_norm ** 2 + decoder_norm ** 2),
+  where `weight_norm` is that of the converted (sg_jax) parameters
+  (`sg_jax.analysis.weight_norm.released_weight_norm`).
+
+  Args:
+    state_dict: key -> array (numpy or torch); a leading key prefix such as `module.` is allowed.
+
+  Returns:
+    (norm, number of decoder entries): float64 norm, 0.0 and 0 when the file has no decoder.
+  """
+  sd = _strip_prefix({k: _to_numpy(v) for k, v in state_dict.items()})
+  sq, count = 0.0, 0
+  for key in sorted(sd):
+    if key.startswith(_SKIP_PREFIXES):
+      value = sd[key].astype(np.float64)
+      sq += float(np.sum(value * value))
+      count += value.size
+  return float(np.sqrt(sq)), count
+
+
 def convert_state_dict(state_dict: Mapping[str, Any], *, num_heads: int = 8,
                        max_len: int | None = None) -> tuple[dict, ModelConfig]:
   """Maps the reference state_dict onto `TransformerLM` parameters of ONE seed.
@@ -88,14 +154,15 @@ def convert_state_dict(state_dict: Mapping[str, Any], *, num_heads: int = 8,
   Args:
     state_dict: key -> array (numpy or torch), as described in the module docstring.
     num_heads: attention heads of the original model (8 in the released code).
-    max_len: position-table length of the returned config (default: that of `pos.pe`, or 512).
+    max_len: positions of the returned config (default `ModelConfig.max_len`, 512); only these
+      rows of `pos.pe` are checked (`check_positions`).
 
   Returns:
     (params pytree of float32 numpy arrays, ModelConfig with vocab size, depth, widths).
 
   Raises:
     ValueError: missing or unexpected keys, inconsistent shapes, a head count that does not divide
-      d_model, or a `pos.pe` table that is not the standard sinusoid.
+      d_model, or a `pos.pe` table that is not the standard sinusoid on the rows used.
   """
   sd = _strip_prefix({k: _to_numpy(v) for k, v in state_dict.items()})
   used: set[str] = set()
@@ -119,13 +186,9 @@ def convert_state_dict(state_dict: Mapping[str, Any], *, num_heads: int = 8,
     raise ValueError(f"encoder layers must be numbered 0..L-1, found {layers}")
   d_ff = take("trafo.encoder.layers.0.linear1.weight").shape[0]
 
-  pe_len = 512
+  max_len = max_len or ModelConfig.max_len
   if "pos.pe" in sd:
-    pe = take("pos.pe")
-    pe = pe.reshape(-1, d)
-    pe_len = pe.shape[0]
-    if not np.allclose(pe, sinusoidal_positions(pe_len, d), atol=1e-4):
-      raise ValueError("pos.pe is not the standard sinusoidal table sg_jax's model uses")
+    check_positions(take("pos.pe").reshape(-1, d), max_len)
   used.update(k for k in _SKIP_KEYS if k in sd)
 
   params: dict[str, Any] = {"embedding": {"embedding": emb}}
@@ -157,7 +220,7 @@ def convert_state_dict(state_dict: Mapping[str, Any], *, num_heads: int = 8,
   if unused:
     raise ValueError(f"state_dict has keys sg_jax's model cannot represent: {unused}")
   config = ModelConfig(vocab_size=vocab, num_layers=len(layers), d_model=d, num_heads=num_heads,
-                       d_ff=d_ff, max_len=max_len or pe_len)
+                       d_ff=d_ff, max_len=max_len)
   return params, config
 
 
@@ -168,12 +231,22 @@ def _contiguous(tree):
 
 
 def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: str, *,
-                     step: int = 0, seed_id: int = 0) -> str:
+                     step: int = 0, seed_id: int = 0,
+                     released_decoder_norm: float | None = None) -> str:
   """Saves converted parameters as an sg_jax checkpoint (one seed) in workdir `out`.
 
   The checkpoint state is `{'params': params with a leading seed axis of size 1}`; its metadata
   carries the task's default config with the model section set from `model_config`, and the
   task's vocabulary. Also writes `out/config.json` and `out/vocab.json` like a training run.
+
+  Args:
+    params, model_config: from `convert_state_dict`.
+    task: task name (its vocabulary must match).
+    out: output workdir.
+    step, seed_id: step and seed id to record.
+    released_decoder_norm: the original's unused-decoder norm (`decoder_norm`); stored in the
+      metadata as `released_decoder_norm` {seed id (str): norm} so that `sg_jax.analyze` can
+      also report the released global norm (`weight_norm_released`). None stores nothing.
 
   Returns:
     the workdir `out`.
@@ -203,10 +276,12 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
   with open(os.path.join(out, "vocab.json"), "w") as f:
     f.write(vocab.to_json())
   state = {"params": jax.tree_util.tree_map(lambda x: np.asarray(x)[None], params)}
+  meta = checkpointing.make_meta(config, vocab.to_json(), [seed_id])
+  if released_decoder_norm is not None:
+    meta[RELEASED_DECODER_NORM] = {str(seed_id): float(released_decoder_norm)}
   manager = checkpointing.make_manager(out, asynchronous=False)
   try:
-    checkpointing.save(manager, step, state,
-                       checkpointing.make_meta(config, vocab.to_json(), [seed_id]))
+    checkpointing.save(manager, step, state, meta)
     manager.wait_until_finished()
   finally:
     manager.close()
@@ -216,15 +291,23 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
 def main(argv):
   from absl import flags  # pylint: disable=import-outside-toplevel
   from absl import logging  # pylint: disable=import-outside-toplevel
+
+  from sg_jax import checkpointing  # pylint: disable=import-outside-toplevel
   del argv
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
-  sd = load_state_dict(f.checkpoint)
-  params, config = convert_state_dict(sd, num_heads=f.num_heads)
-  write_checkpoint(params, config, f.task, f.out, step=f.step, seed_id=f.seed_id)
+  try:
+    sd = load_state_dict(f.checkpoint)
+    params, config = convert_state_dict(sd, num_heads=f.num_heads)
+    dec_norm, dec_count = decoder_norm(sd)
+    write_checkpoint(params, config, f.task, f.out, step=f.step, seed_id=f.seed_id,
+                     released_decoder_norm=dec_norm)
+  except (ValueError, OSError, ImportError, checkpointing.WorkdirError) as e:
+    sys.exit(f"error: {e}")
   print(f"converted {f.checkpoint}: {config.num_layers} layers, d_model {config.d_model}, "
         f"{config.num_heads} heads, d_ff {config.d_ff}, vocab {config.vocab_size} -> "
-        f"{f.out} (step {f.step}, seed {f.seed_id})")
+        f"{f.out} (step {f.step}, seed {f.seed_id}); unused decoder: {dec_count} entries, "
+        f"L2 norm {dec_norm:.6g} (recorded for weight_norm_released)")
 
 
 def _define_flags():
