@@ -1,7 +1,8 @@
 # Shared helpers of the launch scripts (sourced, not run). Bash 4+.
 #
 # `run CMD ARGS...` executes a command, or, with DRY_RUN=1, prints it as one shell-quoted line
-# (copy-pastable: exactly what would run). `die MSG` prints an error and exits 2.
+# (copy-pastable: exactly what would run). `die MSG` prints an error and exits 2. `sync_loop`
+# writes the loop that mirrors runs/ while a job runs.
 
 DRY_RUN=${DRY_RUN:-0}
 
@@ -37,4 +38,15 @@ run() {
     echo "+ $(join_cmd "$@")" >&2
     "$@"
   fi
+}
+
+# Prints a bash script for `bash -c SCRIPT sync_loop PID`: every PERIOD seconds, while process PID
+# (the job) lives, it runs SYNC_COMMAND; once PID has gone it syncs a last time and ends, so it
+# ends at most one period after the job. The job is tracked by its PID because matching its
+# command line (pgrep -f) also matches this loop's own command line.
+sync_loop() {  # $1 = PERIOD (seconds), $2 = SYNC_COMMAND (one shell command line)
+  printf '%s' "job=\$1; echo \"mirroring while process \$job runs\"; "
+  printf '%s' "while sleep $1 && kill -0 \"\$job\" 2>/dev/null; do "
+  printf '%s' "$2 || echo \"sync failed\"; done; "
+  printf '%s' "$2 && echo \"process \$job ended; final sync done\""
 }

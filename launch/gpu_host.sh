@@ -7,8 +7,10 @@
 #
 # Commands:
 #   install   pip-install the requirements, JAX with CUDA 12 and sg_jax (editable)
-#   train     start `python -m sg_jax.main ARGS` in the background (log: --log)
-#   sweep     start `python -m sg_jax.sweep ARGS` in the background (log: --log)
+#   train     start `python -m sg_jax.main ARGS` in the background (log: --log); with --bucket,
+#             also mirror runs/ to it every --sync_every seconds while the job runs and once
+#             when it ends (log: --log with _sync before .log)
+#   sweep     start `python -m sg_jax.sweep ARGS` in the background (same)
 #   push      copy runs/ to --bucket (gs:// with gcloud storage, anything else with rsync)
 #   pull      copy --bucket back into runs/ (resume on a new machine)
 #   status    show the GPUs and the end of the log
@@ -17,7 +19,9 @@
 #   --gpus=0,1,...   GPUs the job may use (CUDA_VISIBLE_DEVICES; default: all). One process
 #                    uses every visible GPU: the seed axis is sharded over them.
 #   --log=FILE       job log (default sg_jax_job.log)
-#   --bucket=DEST    gs://BUCKET/PATH or a path/host:path for rsync (push/pull)
+#   --bucket=DEST    gs://BUCKET/PATH or a path/host:path for rsync (push/pull, and the mirror
+#                    of train/sweep)
+#   --sync_every=S   period of the mirror while a train/sweep job runs (default 900; 0 = off)
 #   --dry_run        print the exact commands instead of running them
 #
 # A job stopped with SIGTERM/SIGINT checkpoints and exits with code 75; rerunning the same
@@ -35,13 +39,14 @@ source "$HERE/common.sh"
 COMMAND=${1:-}
 [[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: launch/gpu_host.sh COMMAND [options] [-- ARGS] (see the header of this file)"
 shift
-GPUS="" LOG="sg_jax_job.log" BUCKET=""
+GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900
 JOB_ARGS=()
 while (($#)); do
   case "$1" in
     --gpus=*) GPUS=${1#*=} ;;
     --log=*) LOG=${1#*=} ;;
     --bucket=*) BUCKET=${1#*=} ;;
+    --sync_every=*) SYNC_EVERY=${1#*=} ;;
     --dry_run) DRY_RUN=1 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
     *) die "unknown option $1 (options go before --, sg_jax arguments after it)" ;;
@@ -51,6 +56,16 @@ done
 if [[ -n "$GPUS" && ! "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
   die "--gpus must be comma-separated GPU indices, got $GPUS"
 fi
+[[ "$SYNC_EVERY" =~ ^[0-9]+$ ]] || die "--sync_every must be a number of seconds, got $SYNC_EVERY"
+SYNC_LOG="${LOG%.log}_sync.log"
+
+sync_words() {  # $1 = source, $2 = destination: prints the copy command as one line
+  if [[ "$1" == gs://* || "$2" == gs://* ]]; then
+    join_cmd gcloud storage rsync --recursive "$1" "$2"
+  else
+    join_cmd rsync -a "$1/" "$2/"
+  fi
+}
 
 sync_cmd() {  # $1 = source, $2 = destination
   if [[ "$1" == gs://* || "$2" == gs://* ]]; then
@@ -67,11 +82,24 @@ start_job() {  # $1 = main | sweep
   # JAX preallocates 75% of GPU memory by default; several jobs per GPU need less.
   env+=(XLA_PYTHON_CLIENT_PREALLOCATE=false)
   run cd "$REPO_ROOT"
+  local loop=""
+  if [[ -n "$BUCKET" && "$SYNC_EVERY" != 0 ]]; then
+    loop=$(sync_loop "$SYNC_EVERY" "$(sync_words runs "${BUCKET%/}/runs")")
+  fi
   if [[ "$DRY_RUN" == 1 ]]; then
     echo "$(join_cmd nohup "${env[@]}" python -m "sg_jax.$1" "${JOB_ARGS[@]}") > $(quote "$LOG") 2>&1 &"
+    # $! is the job's PID when the two lines run in one shell, as printed.
+    if [[ -n "$loop" ]]; then
+      echo "nohup bash -c $(quote "$loop") sync_loop \$! > $(quote "$SYNC_LOG") 2>&1 &"
+    fi
   else
     nohup "${env[@]}" python -m "sg_jax.$1" "${JOB_ARGS[@]}" > "$LOG" 2>&1 &
-    echo "started sg_jax.$1 as process $! (log: $REPO_ROOT/$LOG)" >&2
+    local pid=$!
+    echo "started sg_jax.$1 as process $pid (log: $LOG)" >&2
+    if [[ -n "$loop" ]]; then
+      nohup bash -c "$loop" sync_loop "$pid" > "$SYNC_LOG" 2>&1 &
+      echo "mirroring runs/ to $BUCKET every $SYNC_EVERY s and at the end (log: $SYNC_LOG)" >&2
+    fi
   fi
 }
 

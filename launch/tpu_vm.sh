@@ -89,6 +89,8 @@ GLOBAL=(--zone="$ZONE")
 [[ -n "$PROJECT" ]] && GLOBAL+=(--project="$PROJECT")
 REMOTE_DIR="sg_jax"   # relative to the home directory of each worker
 LOG="sg_jax.log"
+PID_FILE="sg_jax.pid"       # the job's process id on each worker
+SYNC_LOG="sg_jax_sync.log"  # the output of worker 0's sync loop
 
 need_bucket() { [[ -n "$BUCKET" ]] || die "$COMMAND needs --bucket=gs://BUCKET/PATH"; }
 
@@ -163,12 +165,16 @@ do_job() {  # $1 = main | sweep
   local module="sg_jax.$1"
   [[ ${#JOB_ARGS[@]} -gt 0 ]] || die "give the $module arguments after --, e.g. -- --config=configs/question.py --workdir=runs/q6"
   local job
-  job="cd $REMOTE_DIR && nohup python -m $module $(join_cmd "${JOB_ARGS[@]}") > ~/$LOG 2>&1 &"
+  # Each worker records the job's PID in ~/$PID_FILE (the sync loop below waits on it).
+  job="cd $REMOTE_DIR && { nohup python -m $module $(join_cmd "${JOB_ARGS[@]}") > ~/$LOG 2>&1 &"
+  job+=" echo \$! > ~/$PID_FILE; }"
   on_workers all "$job"
   if [[ -n "$BUCKET" && "$SYNC_EVERY" != 0 ]]; then
     # Worker 0 mirrors runs/ to the bucket while the job runs and once after it ends.
-    local sync="gcloud storage rsync --recursive runs $(quote "$BUCKET/runs")"
-    on_workers 0 "cd $REMOTE_DIR && nohup bash -c 'while pgrep -f \"python -m $module\" > /dev/null; do sleep $SYNC_EVERY; $sync; done; $sync' > ~/sg_jax_sync.log 2>&1 &"
+    local loop
+    loop=$(sync_loop "$SYNC_EVERY" "gcloud storage rsync --recursive runs $(quote "$BUCKET/runs")")
+    on_workers 0 "cd $REMOTE_DIR && nohup bash -c $(quote "$loop") sync_loop \"\$(cat ~/$PID_FILE)\"\
+ > ~/$SYNC_LOG 2>&1 &"
   fi
 }
 
