@@ -7,13 +7,16 @@
 Writes `question.{train,dev,test,gen}` and `question_bracket.*` (tense likewise) or
 `dyck.{train,val,test}`, shows a progress bar, and prints a summary table (lines per split,
 task-token mix, mean length). With `--download`, fetches the released McCoy et al. files into
-`--out_dir` instead (SHA-256 checked, see `sg_jax.tasks.io.download_released`).
+`--out_dir` instead (SHA-256 checked, see `sg_jax.tasks.io.download_released`). A file that
+cannot be written (e.g. a full disk) or a bad download ends the command with one line naming the
+file and a nonzero exit.
 """
 
 from __future__ import annotations
 
 import collections
 import pathlib
+import sys
 import time
 
 from absl import app
@@ -56,6 +59,13 @@ def summary_table(task, out_dir: pathlib.Path) -> str:
 
 
 def main(argv):
+  try:
+    _main(argv)
+  except (OSError, ValueError) as e:  # DataError is a ValueError
+    sys.exit(f"error: {e}")
+
+
+def _main(argv):
   del argv
   out_dir = pathlib.Path(_OUT_DIR.value)
   if _DOWNLOAD.value:

@@ -442,8 +442,17 @@ def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
   """Generates (if needed) and encodes the task's splits.
 
+  Question/tense splits are read from the bracketed files (`question_bracket.train`, ...; they
+  hold the trees), each checked against its plain twin (`question.train`) when both exist; the
+  files read are logged.
+
   Returns:
     (task, vocab, {'train': EncodedSplit, 'in_domain': ..., 'out_of_domain': ...}).
+
+  Raises:
+    DataError: a malformed line, a plain file that differs from its bracketed twin, or a word
+      outside the vocabulary (file and line in the message).
+    ValueError: the batch is larger than the training split.
   """
   from sg_jax import tasks  # local import: keeps `import sg_jax.train` light
 
@@ -456,7 +465,11 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
   for name, split in (("train", "train"), ("in_domain", task.in_domain_split),
                       ("out_of_domain", task.out_of_domain_split)):
     examples = task.read_split(data_dir, split)
-    check_vocabulary(examples, vocab, _split_file(data_dir, task, split), task.name)
+    path = _split_file(data_dir, task, split)
+    plain = os.path.join(data_dir, task.file_names(split)[0])
+    checked = f" (checked against {plain})" if path != plain and os.path.exists(plain) else ""
+    log.info("%s data: %d lines from %s%s", name, len(examples), path, checked)
+    check_vocabulary(examples, vocab, path, task.name)
     splits[name] = task.encode(examples, vocab)
   if len(splits["train"]) < config.train.batch_size:
     raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
@@ -465,7 +478,8 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
 
 
 def _split_file(data_dir: str, task, split: str) -> str:
-  """The file `task.read_split(data_dir, split)` reads (the bracketed variant when present)."""
+  """The file `task.read_split(data_dir, split)` returns the lines of: the bracketed variant
+  when present (the plain one is then only checked against it), else the plain file."""
   names = [n for n in task.file_names(split) if n]
   for n in reversed(names):
     if os.path.exists(os.path.join(data_dir, n)):

@@ -2,6 +2,7 @@
 TFDS builders. No reference data needed."""
 
 import collections
+import os
 import subprocess
 import sys
 
@@ -129,6 +130,30 @@ def test_cli_small(tmp_path):
                        capture_output=True, text=True, check=True, timeout=120)
   assert "train  200" in out.stdout and "quest 100.0%" in out.stdout
   assert (tmp_path / "question_bracket.gen").exists()
+
+
+def test_cli_disk_full_is_one_line_naming_the_file(tmp_path):
+  # Every write fails as on a full disk (injected: os.fdopen returns such a file).
+  code = f"""
+import errno, os
+real = os.fdopen
+class Full:
+  def __init__(self, f): self.f = f
+  def __enter__(self): return self
+  def __exit__(self, *exc): self.f.close()
+  def write(self, text): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+os.fdopen = lambda fd, *a, **k: Full(real(fd, *a, **k))
+from absl import app
+from sg_jax import data
+app.run(data.main, argv=["sg_jax.data", "--task=question", "--out_dir={tmp_path}",
+                         "--num_train=40", "--num_eval=10"])
+"""
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 1 and "Traceback" not in done.stderr
+  assert done.stderr.strip().splitlines()[-1] == (  # after the progress bar
+      f"error: [Errno 28] cannot write {tmp_path / 'question.train'}: No space left on device")
+  assert os.listdir(tmp_path) == []  # no temporary file left
 
 
 def test_training_path_does_not_import_tensorflow():

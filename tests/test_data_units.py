@@ -1,10 +1,13 @@
 """Unit tests of the data module with hand-written expected values (trees, grammar, tasks, io,
 vocabulary and encoding, download, CLI). Fast; needs no reference data."""
 
+import errno
 import functools
 import hashlib
 import http.server
 import json
+import os
+import re
 import threading
 
 import numpy as np
@@ -223,6 +226,91 @@ def test_mccoy_reader_errors(tmp_path, content, line, reason):
     tasks.get_task("question").read_split(path)
   assert err.value.line == line and str(path) in str(err.value)
   assert f"question.dev:{line}:" in str(err.value)
+
+
+def _generate_small(out_dir):
+  task = tasks.get_task("question")
+  task.generate(out_dir, seed=0, num_train=30, sizes={"dev": 10, "test": 10, "gen": 10})
+  return task
+
+
+def _edit_line(path, lineno, edit):
+  lines = path.read_text().splitlines(True)
+  lines[lineno - 1] = edit(lines[lineno - 1])
+  path.write_text("".join(lines))
+
+
+def test_plain_file_must_agree_with_the_bracketed_file_that_is_read(tmp_path):
+  task = _generate_small(tmp_path)
+  plain, bracket = tmp_path / "question.train", tmp_path / "question_bracket.train"
+  read = task.read_split(tmp_path, "train")
+  assert len(read) == 30 and all(ex.source_tree is not None for ex in read)  # the bracketed one
+  first = read[1].source[0]
+  _edit_line(plain, 2, lambda line: "zzz" + line[len(first):])
+  with pytest.raises(DataError) as err:
+    task.read_split(tmp_path, "train")
+  assert str(err.value).startswith(f"{bracket}:2: word 1 is {first!r}, but {plain}:2 has 'zzz'")
+  assert err.value.file == str(bracket) and err.value.line == 2
+  bracket.unlink()  # without its bracketed twin, the plain file is read, edit included
+  assert task.read_split(tmp_path, "train")[1].source[0] == "zzz"
+
+
+def test_malformed_plain_file_is_an_error_beside_its_bracketed_twin(tmp_path):
+  task = _generate_small(tmp_path)
+  plain = tmp_path / "question.dev"
+  _edit_line(plain, 3, lambda line: line.replace("\t", " "))
+  with pytest.raises(DataError, match="missing tab") as err:
+    task.read_split(tmp_path, "dev")
+  assert err.value.file == str(plain) and err.value.line == 3
+  _generate_small(tmp_path)
+  plain.write_text("".join(plain.read_text().splitlines(True)[:-2]))
+  with pytest.raises(DataError, match=re.escape(f"10 lines, but {plain} has 8")):
+    task.read_split(tmp_path, "dev")
+
+
+def test_training_data_checks_the_plain_file_too(tmp_path):
+  from sg_jax import configlib, train  # pylint: disable=import-outside-toplevel  (imports jax)
+  _generate_small(tmp_path)
+  _edit_line(tmp_path / "question.train", 4, lambda line: line.replace(" ", " zzz ", 1))
+  config = configlib.base_config("question")
+  config.data.dir = str(tmp_path)
+  config.data.num_train = 30
+  with pytest.raises(DataError, match=r"question_bracket.train:4: word 2 .* has 'zzz'"):
+    train.load_data(config, str(tmp_path / "run"))
+
+
+def test_write_error_names_the_file_being_written(tmp_path, monkeypatch):
+  real_fdopen, calls = os.fdopen, []
+
+  class FullDisk:
+    """A file whose third opening fails to write, as on a full disk."""
+
+    def __init__(self, f):
+      self.f = f
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.f.close()
+
+    def write(self, text):
+      if len(calls) == 3:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      return self.f.write(text)
+
+  def fdopen(fd, *args, **kwargs):
+    calls.append(fd)
+    return FullDisk(real_fdopen(fd, *args, **kwargs))
+
+  monkeypatch.setattr(io.os, "fdopen", fdopen)
+  with pytest.raises(OSError) as err:
+    _generate_small(tmp_path)
+  # Written in order: question.train, question_bracket.train, question.dev (the third).
+  assert err.value.errno == errno.ENOSPC
+  assert str(err.value) == (f"[Errno {errno.ENOSPC}] cannot write {tmp_path / 'question.dev'}: "
+                            f"{os.strerror(errno.ENOSPC)}")
+  assert sorted(os.listdir(tmp_path)) == ["question.train", "question_bracket.train"]
 
 
 def test_empty_file_errors(tmp_path):

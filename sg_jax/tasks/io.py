@@ -131,6 +131,46 @@ def read_mccoy_file(path: os.PathLike | str, task_tokens: Mapping[str, bool], *,
           for i, l in enumerate(lines, start=1)]
 
 
+def _word_at(words: Sequence[str], i: int) -> str:
+  return repr(words[i]) if i < len(words) else "the end of the line"
+
+
+def read_mccoy_pair(plain_path: os.PathLike | str, bracket_path: os.PathLike | str,
+                    task_tokens: Mapping[str, bool]) -> list[Example]:
+  """Reads a split held in both formats: the bracketed file, checked against the plain one.
+
+  The bracketed file is the one used (it has the trees). The plain file must hold the same lines,
+  word for word, so that an edit to only one of the two is an error instead of being ignored.
+
+  Args:
+    plain_path: `{name}.{split}`.
+    bracket_path: `{name}_bracket.{split}`.
+    task_tokens: `{task token: transformed?}`.
+
+  Returns:
+    one Example per line of the bracketed file, with its trees.
+
+  Raises:
+    DataError: a malformed line in either file, different line counts, or a line whose words
+      differ (naming both files, the line and the first differing word).
+  """
+  bracketed = read_mccoy_file(bracket_path, task_tokens)
+  plain = read_mccoy_file(plain_path, task_tokens, bracketed=False)
+  advice = (f"the two files of a split must hold the same lines, and "
+            f"{pathlib.Path(bracket_path).name} is the one read: edit both, or delete it to use "
+            f"{pathlib.Path(plain_path).name} alone")
+  if len(plain) != len(bracketed):
+    raise DataError(bracket_path, None, f"{len(bracketed)} lines, but {plain_path} has "
+                    f"{len(plain)}; {advice}")
+  for lineno, (p, b) in enumerate(zip(plain, bracketed), start=1):
+    if p.words != b.words:
+      at = next((i for i, (x, y) in enumerate(zip(p.words, b.words)) if x != y),
+                min(len(p.words), len(b.words)))
+      raise DataError(bracket_path, lineno, f"word {at + 1} is {_word_at(b.words, at)}, but "
+                      f"{plain_path}:{lineno} has {_word_at(p.words, at)}; {advice}")
+  return bracketed
+
+
 def write_mccoy_file(path: os.PathLike | str, examples: Sequence[Example], *,
                      bracketed: bool = False) -> pathlib.Path:
   """Writes examples in the released format (atomically: temp file then rename).
@@ -158,18 +198,31 @@ def _umask() -> int:
 
 
 def write_text_atomic(path: os.PathLike | str, text: str) -> pathlib.Path:
-  """Writes `text` to `path` through a temporary file in the same folder and a rename."""
+  """Writes `text` to `path` through a temporary file in the same folder and a rename.
+
+  Raises:
+    OSError: the folder or file cannot be written (e.g. the disk is full); the message names
+      `path` and the cause, and no temporary file is left behind. Same subclass and errno as
+      the underlying error.
+  """
   path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  tmp = None
   try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(text)
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
+  except BaseException as err:
+    if tmp is not None and os.path.exists(tmp):
       os.unlink(tmp)
+    if isinstance(err, OSError):
+      # The bare error of a failed write (e.g. "[Errno 28] No space left on device") does not
+      # say which file; name it.
+      if err.errno is None:
+        raise type(err)(f"cannot write {path}: {err}") from err
+      raise type(err)(err.errno, f"cannot write {path}: {err.strerror or err}") from err
     raise
   return path
 

@@ -428,9 +428,12 @@ class McCoyTask:
                  assign_trees: bool = False) -> list:
     """Reads a split.
 
+    From a folder, the bracketed file `{name}_bracket.{split}` is read when it exists (it has
+    the trees), after checking that `{name}.{split}`, when present too, holds the same lines
+    (`io.read_mccoy_pair`); otherwise the plain file is read.
+
     Args:
-      path_or_dir: a file, or a folder holding `{name}_bracket.{split}` (preferred, has trees)
-        or `{name}.{split}`.
+      path_or_dir: a file, or a folder holding `{name}_bracket.{split}` and/or `{name}.{split}`.
       split: split name (needed when `path_or_dir` is a folder).
       assign_trees: fill missing trees by parsing each source with the grammar.
 
@@ -438,16 +441,22 @@ class McCoyTask:
       list of Example.
 
     Raises:
-      DataError: missing file, empty file or malformed line (file and line in the message);
-        with `assign_trees`, a sentence the grammar does not generate.
+      DataError: missing file, empty file or malformed line (file and line in the message); the
+        plain and bracketed files of the split disagree; with `assign_trees`, a sentence the
+        grammar does not generate.
     """
     path = pathlib.Path(path_or_dir)
     if path.is_dir():
       if split is None:
         raise ValueError("split is required when reading from a folder")
-      plain, bracket = self.file_names(split)
-      path = path / bracket if (path / bracket).exists() else path / plain
-    examples = io_lib.read_mccoy_file(path, self.task_tokens)
+      plain, bracket = (path / n for n in self.file_names(split))
+      path = bracket if bracket.exists() else plain
+      if path == bracket and plain.exists():
+        examples = io_lib.read_mccoy_pair(plain, bracket, self.task_tokens)
+      else:
+        examples = io_lib.read_mccoy_file(path, self.task_tokens)
+    else:
+      examples = io_lib.read_mccoy_file(path, self.task_tokens)
     if assign_trees:
       out = []
       for i, ex in enumerate(examples, start=1):
