@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SLURM launcher for sg_jax (multi-node GPU clusters): writes an sbatch script and submits it.
+# Bash 4.4+ on the submitting machine.
 #
 # Usage: launch/slurm.sh train --workdir=DIR [options] -- ARGS for sg_jax.main
 #        launch/slurm.sh sweep --root=DIR [options] -- ARGS for sg_jax.sweep
@@ -16,7 +17,8 @@
 #                          absolute path on storage every node shares (not /tmp or a node's local
 #                          disk); the job log and a copy of the script go to DIR/slurm/
 #   --nodes=N              nodes (train only; default 1)
-#   --gpus_per_node=G      GPUs per node (default 1; 0 = CPU nodes)
+#   --gpus_per_node=G      GPUs per node (default 1; TYPE:G such as a100:4 picks a GPU type;
+#                          0 = CPU nodes)
 #   --cpus_per_task=C      CPU cores of the task on each node (default 8; 0 = cluster default);
 #                          XLA compiles on them
 #   --partition=P --account=A --time=LIMIT   the usual sbatch options (LIMIT as sbatch takes it,
@@ -133,7 +135,9 @@ if prefix=$(node_local_prefix "$REPO_ROOT"); then
 fi
 
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got $NODES"
-[[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus_per_node must be a non-negative integer, got $GPUS"
+[[ "$GPUS" =~ ^([A-Za-z0-9_-]+:)?[0-9]+$ ]] ||
+  die "--gpus_per_node must be a count (or TYPE:COUNT, e.g. a100:4), got $GPUS"
+NUM_GPUS=$((10#${GPUS##*:}))
 [[ "$CPUS" =~ ^[0-9]+$ ]] || die "--cpus_per_task must be a non-negative integer, got $CPUS"
 [[ "$SIGNAL_SECS" =~ ^[1-9][0-9]*$ ]] ||
   die "--signal_secs must be a positive number of seconds, got $SIGNAL_SECS"
@@ -212,7 +216,7 @@ SRUN+=(--kill-on-bad-exit=0)
 
 sbatch_script() {
   local n_gpu="$GPUS GPU(s)"
-  [[ "$GPUS" == 0 ]] && n_gpu="CPUs only"
+  [[ "$NUM_GPUS" == 0 ]] && n_gpu="CPUs only"
   echo "#!/bin/bash"
   echo "# sg_jax $COMMAND on SLURM (written by launch/slurm.sh): $NODES node(s) x $n_gpu," \
        "one task per node."
@@ -220,7 +224,7 @@ sbatch_script() {
   echo "#SBATCH --job-name=$JOB_NAME"
   echo "#SBATCH --nodes=$NODES"
   echo "#SBATCH --ntasks-per-node=1"
-  [[ "$GPUS" != 0 ]] && echo "#SBATCH --gpus-per-node=$GPUS"
+  [[ "$NUM_GPUS" != 0 ]] && echo "#SBATCH --gpus-per-node=$GPUS"
   [[ "$CPUS" != 0 ]] && echo "#SBATCH --cpus-per-task=$CPUS"
   [[ -n "$PARTITION" ]] && echo "#SBATCH --partition=$PARTITION"
   [[ -n "$ACCOUNT" ]] && echo "#SBATCH --account=$ACCOUNT"
@@ -239,10 +243,10 @@ sbatch_script() {
   for line in "${SETUP[@]}"; do
     echo "$line"
   done
-  if [[ "$COMMAND" == train && "$GPUS" != 0 ]]; then
+  if [[ "$COMMAND" == train && "$NUM_GPUS" != 0 ]]; then
     echo "# One process per node drives all its GPUs (jax.distributed would otherwise restrict"
     echo "# each process to the GPU numbered SLURM_LOCALID)."
-    echo "export JAX_LOCAL_DEVICE_IDS=$(seq -s, 0 $((GPUS - 1)))"
+    echo "export JAX_LOCAL_DEVICE_IDS=$(seq -s, 0 $((NUM_GPUS - 1)))"
   fi
   if [[ "$COMMAND" == sweep ]]; then
     echo "# sg_jax.sweep --parallel=N runs N jobs on the same GPUs: allocate memory on demand."

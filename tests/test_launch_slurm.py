@@ -90,6 +90,10 @@ def test_sweep_runs_on_one_node_without_multihost():
       "python", "-m", "sg_jax.sweep", "--config=configs/question.py", "--depths=2,4",
       "--seeds=10", "--root=/shared/sg/qf", "--", "--allow_config_change"]
   assert "--multihost" not in script and "JAX_LOCAL_DEVICE_IDS" not in script
+  typed = _dry("train", "--workdir=/shared/x", "--gpus_per_node=a100:2", "--",
+               "--config=configs/question.py")
+  assert "--gpus-per-node=a100:2" in _sbatch_lines(typed)
+  assert "export JAX_LOCAL_DEVICE_IDS=0,1" in typed.splitlines()
   lines = script.splitlines()
   assert lines.index("module load cuda") < lines.index("rc=0")
   assert "export XLA_PYTHON_CLIENT_PREALLOCATE=false" in lines
@@ -183,6 +187,7 @@ def test_submit_writes_the_script_into_the_workdir_and_calls_sbatch(tmp_path):
     (["sweep", "--root=/shared/x", "--nodes=2"], "sweep runs on one node"),
     (["train", "--workdir=/shared/x", "--nodes=0"], "--nodes"),
     (["train", "--workdir=/shared/x", "--gpus_per_node=two"], "--gpus_per_node"),
+    (["train", "--workdir=/shared/x", "--gpus_per_node=a100:"], "--gpus_per_node"),
     (["train", "--workdir=/shared/x", "--time=4h"], "--time must be a SLURM time limit"),
     (["train", "--workdir=/shared/x", "--time=6:00"], "must exceed --signal_secs=300"),
     (["train", "--workdir=/shared/my runs"], "must not contain spaces"),
