@@ -6,20 +6,32 @@ r"""Analysis CLI: weight norm, attention entropy, tscore and tparseval of every 
 
 Restores each checkpoint of `--workdir` (parameters only), computes the requested metric groups
 for every selected seed (vmapped over seeds; Murty et al., ACL 2023, §5; definitions in
-`sg_jax.analysis`) on the first `--num_sentences` lines of `--split`, and appends rows
-`step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What the file already holds is
-skipped, so the command can run beside a training run (it only sees committed checkpoints) and be
-rerun after a crash. The options that change values (split, number of sentences, projection
-method, normalisation, random seed) are recorded in `<output>.options.json`; rerunning with other
-options into the same file is refused (choose another `--output`).
+`sg_jax.analysis`) on the first `--num_sentences` lines of the sentence set (`--sentence_set`) of
+`--split`, and appends rows `step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What
+the file already holds is skipped, so the command can run beside a training run (it only sees
+committed checkpoints) and be rerun after a crash. The options that change values (split,
+sentence set, entropy input, number of sentences, projection method, normalisation, random seed)
+are recorded in `<output>.options.json`, with the number of sentences actually used; rerunning
+with other options into the same file is refused (choose another `--output`).
+
+Sentences (defaults = the released code's): `--sentence_set=transformed` reads only the
+transformed lines (`quest` for question formation, `PRESENT` for tense; Dyck: every line);
+`--sentence_set=all` every line. The model input of the entropies is `--entropy_input=declarative`
+(SOS + the words before the task token, final "." removed) or `line` (SOS + the whole LM line);
+tree projections always read the declarative part.
 
 Metric groups and the names they write:
-  weight_norm        weight_norm (global L2, released code), weight_norm_per_layer (paper)
-  attention_entropy  attention_sparsity_paper (negative mean entropy), attention_entropy_reference
-                     (released code's quirky variant), attention_entropy_mean, and
-                     attention_entropy_l{layer}_h{head} (nats) - on the full LM lines
-  tscore             tscore (on the declarative parts)
-  tparseval          tparseval_f1, tparseval_precision, tparseval_recall (needs gold trees)
+  weight_norm        weight_norm (global L2 norm of the model sg_jax trains: no unused decoder),
+                     weight_norm_per_layer (weight_norm / num_layers, the paper's normalisation),
+                     and for checkpoints converted by sg_jax.convert_torch weight_norm_released
+                     (the released code's global norm, its unused 6-layer decoder included)
+  attention_entropy  on the --entropy_input of the sentence set: attention_entropy_reference
+                     (released code's variant: per sentence, summed over positions),
+                     attention_sparsity_paper (negative mean entropy), attention_entropy_mean and
+                     attention_entropy_l{layer}_h{head} (mean entropy per head) - nats
+  tscore             tscore (declarative parts of the sentence set)
+  tparseval          tparseval_f1, tparseval_precision, tparseval_recall (same sentences; needs
+                     gold trees)
 The reference computes these on 10k training sentences every 3k steps (`--num_sentences=10000`).
 """
 
@@ -42,6 +54,7 @@ from absl import logging
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax.analysis import pipeline, weight_norm
+from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
 from sg_jax.model import ModelConfig
 
@@ -50,6 +63,8 @@ GROUPS = ("weight_norm", "attention_entropy", "tscore", "tparseval")
 _MARKER = {"weight_norm": "weight_norm", "attention_entropy": "attention_sparsity_paper",
            "tscore": "tscore", "tparseval": "tparseval_f1"}
 HEADER = ("step", "seed", "name", "value")
+# options files written before an option existed used these values.
+_LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line"}
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_string("steps", "all", "'all' or comma-separated checkpoint steps.")
@@ -57,8 +72,15 @@ _SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated seed ids.
 _METRICS = flags.DEFINE_string("metrics", ",".join(GROUPS),
                                f"Comma-separated metric groups out of {GROUPS}.")
 _NUM_SENTENCES = flags.DEFINE_integer(
-    "num_sentences", 1000, "Lines of the split to analyse (the first N; reference: 10000).")
+    "num_sentences", 1000, "Lines to analyse: the first N of the sentence set (reference: 10000).")
 _SPLIT = flags.DEFINE_string("split", "train", "Data split the sentences come from.")
+_SENTENCE_SET = flags.DEFINE_enum(
+    "sentence_set", "transformed", SENTENCE_SETS, "Lines of the split: 'transformed' = quest / "
+    "PRESENT lines only (released code; Dyck: every line), 'all' = every line.")
+_ENTROPY_INPUT = flags.DEFINE_enum(
+    "entropy_input", "declarative", ENTROPY_INPUTS, "Input of every attention-entropy variant: "
+    "'declarative' = SOS + words before the task token, final '.' removed (released code); "
+    "'line' = SOS + the whole LM line.")
 _OUTPUT = flags.DEFINE_string("output", "analysis.csv", "CSV file (relative to --workdir).")
 _METHOD = flags.DEFINE_enum("method", "greedy", METHODS, "Tree projection: greedy (reference) "
                             "or cky (exact argmax).")
@@ -93,7 +115,7 @@ def parse_metrics(text: str) -> list[str]:
 
 
 def read_done(path: str) -> set[tuple[int, int, str]]:
-  """(step, seed, name) triples already in the CSV (malformed lines, e.g. after a crash, skipped)."""
+  """(step, seed, name) triples already in the CSV (malformed lines, e.g. crash-cut, skipped)."""
   done = set()
   if not os.path.exists(path):
     return done
@@ -112,19 +134,40 @@ def read_done(path: str) -> set[tuple[int, int, str]]:
 def check_options(path: str, options: dict) -> None:
   """Records the value-changing options beside the CSV; refuses different ones.
 
+  An options file that predates an option is read with the value used before the option existed
+  (`_LEGACY_OPTIONS`). Other entries of the file (e.g. `sentences_used`) are kept.
+
   Raises:
     ValueError: the CSV was written with other options.
   """
   opt_path = path + ".options.json"
+  old = {}
   if os.path.exists(opt_path):
     with open(opt_path) as f:
       old = json.load(f)
-    diff = {k: (old.get(k), v) for k, v in options.items() if old.get(k) != v}
+    was = lambda k: old.get(k, _LEGACY_OPTIONS.get(k))
+    diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
     if diff:
       raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
                        "another --output or the same options")
   elif os.path.exists(path) and os.path.getsize(path) > 0:
     log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
+  with open(opt_path, "w") as f:
+    json.dump({**old, **options}, f, indent=1)
+
+
+def record_sentences(path: str, data: dict) -> None:
+  """Adds `sentences_used` (what the analysis read) to `<path>.options.json`, for the report.
+
+  Writes {'sentences_used': {'attention_entropy': n, 'tree_projection': m, 'label': text}}, where
+  `label` says which lines they are (e.g. "`quest` lines of train").
+  """
+  opt_path = path + ".options.json"
+  with open(opt_path) as f:
+    options = json.load(f)
+  options["sentences_used"] = {"attention_entropy": len(data["entropy"]),
+                               "tree_projection": len(data["declarative"]),
+                               "label": data["label"]}
   with open(opt_path, "w") as f:
     json.dump(options, f, indent=1)
 
@@ -156,15 +199,29 @@ class CsvAppender:
     self._f.close()
 
 
-def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab):
-  """Full-line and declarative word ids (and gold trees) of the first `num` lines of `split`.
+def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab, *,
+                   sentence_set: str = "transformed",
+                   entropy_input: str = "declarative") -> dict[str, Any]:
+  """The analysis inputs of the first `num` lines of the sentence set of `split`.
+
+  Args:
+    config: the run's config (task and data options).
+    workdir: run directory (its data/ folder unless config.data.dir is set).
+    split: split name.
+    num: lines to take, the first `num` of the sentence set in file order.
+    need_trees: also return the gold trees of the declarative parts.
+    vocab: the run's vocabulary.
+    sentence_set: `pipeline.SENTENCE_SETS` ('transformed': quest / PRESENT lines only).
+    entropy_input: `pipeline.ENTROPY_INPUTS` ('declarative' or 'line').
 
   Returns:
-    dict with 'lines' (list of id lists), 'declarative' (list of id lists) and 'trees' (list of
-    nested tuples, or None when not needed).
+    dict with 'entropy' (word ids of the entropy inputs, without SOS), 'declarative' (word ids of
+    the non-empty declarative parts), 'trees' (their gold trees, or None when not needed) and
+    'label' (which lines, e.g. "`quest` lines of train").
 
   Raises:
-    ValueError: unknown split, or gold trees needed but the data has none.
+    ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
+      the data has none.
   """
   from sg_jax import tasks  # pylint: disable=import-outside-toplevel
 
@@ -173,19 +230,24 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     raise ValueError(f"unknown split {split!r} for task {task.name}; splits: {task.split_names}")
   data_dir = config.data.dir or os.path.join(workdir, "data")
   task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
-  examples = task.read_split(data_dir, split)[:num]
-  lines = [vocab.encode(ex.words) for ex in examples]
-  decl_words = [pipeline.declarative_words(ex) for ex in examples]
-  keep = [i for i, w in enumerate(decl_words) if w]
+  examples = task.read_split(data_dir, split)
+  selected = pipeline.select_lines(examples, sentence_set)[:num]
+  token = getattr(task, "transformed_token", "")
+  label = (f"`{token}` lines of {split}" if sentence_set == "transformed" and token
+           else f"lines of {split}")
+  if not selected:
+    raise ValueError(f"split {split!r} of task {task.name} has no {label.split(' of ')[0]} "
+                     f"(of {len(examples)} lines); pass --sentence_set=all or another --split")
+  decl_words = [w for w in (pipeline.declarative_words(ex) for ex in selected) if w]
   gold = None
   if need_trees:
     try:
-      gold = [tasks.declarative_tree(examples[i]) for i in keep]
+      gold = [tasks.declarative_tree(ex) for ex in selected if pipeline.declarative_words(ex)]
     except ValueError as e:
       raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
                        f"has none ({e})") from None
-  return {"lines": lines, "declarative": [vocab.encode(decl_words[i]) for i in keep],
-          "trees": gold}
+  return {"entropy": [vocab.encode(w) for w in pipeline.entropy_inputs(selected, entropy_input)],
+          "declarative": [vocab.encode(w) for w in decl_words], "trees": gold, "label": label}
 
 
 def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[int]:
@@ -199,6 +261,7 @@ def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[i
 
 def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | None = None,
             groups: Sequence[str] = GROUPS, num_sentences: int = 1000, split: str = "train",
+            sentence_set: str = "transformed", entropy_input: str = "declarative",
             output: str = "analysis.csv", method: str = "greedy",
             normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
             entropy_batch_size: int = 64, seeds_per_call: int = 0,
@@ -231,8 +294,12 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   todo_steps = sorted(available if steps is None else steps)
   groups = list(groups)
   path = os.path.join(workdir, output)
-  check_options(path, {"split": split, "num_sentences": num_sentences, "method": method,
-                       "normalisation": normalisation, "rng_seed": rng_seed})
+  if sentence_set not in SENTENCE_SETS or entropy_input not in ENTROPY_INPUTS:
+    raise ValueError(f"sentence_set must be one of {SENTENCE_SETS} and entropy_input one of "
+                     f"{ENTROPY_INPUTS}, got {sentence_set!r} and {entropy_input!r}")
+  check_options(path, {"split": split, "sentence_set": sentence_set,
+                       "entropy_input": entropy_input, "num_sentences": num_sentences,
+                       "method": method, "normalisation": normalisation, "rng_seed": rng_seed})
   done = read_done(path)
   writer = CsvAppender(path)
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
@@ -242,7 +309,8 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   try:
     for n_step, step in enumerate(todo_steps):
       try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
-        run_seeds = [int(s) for s in checkpointing.read_meta(manager, step)["seeds"]]
+        meta = checkpointing.read_meta(manager, step)
+        run_seeds = [int(s) for s in meta["seeds"]]
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
         log.warning("skipping step %d: unreadable metadata: %s", step, e)
         continue
@@ -257,7 +325,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         continue
       vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
       config = restored.config
-      if data is None:
+      if data is None and set(groups) - {"weight_norm"}:
         if "tparseval" in groups and config.task == "dyck":
           if not strict_groups:
             log.warning("dyck has no gold trees: skipping tparseval")
@@ -265,10 +333,12 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             pending.pop("tparseval", None)
           else:
             raise ValueError("tparseval needs gold trees; the dyck task has none")
-        data = load_sentences(config, workdir, split, num_sentences, "tparseval" in groups, vocab)
+        data = load_sentences(config, workdir, split, num_sentences, "tparseval" in groups, vocab,
+                              sentence_set=sentence_set, entropy_input=entropy_input)
         if not data["declarative"] and ({"tscore", "tparseval"} & set(groups)):
           raise ValueError(f"no sentence of {split} has a declarative part")
-      longest = max(len(s) for s in data["lines"]) + 1
+        record_sentences(path, data)
+      longest = max((len(s) for s in data["entropy"]), default=0) + 1 if data else 0
       model_config = ModelConfig.from_config(config.model, vocab.size,
                                              max_len=max(512, longest))
       params_all = restored.state["params"]
@@ -283,13 +353,17 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
       if pending.get("weight_norm"):
         ids = pending["weight_norm"]
         norms = np.asarray(weight_norm.weight_norm_over_seeds(params_of(ids)))
+        decoder = meta.get(weight_norm.DECODER_NORM_META_KEY, {})  # converted checkpoints only
         for s, v in zip(ids, norms):
           rows += [(step, s, "weight_norm", v),
                    (step, s, "weight_norm_per_layer", v / model_config.num_layers)]
+          if str(s) in decoder:
+            rows.append((step, s, "weight_norm_released",
+                         weight_norm.released_weight_norm(v, decoder[str(s)])))
       if pending.get("attention_entropy"):
         ids = pending["attention_entropy"]
         ent = pipeline.attention_entropy_metrics(
-            params_of(ids), data["lines"], config=model_config, sos_id=vocab.sos_id,
+            params_of(ids), data["entropy"], config=model_config, sos_id=vocab.sos_id,
             batch_size=entropy_batch_size, seeds_per_call=seeds_per_call or None)
         for n, s in enumerate(ids):
           rows += [(step, s, "attention_sparsity_paper", ent["paper_sparsity"][n]),
@@ -335,7 +409,8 @@ def main(argv):
     result = analyze(
         _WORKDIR.value, steps=parse_list(_STEPS.value, "steps"),
         seeds=parse_list(_SEEDS.value, "seeds"), groups=parse_metrics(_METRICS.value),
-        num_sentences=_NUM_SENTENCES.value, split=_SPLIT.value, output=_OUTPUT.value,
+        num_sentences=_NUM_SENTENCES.value, split=_SPLIT.value,
+        sentence_set=_SENTENCE_SET.value, entropy_input=_ENTROPY_INPUT.value, output=_OUTPUT.value,
         method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,
         batch_size=_BATCH_SIZE.value, entropy_batch_size=_ENTROPY_BATCH_SIZE.value,
         seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present)

@@ -35,13 +35,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from sg_jax.analysis.weight_norm import DECODER_NORM_META_KEY
 from sg_jax.model import ModelConfig, sinusoidal_positions
 
 _LAYER = re.compile(r"^trafo\.encoder\.layers\.(\d+)\.(.+)$")
 _SKIP_PREFIXES = ("trafo.decoder.",)
 _SKIP_KEYS = ("int_seq",)
-# checkpoint-metadata key of the unused decoder's norm: {seed id (str): float}.
-RELEASED_DECODER_NORM = "released_decoder_norm"
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -205,12 +204,14 @@ def convert_state_dict(state_dict: Mapping[str, Any], *, num_heads: int = 8,
             "value": {"kernel": np.ascontiguousarray(kv[:, :, 1, :])},
             "out": {"kernel": wm.T.reshape(num_heads, p, d)},
         },
-        "norm1": {"scale": take(pre + "norm1.weight", (d,)), "bias": take(pre + "norm1.bias", (d,))},
+        "norm1": {"scale": take(pre + "norm1.weight", (d,)),
+                  "bias": take(pre + "norm1.bias", (d,))},
         "linear1": {"kernel": take(pre + "linear1.weight", (d_ff, d)).T,
                     "bias": take(pre + "linear1.bias", (d_ff,))},
         "linear2": {"kernel": take(pre + "linear2.weight", (d, d_ff)).T,
                     "bias": take(pre + "linear2.bias", (d,))},
-        "norm2": {"scale": take(pre + "norm2.weight", (d,)), "bias": take(pre + "norm2.bias", (d,))},
+        "norm2": {"scale": take(pre + "norm2.weight", (d,)),
+                  "bias": take(pre + "norm2.bias", (d,))},
     }
   params["output"] = {"kernel": take("output_map.weight", (vocab, d)).T,
                       "bias": take("output_map.bias", (vocab,))}
@@ -245,7 +246,7 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
     out: output workdir.
     step, seed_id: step and seed id to record.
     released_decoder_norm: the original's unused-decoder norm (`decoder_norm`); stored in the
-      metadata as `released_decoder_norm` {seed id (str): norm} so that `sg_jax.analyze` can
+      metadata (`DECODER_NORM_META_KEY`: {seed id (str): norm}) so that `sg_jax.analyze` can
       also report the released global norm (`weight_norm_released`). None stores nothing.
 
   Returns:
@@ -278,7 +279,7 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
   state = {"params": jax.tree_util.tree_map(lambda x: np.asarray(x)[None], params)}
   meta = checkpointing.make_meta(config, vocab.to_json(), [seed_id])
   if released_decoder_norm is not None:
-    meta[RELEASED_DECODER_NORM] = {str(seed_id): float(released_decoder_norm)}
+    meta[DECODER_NORM_META_KEY] = {str(seed_id): float(released_decoder_norm)}
   manager = checkpointing.make_manager(out, asynchronous=False)
   try:
     checkpointing.save(manager, step, state, meta)
@@ -312,7 +313,8 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=import-outside-toplevel
-  flags.DEFINE_string("checkpoint", None, "state_dict file (torch pickle, or .npz of the same keys)")
+  flags.DEFINE_string("checkpoint", None,
+                      "state_dict file (torch pickle, or .npz of the same keys)")
   flags.DEFINE_string("task", None, "task of the model: question | tense | dyck")
   flags.DEFINE_string("out", None, "output workdir for the sg_jax checkpoint")
   flags.DEFINE_integer("num_heads", 8, "attention heads of the original model (released: 8)")

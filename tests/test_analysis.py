@@ -338,3 +338,33 @@ def test_declarative_words_and_make_batches():
   assert batches[1].num_words.tolist() == [3, 0] and batches[1].lengths.tolist() == [4, 0]
   with pytest.raises(ValueError):
     pipeline.make_batches([[]], sos_id=SOS, batch_size=2)
+
+
+def test_select_lines_and_entropy_inputs_on_hand_built_lines():
+  from sg_jax.tasks.base import Example  # pylint: disable=import-outside-toplevel
+  decl = Example(source=("her", "dog", "does", "sleep", ".", "decl"),
+                 target=("her", "dog", "does", "sleep", "."), task_token="decl")
+  quest = Example(source=("my", "yak", "doesn't", "read", ".", "quest"),
+                  target=("doesn't", "my", "yak", "read", "?"), task_token="quest",
+                  transformed=True)
+  lines = [decl, quest, decl, quest]
+  # the released set: quest (transformed) lines only, in file order; 'all' keeps every line.
+  assert pipeline.select_lines(lines, "transformed") == [quest, quest]
+  assert pipeline.select_lines(lines, "all") == lines
+  dyck = [Example(source=("(a", "a)")), Example(source=("(b", "(a", "a)", "b)"))]
+  assert pipeline.select_lines(dyck, "transformed") == dyck  # no task token: every line
+  # the released input: words before the task token, final "." removed (SOS added later).
+  assert pipeline.entropy_inputs([quest], "declarative") == [("my", "yak", "doesn't", "read")]
+  assert pipeline.entropy_inputs([quest], "line") == [
+      ("my", "yak", "doesn't", "read", ".", "quest", "doesn't", "my", "yak", "read", "?")]
+  with pytest.raises(ValueError, match="sentence set"):
+    pipeline.select_lines(lines, "quest")
+  with pytest.raises(ValueError, match="entropy input"):
+    pipeline.entropy_inputs(lines, "source")
+
+
+def test_released_weight_norm_adds_the_decoder_in_squares():
+  np.testing.assert_allclose(weight_norm.released_weight_norm([3.0, 6.0], 4.0), [5.0, 7.2111026],
+                             rtol=1e-7)
+  with pytest.raises(ValueError, match="decoder norm"):
+    weight_norm.released_weight_norm(3.0, -1.0)

@@ -5,6 +5,7 @@ option changes refused, crash-cut CSV lines tolerated."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -113,3 +114,91 @@ def test_other_output_with_cky(workdir):
                            normalisation="split_mean", groups=["tscore"], seeds=[5])
   rows = _rows(os.path.join(workdir, "cky.csv"))
   assert result["rows_written"] == 2 and {r[2] for r in rows} == {"tscore"}
+
+
+# Hand-built question-formation lines with known declarative lengths (9, 12, 11 words; whole LM
+# lines of 21, 27, 25 words). Only the two `quest` lines are in the released sentence set.
+_KNOWN_LINES = (
+    "my salamander above our quails does confuse our yaks . decl\t"
+    "my salamander above our quails does confuse our yaks .",
+    "our orangutan behind your vultures does entertain our newt behind some newt . quest\t"
+    "does our orangutan behind your vultures entertain our newt behind some newt ?",
+    "her peacock does amuse our xylophone that some peacock doesn't entertain . quest\t"
+    "does her peacock amuse our xylophone that some peacock doesn't entertain ?",
+)
+
+
+@pytest.fixture(scope="module")
+def known_workdir(tmp_path_factory):
+  """One checkpoint of a model with zero query kernels (uniform causal attention: entropy log t
+  at input position t - 1) and zero head-merge kernels (attention adds nothing, so every SCI
+  chart entry is 1 and an unnormalised tscore is 2 (n - 1) for n words)."""
+  root = tmp_path_factory.mktemp("known")
+  data_dir = os.path.join(root, "data")
+  os.makedirs(data_dir)
+  task = tasks.get_task("question")
+  for split in task.split_names:
+    with open(os.path.join(data_dir, task.file_names(split)[0]), "w") as f:
+      f.write("\n".join(_KNOWN_LINES) + "\n")
+  config = configlib.base_config("question")
+  config.data.dir = data_dir
+  config.model.num_layers, config.model.d_model = 1, 16
+  config.model.num_heads, config.model.d_ff = 2, 32
+  config.first_seed, config.num_seeds = 0, 1
+  vocab = task.vocab()
+  params = init_params(ModelConfig.from_config(config.model, vocab.size), jax.random.PRNGKey(0))
+  for layer in range(1):
+    for name in ("query", "out"):
+      kernel = params[f"layer_{layer}"]["attention"][name]["kernel"]
+      params[f"layer_{layer}"]["attention"][name]["kernel"] = jnp.zeros_like(kernel)
+  manager = checkpointing.make_manager(str(root), asynchronous=False)
+  checkpointing.save(manager, 0, {"params": jax.tree_util.tree_map(lambda x: x[None], params)},
+                     checkpointing.make_meta(config, vocab.to_json(), [0]))
+  manager.wait_until_finished()
+  manager.close()
+  return str(root)
+
+
+def _values(workdir, output):
+  return {r[2]: float(r[3]) for r in _rows(os.path.join(workdir, output))}
+
+
+def _log_factorial(n):
+  return float(np.sum(np.log(np.arange(1, n + 1))))
+
+
+def test_default_sentences_and_entropy_input_are_the_released_ones(known_workdir):
+  common = dict(groups=["attention_entropy", "tscore"], normalisation="none")
+  analyze.analyze(known_workdir, **common)
+  got = _values(known_workdir, "analysis.csv")
+  # released: SOS + declarative words of the quest lines only: 13 and 12 input positions.
+  np.testing.assert_allclose(got["attention_entropy_reference"],
+                             (_log_factorial(13) + _log_factorial(12)) / 2, rtol=1e-5)
+  np.testing.assert_allclose(got["attention_sparsity_paper"],
+                             -(_log_factorial(13) + _log_factorial(12)) / 25, rtol=1e-5)
+  np.testing.assert_allclose(got["tscore"], (2 * 11 + 2 * 10) / 2, rtol=1e-5)
+  with open(os.path.join(known_workdir, "analysis.csv.options.json")) as f:
+    used = json.load(f)["sentences_used"]
+  assert used == {"attention_entropy": 2, "tree_projection": 2,
+                  "label": "`quest` lines of train"}
+
+  # the former inputs, named: every line, and whole LM lines (SOS + 21 / 27 / 25 words).
+  analyze.analyze(known_workdir, sentence_set="all", entropy_input="line", output="lines.csv",
+                  **common)
+  got = _values(known_workdir, "lines.csv")
+  lines = (_log_factorial(22), _log_factorial(28), _log_factorial(26))
+  np.testing.assert_allclose(got["attention_entropy_reference"], np.mean(lines), rtol=1e-5)
+  np.testing.assert_allclose(got["attention_sparsity_paper"], -sum(lines) / 76, rtol=1e-5)
+  np.testing.assert_allclose(got["tscore"], (2 * 8 + 2 * 11 + 2 * 10) / 3, rtol=1e-5)
+  # an analysis file from before these options existed used every whole line: it continues
+  # with those options and refuses the new defaults.
+  opt = os.path.join(known_workdir, "lines.csv.options.json")
+  with open(opt) as f:
+    options = json.load(f)
+  del options["sentence_set"], options["entropy_input"]
+  with open(opt, "w") as f:
+    json.dump(options, f)
+  assert analyze.analyze(known_workdir, sentence_set="all", entropy_input="line",
+                         output="lines.csv", **common)["rows_written"] == 0
+  with pytest.raises(ValueError, match="sentence_set.*'all', 'transformed'"):
+    analyze.analyze(known_workdir, output="lines.csv", **common)

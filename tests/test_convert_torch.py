@@ -190,3 +190,36 @@ def test_released_float32_position_table_is_accepted_on_the_rows_used():
   sd["pos.pe"][100, 0, 7] += 2e-4
   with pytest.raises(ValueError, match=r"row 100 differs by 0\.000[12].*float32 rounding"):
     convert_torch.convert_state_dict(sd, num_heads=8)
+
+
+def test_released_weight_norm_of_a_converted_checkpoint_includes_the_decoder(tmp_path):
+  tasks = pytest.importorskip("sg_jax.tasks")
+  from sg_jax import analyze  # pylint: disable=import-outside-toplevel
+  vocab_size = tasks.get_task("question").vocab().size
+  rng = np.random.default_rng(5)
+  sd = _state_dict(5)
+  sd["input_embedding.weight"] = rng.normal(size=(vocab_size, D)).astype(np.float32)
+  sd["output_map.weight"] = rng.normal(size=(vocab_size, D)).astype(np.float32)
+  sd["output_map.bias"] = rng.normal(size=(vocab_size,)).astype(np.float32)
+  # a decoder the LM never calls (a layer and its final norm), as the original module builds.
+  sd["trafo.decoder.layers.0.multihead_attn.data_to_q.weight"] = rng.normal(
+      size=(D, D)).astype(np.float32)
+  sd["trafo.decoder.norm.weight"] = np.ones(D, np.float32)
+  square = lambda keys: sum(float(np.sum(sd[k].astype(np.float64) ** 2)) for k in keys)
+  buffers = ("pos.pe", "int_seq")
+  decoder_keys = [k for k in sd if k.startswith("trafo.decoder.")]
+  model_keys = [k for k in sd if k not in buffers and k not in decoder_keys]
+  by_hand = math.sqrt(square(model_keys) + square(decoder_keys))  # every parameter of the module
+
+  dec_norm, dec_count = convert_torch.decoder_norm({"module." + k: v for k, v in sd.items()})
+  assert dec_count == F * D + D * D + D
+  np.testing.assert_allclose(dec_norm, math.sqrt(square(decoder_keys)), rtol=1e-12)
+  out = os.path.join(tmp_path, "converted")
+  convert_torch.write_checkpoint(*convert_torch.convert_state_dict(sd, num_heads=H), "question",
+                                 out, step=300, seed_id=7, released_decoder_norm=dec_norm)
+  analyze.analyze(out, groups=["weight_norm"])
+  with open(os.path.join(out, "analysis.csv")) as f:
+    got = {r.split(",")[2]: float(r.split(",")[3]) for r in f.read().splitlines()[1:]}
+  np.testing.assert_allclose(got["weight_norm_released"], by_hand, rtol=1e-6)
+  np.testing.assert_allclose(got["weight_norm"], math.sqrt(square(model_keys)), rtol=1e-6)
+  assert got["weight_norm_released"] > got["weight_norm"] * 1.01

@@ -15,6 +15,13 @@ Three quantities, named so that nobody confuses them (`docs/REFERENCE.md` §1):
   output to the next); NOT negated; then averaged over sentences. Higher = less sparse. Padding
   positions are excluded here (their rows are not attention distributions of the sentence).
 
+Input. Every quantity is computed on the token sequences the caller passes. `sg_jax.analyze`
+passes, by default, the released input: SOS + the declarative words (source words before the task
+token, final "." removed) of the transformed (`quest` / `PRESENT`) lines; `--entropy_input=line`
+passes SOS + whole LM lines instead (`pipeline.ENTROPY_INPUTS`). The choice matters most for
+`reference_entropy`, a SUM over positions: whole question-formation lines are about twice as long
+as their declarative part, and the sum grows faster than the length (about 3x on the same lines).
+
 All functions are written for one seed; `attention_entropy_stats_over_seeds` adds the seed axis.
 Batch functions return *sums and counts* so that several batches can be combined exactly with
 `combine_stats` and then turned into means with `finalize_stats`.

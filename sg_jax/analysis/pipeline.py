@@ -8,7 +8,16 @@ are filled with empty rows that every statistic ignores. Seeds are processed `se
 time (all at once by default) to bound memory: the tree-projection pass runs
 seeds x batch x n_words sequences at once.
 
-Also here: `declarative_words` (the part of a line tree projections use; docs/REFERENCE.md §1).
+Also here: which lines and which part of each line the quantities read (docs/REFERENCE.md §1):
+
+* the sentence set (`select_lines`, `SENTENCE_SETS`): 'transformed' (default) keeps only the
+  transformed lines, `quest` for question formation and `PRESENT` for tense reinflection, as the
+  released analysis code does with `quest` lines (Dyck has no task token: every line); 'all'
+  keeps every line of the split (identity lines included);
+* the model input (`entropy_inputs`, `ENTROPY_INPUTS`): 'declarative' = SOS + the declarative
+  words (`declarative_words`: the source words before the task token, final "." removed), the
+  released input of the attention entropies and the only input of tree projections; 'line' =
+  SOS + the whole LM line (source + target).
 """
 
 from __future__ import annotations
@@ -45,6 +54,50 @@ def declarative_words(example: Any) -> tuple[str, ...]:
   if words and words[-1] == ".":
     words = words[:-1]
   return words
+
+
+SENTENCE_SETS = ("transformed", "all")
+ENTROPY_INPUTS = ("declarative", "line")
+
+
+def select_lines(examples: Sequence[Any], sentence_set: str) -> list[Any]:
+  """The lines of a split an analysis reads, in file order (module docstring).
+
+  Args:
+    examples: `sg_jax.tasks` Examples of one split.
+    sentence_set: 'transformed' (lines with `transformed=True`: `quest` / `PRESENT`; every line
+      when no line has a task token, as in Dyck) or 'all'.
+
+  Returns:
+    the selected Examples (the caller takes the first N).
+
+  Raises:
+    ValueError: unknown sentence set.
+  """
+  if sentence_set not in SENTENCE_SETS:
+    raise ValueError(f"unknown sentence set {sentence_set!r}; expected one of {SENTENCE_SETS}")
+  if sentence_set == "all" or all(getattr(ex, "task_token", None) is None for ex in examples):
+    return list(examples)
+  return [ex for ex in examples if getattr(ex, "transformed", False)]
+
+
+def entropy_inputs(examples: Sequence[Any], entropy_input: str) -> list[tuple[str, ...]]:
+  """Words fed (after SOS) to the attention-entropy pass, one tuple per line.
+
+  Args:
+    examples: `sg_jax.tasks` Examples.
+    entropy_input: 'declarative' (`declarative_words`; lines whose declarative part is empty are
+      left out) or 'line' (`example.words`, source + target).
+
+  Raises:
+    ValueError: unknown input.
+  """
+  if entropy_input not in ENTROPY_INPUTS:
+    raise ValueError(f"unknown entropy input {entropy_input!r}; expected one of "
+                     f"{ENTROPY_INPUTS}")
+  if entropy_input == "line":
+    return [tuple(ex.words) for ex in examples]
+  return [w for w in (declarative_words(ex) for ex in examples) if w]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +171,12 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
                               config: ModelConfig, sos_id: int, batch_size: int = 64,
                               seeds_per_call: int | None = None,
                               progress: Any = None) -> dict[str, np.ndarray]:
-  """Attention entropies over a set of lines for every seed.
+  """Attention entropies over a set of model inputs for every seed.
 
   Args:
     params_S: parameters with a leading seed axis [S, ...].
-    sentences: word ids of each full LM line (source + target), without SOS.
+    sentences: word ids of each input without SOS (`entropy_inputs`: the declarative part, the
+      released input, or the whole LM line); every quantity is computed on exactly these inputs.
     config: model config.
     sos_id: SOS id.
     batch_size: lines per batch.

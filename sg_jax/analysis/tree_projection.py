@@ -210,7 +210,7 @@ def split_scores(chart_NxN: Array) -> tuple[Array, Array]:
 
 
 def _traverse(split_NxN: Array, num_words: Array) -> Array:
-  """Pre-order node list [N - 1, 3] (i, k, j) of the tree with split table `split_NxN`, -1 padded."""
+  """Pre-order node list [N - 1, 3] (i, k, j) of the tree with split table `split_NxN`, -1 pad."""
   n_max = split_NxN.shape[0]
   n_nodes = max(n_max - 1, 0)
   stack = jnp.zeros((n_max + 1, 2), jnp.int32).at[0].set(jnp.stack([0, num_words - 1]))
