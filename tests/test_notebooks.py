@@ -3,24 +3,96 @@ they produce: the training plot, analysis.csv and the report figures, the tree-p
 
 The parameter cells read SG_JAX_NOTEBOOK_* environment variables, set here to a 1-layer,
 d_model 32, 40-step run on pre-generated tiny data. The three notebooks share one workdir and
-run in order (train, analyse, inspect), so they form one test.
+run in order (train, analyse, analyse again with other options, inspect), so they form one test.
+
+The install cell (the same in every notebook) is also run in its dry mode
+(SG_JAX_NOTEBOOK_DRY_RUN=1: it prints the commands it would run) from a folder that is not a
+checkout, as on Colab; its `install_commands` is checked with and without an installed jax.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
+import shlex
+import sys
+from importlib import metadata
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
+NAMES = ("train_and_watch.ipynb", "analysis_and_figures.ipynb", "tree_projections.ipynb")
+PIP = [sys.executable, "-m", "pip", "install", "-q"]
+
+
+def _install_cell(name):
+  book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+  return next(c.source for c in book.cells
+              if c.cell_type == "code" and c.source.startswith("# Install / locate sg_jax"))
+
+
+def _dry_install(tmp_path, monkeypatch, source):
+  """Runs the install cell in dry mode from the empty folder tmp_path; (namespace, stdout)."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("SG_JAX_NOTEBOOK_DRY_RUN", "1")
+  monkeypatch.setenv("SG_JAX_SOURCE", source)
+  namespace, out = {}, io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(_install_cell(NAMES[0]), namespace)  # pylint: disable=exec-used
+  assert os.listdir(tmp_path) == []  # nothing was run
+  return namespace, [shlex.split(l[2:]) for l in out.getvalue().splitlines() if l.startswith("$ ")]
+
+
+def test_install_cell_is_shared_and_has_no_placeholder():
+  cells = {_install_cell(name) for name in NAMES}
+  assert len(cells) == 1
+  assert "YOUR_ORG" not in cells.pop()
+
+
+def test_install_cell_dry_run_from_a_checkout_folder_keeps_the_installed_jax(tmp_path,
+                                                                             monkeypatch):
+  _, commands = _dry_install(tmp_path, monkeypatch, ROOT)
+  requirements, editable = commands
+  assert editable == PIP + ["--no-deps", "-e", ROOT]
+  assert requirements[:len(PIP)] == PIP and "flax>=0.12" in requirements
+  assert f"jax=={metadata.version('jax')}" in requirements
+  assert not any(r.startswith("jax>") for r in requirements)
+
+
+def test_install_cell_dry_run_clones_a_git_url(tmp_path, monkeypatch):
+  url = "https://example.com/someone/sg_jax.git"
+  _, commands = _dry_install(tmp_path, monkeypatch, url)
+  checkout = str(tmp_path / "sg_jax")
+  assert commands == [["git", "clone", "--depth=1", url, checkout],
+                      PIP + ["--no-deps", "-e", checkout]]
+  with pytest.raises(FileNotFoundError, match="upload"):
+    _dry_install(tmp_path, monkeypatch, "sg_jax_src.tar.gz")
+
+
+def test_install_commands_with_and_without_jax(tmp_path, monkeypatch):
+  namespace, _ = _dry_install(tmp_path, monkeypatch, ROOT)
+  install_commands = namespace["install_commands"]
+  requirements = ["# stack", "jax>=0.10", "flax>=0.12  # nn", "", "tensorflow-cpu", "numpy"]
+  editable = PIP + ["--no-deps", "-e", "/src"]
+  present = {"jax": "0.10.2", "jaxlib": "0.10.1", "tensorflow": "2.19.0"}
+  assert install_commands(requirements, present, "/src") == [
+      PIP + ["jax==0.10.2", "jaxlib==0.10.1", "flax>=0.12", "numpy"], editable]
+  assert install_commands(requirements, {}, "/src") == [
+      PIP + ["jax>=0.10", "flax>=0.12", "tensorflow-cpu", "numpy"], editable]
+  too_old = {"jax": "0.4.30", "jaxlib": "0.4.30", "jax-cuda12-plugin": "0.4.30"}
+  assert install_commands(requirements, too_old, "/src")[0][len(PIP)] == "jax[cuda12]>=0.10"
+  assert install_commands(requirements, {"jax": "0.4.30", "libtpu": "0.0.1"},
+                          "/src")[0][len(PIP)] == "jax[tpu]>=0.10"
 
 
 def _execute(name: str):
+  nbclient = pytest.importorskip("nbclient")
+  pytest.importorskip("ipykernel")
   book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
   client = nbclient.NotebookClient(book, timeout=300, kernel_name="python3",
                                    resources={"metadata": {"path": NOTEBOOKS}})
@@ -62,12 +134,31 @@ def test_notebooks_run_top_to_bottom(tmp_path, monkeypatch):
   assert _outputs(book, "png")
 
   book = _execute("analysis_and_figures.ipynb")
-  assert os.path.exists(os.path.join(workdir, "analysis.csv"))
+  analysis = os.path.join(workdir, "analysis.csv")
+  assert os.path.exists(analysis)
   report_dir = os.path.join(workdir, "report")
-  for name in ("summary.md", "summary.csv", "grokking_depth1.png", "early_stopping.png",
-               "inverted_u.png", "dynamics_tscore.png", "dynamics_weight_norm.png"):
+  figures = ("summary.md", "summary.csv", "grokking_depth1.png", "early_stopping.png",
+             "inverted_u.png", "dynamics_tscore.png", "dynamics_weight_norm.png")
+  for name in figures:
     assert os.path.exists(os.path.join(report_dir, name)), name
   assert len(_outputs(book, "png")) >= 7
+
+  # Again with other options (as if analysed by the CLI with another --num_sentences) and
+  # another report folder: the run's analysis.csv is extended with its own options.
+  with open(analysis) as f:
+    rows = f.read()
+  monkeypatch.setenv("SG_JAX_NOTEBOOK_NUM_SENTENCES", "6")
+  other_report = str(tmp_path / "report_other")
+  monkeypatch.setenv("SG_JAX_NOTEBOOK_REPORT_DIR", other_report)
+  book = _execute("analysis_and_figures.ipynb")
+  text = "\n".join(_outputs(book, "text"))
+  assert "'num_sentences': 8" in text and "extending it with those options" in text
+  with open(analysis) as f:
+    assert f.read() == rows  # every row was there already
+  with open(analysis + ".options.json") as f:
+    assert json.load(f)["num_sentences"] == 8
+  for name in figures:
+    assert os.path.exists(os.path.join(other_report, name)), name
 
   book = _execute("tree_projections.ipynb")
   text = "\n".join(_outputs(book, "text"))
