@@ -135,6 +135,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.eval.max_lines = 0
   # Dyck: count only closing brackets whose opening bracket is at least this many tokens back.
   c.eval.dyck_min_distance = 0
+  # Tense: greedy decoding with a key/value cache (the same tokens as False, which runs a full
+  # forward pass per decoded token and is kept for comparison).
+  c.eval.kv_cache = True
 
   c.checkpoint = ml_collections.ConfigDict()
   # Checkpoint interval (steps); the analysis reads these.

@@ -13,13 +13,17 @@ Definitions follow the released code (Murty et al., ACL 2023, §3; `docs/REFEREN
 * Dyck: at every closing bracket (optionally only those whose opening bracket is at least
   `min_distance` tokens back), the argmax over closing-bracket tokens must be the correct type.
 
-All functions take logits from a teacher-forced pass, except `greedy_decode`, which runs the model.
-Arrays are per seed: `[batch, length]` etc.; `evaluate_split` batches over lines with `lax.map`.
+All functions take logits from a teacher-forced pass, except `greedy_decode` and
+`greedy_decode_cached`, which run the model. Arrays are per seed: `[batch, length]` etc.;
+`make_evaluate_fn` batches over lines with `lax.map`, `make_split_evaluator` leaves the loop over
+batches to the caller (`train.make_eval_fn`, which logs progress with `ProgressLog`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import logging
+import time
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +148,56 @@ def greedy_decode(apply_fn: Callable[[Array], Array], inputs_BxL: Array, task_po
   return jnp.where(jnp.arange(length)[None] >= task_pos_B[:, None], decoded, 0)
 
 
+def greedy_decode_cached(apply_cached: Callable, init_cache: Callable, inputs_BxL: Array,
+                         task_pos_B: Array, num_steps: int, prefix_length: int = 0) -> Array:
+  """`greedy_decode` with a key/value cache: the same tokens, about L times less computation.
+
+  The prefix (positions <= task_pos, the rest zeroed as `greedy_decode` does) is fed in one call,
+  then one token per line and call, each line at its own position, so lines with different
+  prefix lengths in one batch decode exactly the tokens `greedy_decode` decodes (its positions
+  are clamped to length - 1 in the same way); the logits agree with the full forward pass up to
+  float rounding (`model.TransformerLM`, `decode`).
+
+  Args:
+    apply_cached: `(tokens [batch, T], positions [batch, T], cache) -> (logits [batch, T, vocab],
+      cache)` (deterministic; `model.apply_cached`).
+    init_cache: `(batch, slots) -> cache`, an empty cache (`model.init_cache`).
+    inputs_BxL: teacher-forced inputs; only positions <= task_pos are used.
+    task_pos_B: index of the task token in each line.
+    num_steps: tokens to decode (static), e.g. the longest target incl. EOS.
+    prefix_length: static number of leading positions fed in the first call, > every
+      task_pos (0 = length): positions past it are never read before they are decoded.
+
+  Returns:
+    decoded_BxL: int32 [batch, length], as `greedy_decode`.
+  """
+  batch, length = inputs_BxL.shape
+  prefix_length = prefix_length or length
+  positions = jnp.arange(length + 1)[None]
+  buf = jnp.pad(inputs_BxL, ((0, 0), (0, 1)))
+  buf = jnp.where(positions <= task_pos_B[:, None], buf, 0)
+  rows = jnp.arange(batch)
+  if num_steps > 0:
+    prefix_positions = jnp.broadcast_to(jnp.arange(prefix_length, dtype=jnp.int32),
+                                        (batch, prefix_length))
+    logits, cache = apply_cached(buf[:, :prefix_length], prefix_positions,
+                                 init_cache(batch, length))
+    p = jnp.minimum(task_pos_B, length - 1)
+    buf = buf.at[rows, p + 1].set(jnp.argmax(logits[rows, p], axis=-1).astype(buf.dtype))
+
+    def body(k, carry):
+      buf, cache = carry
+      p = jnp.minimum(task_pos_B + k, length - 1)
+      # The token at p: decoded by the previous call, or (once p is clamped) left unchanged.
+      logits, cache = apply_cached(buf[rows, p][:, None], p[:, None].astype(jnp.int32), cache)
+      nxt = jnp.argmax(logits[:, 0], axis=-1).astype(buf.dtype)
+      return buf.at[rows, p + 1].set(nxt), cache
+
+    buf, _ = jax.lax.fori_loop(1, num_steps, body, (buf, cache))
+  decoded = buf[:, 1:]
+  return jnp.where(jnp.arange(length)[None] >= task_pos_B[:, None], decoded, 0)
+
+
 def tense_correct(decoded_BxL: Array, targets_BxL: Array, task_pos_B: Array, lengths_B: Array,
                   main_verb_pos_B: Array, pos_table: Array) -> Array:
   """Tense metric per line (bool [batch]): same part-of-speech sequence and same main verb.
@@ -172,23 +226,24 @@ def pad_to_multiple(arrays: dict[str, np.ndarray], multiple: int) -> tuple[dict,
   return out, n
 
 
-def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                     dyck_min_distance: int = 0) -> Callable:
-  """Builds `evaluate(params, batches) -> {'loss', 'accuracy'}` for ONE seed.
+class SplitEvaluator(NamedTuple):
+  """The evaluation of one split for ONE seed, in two parts, so that a caller can drive the
+  batches one by one (`train.make_eval_fn` logs progress between them).
 
-  Args:
-    task_name: "question", "tense" or "dyck".
-    apply_fn: `(params, tokens [B, L]) -> logits [B, L, V]`, deterministic.
-    vocab: the task's `Vocab` (for the auxiliary / closing-bracket ids and the POS table).
-    decode_steps: tense only: tokens to decode (longest target incl. EOS).
-    dyck_min_distance: Dyck only: minimum distance to the matching opening bracket.
+  Attributes:
+    batch_sums: `(params, batch) -> {name: float32 []}`, sums over the batch's valid lines
+      (`batch`: one batch of the `batches` described in `make_evaluate_fn`).
+    summarize: `{name: float32 [num_batches]} -> metrics`, the per-batch sums stacked.
+  """
 
-  The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
-  (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
-  `loss` = mean token cross-entropy (nats) over every non-padding target position of the split,
-  `accuracy` = the task metric (module docstring); question formation adds
-  `move_first_agreement` and `skip_relative_agreement`: the fraction of `quest` lines whose
-  ranked auxiliary is the one the rule fronts (`question_rule_auxiliaries`).
+  batch_sums: Callable
+  summarize: Callable
+
+
+def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
+                         dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None,
+                         prefix_length: int = 0) -> SplitEvaluator:
+  """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there.
 
   Raises:
     ValueError: unknown task name.
@@ -207,7 +262,16 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
     close_ids = jnp.asarray(
         np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("close")), jnp.int32)
 
-  def one_batch(params, batch):
+  def decode(params, batch):
+    if kv_cache_fns is None:
+      return greedy_decode(lambda t: apply_fn(params, t), batch["inputs"], batch["task_pos"],
+                           decode_steps)
+    apply_cached, init_cache = kv_cache_fns
+    return greedy_decode_cached(lambda t, p, c: apply_cached(params, t, p, c),
+                                lambda b, n: init_cache(params, b, n), batch["inputs"],
+                                batch["task_pos"], decode_steps, prefix_length)
+
+  def batch_sums(params, batch):
     logits = apply_fn(params, batch["inputs"])
     valid = batch["valid"]
     loss_sum, count = token_losses(logits, batch["targets"])
@@ -224,10 +288,8 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
       out["move_first_agreement"] = jnp.sum((best == move_first) & sel).astype(jnp.float32)
       out["skip_relative_agreement"] = jnp.sum((best == skip_rel) & sel).astype(jnp.float32)
     elif task_name == "tense":
-      decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"], batch["task_pos"],
-                              decode_steps)
-      ok = tense_correct(decoded, batch["targets"], batch["task_pos"], batch["lengths"],
-                         batch["main_verb_pos"], pos_table)
+      ok = tense_correct(decode(params, batch), batch["targets"], batch["task_pos"],
+                         batch["lengths"], batch["main_verb_pos"], pos_table)
       out["correct"] = jnp.sum(ok & valid).astype(jnp.float32)
       out["total"] = jnp.sum(valid).astype(jnp.float32)
     else:
@@ -237,9 +299,8 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
       out["total"] = jnp.sum(jnp.where(valid, scored, 0.0))
     return out
 
-  def evaluate(params, batches):
-    sums = jax.lax.map(lambda b: one_batch(params, b), batches)
-    sums = jax.tree_util.tree_map(jnp.sum, sums)
+  def summarize(per_batch):
+    sums = jax.tree_util.tree_map(jnp.sum, per_batch)
     total = jnp.maximum(sums["total"], 1.0)
     out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
            "accuracy": sums["correct"] / total}
@@ -248,4 +309,102 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
         out[rule] = sums[rule] / total
     return out
 
+  return SplitEvaluator(batch_sums=batch_sums, summarize=summarize)
+
+
+def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
+                     dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None,
+                     prefix_length: int = 0) -> Callable:
+  """Builds `evaluate(params, batches) -> {'loss', 'accuracy'}` for ONE seed.
+
+  Args:
+    task_name: "question", "tense" or "dyck".
+    apply_fn: `(params, tokens [B, L]) -> logits [B, L, V]`, deterministic.
+    vocab: the task's `Vocab` (for the auxiliary / closing-bracket ids and the POS table).
+    decode_steps: tense only: tokens to decode (longest target incl. EOS).
+    dyck_min_distance: Dyck only: minimum distance to the matching opening bracket.
+    kv_cache_fns: tense only: `(apply_cached, init_cache)` with `apply_cached(params, tokens
+      [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)` and `init_cache(params,
+      batch, slots) -> cache` (`model.apply_cached`, `model.init_cache`): decode with
+      `greedy_decode_cached` (the same tokens, far faster); None: `greedy_decode`, one full
+      forward pass per decoded token.
+    prefix_length: tense with `kv_cache_fns`: leading positions fed in the first call, > every
+      task_pos of the split (0 = the padded length).
+
+  The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
+  (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
+  `loss` = mean token cross-entropy (nats) over every non-padding target position of the split,
+  `accuracy` = the task metric (module docstring); question formation adds
+  `move_first_agreement` and `skip_relative_agreement`: the fraction of `quest` lines whose
+  ranked auxiliary is the one the rule fronts (`question_rule_auxiliaries`).
+
+  Raises:
+    ValueError: unknown task name.
+  """
+  split = make_split_evaluator(task_name, apply_fn, vocab, decode_steps=decode_steps,
+                               dyck_min_distance=dyck_min_distance, kv_cache_fns=kv_cache_fns,
+                               prefix_length=prefix_length)
+
+  def evaluate(params, batches):
+    return split.summarize(jax.lax.map(lambda b: split.batch_sums(params, b), batches))
+
   return evaluate
+
+
+class ProgressLog:
+  """Logs the progress of a long evaluation: lines done, lines/s and the time left.
+
+  Nothing is logged for an evaluation that ends within `first_after_s` seconds; after that, one
+  line per `update` at most every `every_s` seconds, and a closing line.
+
+  Args:
+    total_lines: lines to evaluate (all splits; each line is evaluated for every seed).
+    num_seeds: seeds evaluated at once (stated in the lines).
+    first_after_s: seconds before the first line.
+    every_s: least seconds between two lines.
+    clock: `() -> seconds` (tests pass a fake clock).
+    log_fn: `(format, *args)` logging function (default: the `sg_jax` logger at INFO).
+  """
+
+  def __init__(self, total_lines: int, num_seeds: int, *, first_after_s: float = 5.0,
+               every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+               log_fn: Callable | None = None):
+    self.total, self.num_seeds = int(total_lines), int(num_seeds)
+    self.first_after_s, self.every_s = first_after_s, every_s
+    self.clock = clock
+    self.log_fn = log_fn or logging.getLogger("sg_jax").info
+    self.start = clock()
+    self.done = 0
+    self.last_logged = None
+
+  def update(self, lines: int, what: str = "") -> None:
+    """Records `lines` more lines done (`what`: e.g. the split, named in the line)."""
+    self.done += int(lines)
+    now = self.clock()
+    elapsed = now - self.start
+    if elapsed < self.first_after_s or self.done >= self.total:
+      return
+    if self.last_logged is not None and now - self.last_logged < self.every_s:
+      return
+    self.last_logged = now
+    rate = self.done / max(elapsed, 1e-9)
+    self.log_fn("evaluation%s: %d/%d lines x %d seeds, %.1f lines/s, %s left",
+                f" ({what})" if what else "", self.done, self.total, self.num_seeds, rate,
+                _duration((self.total - self.done) / max(rate, 1e-9)))
+
+  def close(self) -> None:
+    """Logs the closing line (total time), if the evaluation took longer than `first_after_s`."""
+    elapsed = self.clock() - self.start
+    if elapsed >= self.first_after_s:
+      self.log_fn("evaluation: %d lines x %d seeds in %s (%.1f lines/s)", self.done,
+                  self.num_seeds, _duration(elapsed), self.done / max(elapsed, 1e-9))
+
+
+def _duration(seconds: float) -> str:
+  """'42 s', '3 min 05 s' or '2 h 07 min'."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f"{seconds} s"
+  if seconds < 3600:
+    return f"{seconds // 60} min {seconds % 60:02d} s"
+  return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

@@ -382,8 +382,14 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
                ids_BxL: Array | None = None, positions_BxL: Array | None = None,
-               lines: tuple[Array, Array] | None = None):
+               lines: tuple[Array, Array] | None = None, decode: bool = False):
     """Returns (output [B, L, d_model], attention weights float32, before attention dropout).
+
+    With `decode` (incremental decoding, `TransformerLM`): the keys and values of the L tokens
+    are written into the `cache` collection (`cached_key`, `cached_value` [B, C, H, P]) at the
+    slots `positions_BxL` of their own line, and each query attends to the cache slots <= its
+    position (`mask_BxHxLxL` is then not used); the weights are [B, H, L, C]. The variables
+    are created, as zeros of the input's length (C = L), on the first call (`init_cache`).
 
     `ids_BxL`/`positions_BxL` identify tokens for the dropout masks (if either is None both take
     the padded layout's defaults). Without `lines` the weights are [B, H, L, L] under
@@ -407,6 +413,9 @@ class MultiHeadAttention(nn.Module):
     q_BxLxHxP = proj("query", d)(x_BxLxD)
     k_BxLxHxP = proj("key", 2 * d)(x_BxLxD)
     v_BxLxHxP = proj("value", 2 * d)(x_BxLxD)
+    if decode:  # from here on the keys and values are the cache's C slots
+      k_BxLxHxP, v_BxLxHxP, mask_BxHxLxL = self._update_cache(k_BxLxHxP, v_BxLxHxP,
+                                                              positions_BxL)
     if lines is not None:  # from here on B, L = lines, line length (B * N, M)
       unpack_BxNxM, repack_BxL = lines
       q_BxLxHxP, k_BxLxHxP, v_BxLxHxP = (unpack_lines(t, unpack_BxNxM)
@@ -429,6 +438,19 @@ class MultiHeadAttention(nn.Module):
         kernel_init=_reshaped(xavier_uniform(d, d), (h, p, d)))(ctx_BxLxHxP)
     return out_BxLxD, weights_BxHxLxL
 
+  def _update_cache(self, k_BxLxHxP: Array, v_BxLxHxP: Array, positions_BxL: Array
+                    ) -> tuple[Array, Array, Array]:
+    """Writes k/v at their lines' slots; returns (keys, values [B, C, H, P], mask [B, 1, L, C])."""
+    zeros = lambda: jnp.zeros(k_BxLxHxP.shape, k_BxLxHxP.dtype)
+    cached_k = self.variable("cache", "cached_key", zeros)
+    cached_v = self.variable("cache", "cached_value", zeros)
+    rows_Bx1 = jnp.arange(k_BxLxHxP.shape[0])[:, None]
+    cached_k.value = cached_k.value.at[rows_Bx1, positions_BxL].set(k_BxLxHxP)
+    cached_v.value = cached_v.value.at[rows_Bx1, positions_BxL].set(v_BxLxHxP)
+    slots_C = jnp.arange(cached_k.value.shape[1])
+    mask_Bx1xLxC = (slots_C[None, None, None, :] <= positions_BxL[:, None, :, None])
+    return cached_k.value, cached_v.value, mask_Bx1xLxC
+
 
 def _reshaped(init, shape):
   """Initialiser that draws with `init` and reshapes to the requested Flax kernel shape."""
@@ -447,14 +469,15 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
-               ids_BxL: Array, positions_BxL: Array, lines: tuple[Array, Array] | None = None):
+               ids_BxL: Array, positions_BxL: Array, lines: tuple[Array, Array] | None = None,
+               decode: bool = False):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     ids = ids_BxL[..., None]
     drop = lambda y, name: CoordinateDropout(cfg.dropout, name=name)(
         y, ids, _feature_index(y.shape[-1]), deterministic)
     attn_BxLxD, weights = MultiHeadAttention(cfg, name="attention")(
-        x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines)
+        x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines, decode)
     x_BxLxD = LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     h_BxLxF = Dense(cfg.d_ff, dtype=dtype, name="linear1",
@@ -487,13 +510,24 @@ class TransformerLM(nn.Module):
       rows that pack N lines of at most M tokens each (`train.pack_lines`): attention then runs
       in the line layout [batch * N, M], causal within each line (`MultiHeadAttention`), so its
       cost follows the lines, not the row length. Excludes `attention_mask`.
+    decode: incremental (KV-cached) decoding, deterministic only: pass `positions_BxL` (the
+      slot of each token in its line) and a mutable `cache` collection (`init_cache`,
+      `apply_cached`); every layer writes the keys and values of `tokens_BxL` into its cache at
+      those slots and each token attends to its line's slots <= its position, so a line's
+      prefix can be fed in one call and then one token per call, with lines at different
+      positions. The logits equal those of the full forward pass on the line up to float
+      rounding. Excludes `attention_mask` and `lines`.
     return_internals: also return `{'attention': [num_layers, batch, heads, L, L] float32,
       'hidden': [num_layers + 1, batch, L, d_model]}` (hidden[0] = embedding + positions after
       dropout, hidden[l] = output of layer l); with `lines` the attention is
-      [num_layers, batch * N, heads, M, M].
+      [num_layers, batch * N, heads, M, M]; with `decode` [num_layers, batch, heads, L, C].
 
   Returns:
     logits [batch, length, vocab_size] (float32), or `(logits, internals)`.
+
+  Raises:
+    ValueError: a sequence longer than `max_len`; `attention_mask` with `lines`; `decode` with
+      dropout on, without `positions_BxL`, or with `attention_mask` / `lines`.
   """
 
   config: ModelConfig
@@ -502,12 +536,16 @@ class TransformerLM(nn.Module):
   def __call__(self, tokens_BxL: Array, *, deterministic: bool = True,
                attention_mask: Array | None = None, positions_BxL: Array | None = None,
                token_ids_BxL: Array | None = None, lines: tuple[Array, Array] | None = None,
-               return_internals: bool = False):
+               return_internals: bool = False, decode: bool = False):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     _, length = tokens_BxL.shape
     if length > cfg.max_len:
       raise ValueError(f"sequence length {length} exceeds model max_len {cfg.max_len}")
+    if decode and (not deterministic or positions_BxL is None or attention_mask is not None
+                   or lines is not None):
+      raise ValueError("decode=True needs deterministic=True and positions_BxL, and takes "
+                       "neither attention_mask nor lines")
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
                      embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
     x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
@@ -531,7 +569,7 @@ class TransformerLM(nn.Module):
     hidden, attention = [x_BxLxD], []
     for i in range(cfg.num_layers):
       x_BxLxD, weights = TransformerLayer(cfg, name=f"layer_{i}")(
-          x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL, lines)
+          x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL, lines, decode)
       hidden.append(x_BxLxD)
       attention.append(weights)
 
@@ -556,3 +594,47 @@ def init_params(config: ModelConfig, key: Array, length: int = 8):
 def num_params(params) -> int:
   """Number of scalars in a parameter pytree (per seed if unstacked)."""
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def init_cache(model: TransformerLM, params, batch: int, length: int):
+  """Empty (all-zero) key/value cache of `length` slots for `batch` lines of one seed.
+
+  Args:
+    model: the `TransformerLM`.
+    params: its parameters (one seed; only their shapes are used).
+    batch: lines decoded together.
+    length: cache slots C, i.e. one more than the last position that will be fed.
+
+  Returns:
+    The `cache` collection: per layer `cached_key` / `cached_value` [batch, C, heads, head_dim]
+    in the model's computation dtype.
+
+  Raises:
+    ValueError: `length` exceeds the model's `max_len`.
+  """
+  tokens = jnp.zeros((batch, length), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  _, shapes = jax.eval_shape(
+      lambda p: model.apply({"params": p}, tokens, positions_BxL=positions, decode=True,
+                            mutable=["cache"]), params)
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+
+
+def apply_cached(model: TransformerLM, params, tokens_BxT: Array, positions_BxT: Array, cache
+                 ) -> tuple[Array, Any]:
+  """One incremental decoding call of one seed: logits of T new tokens per line, and the cache.
+
+  Args:
+    model: the `TransformerLM`.
+    params: its parameters (one seed).
+    tokens_BxT: int32 [batch, T] tokens to feed (a prefix, or the last decoded token with T=1).
+    positions_BxT: int32 [batch, T] their positions in their lines (< the cache's length C);
+      each token attends to its line's tokens already in the cache at positions <= its own.
+    cache: from `init_cache` or a previous `apply_cached` call.
+
+  Returns:
+    (logits [batch, T, vocab_size] float32, the updated cache).
+  """
+  logits, mutated = model.apply({"params": params, "cache": cache}, tokens_BxT,
+                                positions_BxL=positions_BxT, decode=True, mutable=["cache"])
+  return logits, mutated["cache"]

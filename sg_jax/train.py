@@ -513,21 +513,49 @@ def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
 
 
 def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
-  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S]}}`, jitted and seed-vmapped."""
+  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
+
+  Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
+  batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
+  than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left).
+  Tense decodes with the key/value cache unless `config.eval.kv_cache` is False.
+  """
   apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
+  kv_cache_fns = None
+  if config.task == "tense" and config.eval.get("kv_cache", True):
+    kv_cache_fns = (lambda p, t, pos, c: model_lib.apply_cached(fns.model, p, t, pos, c),
+                    lambda p, b, n: model_lib.init_cache(fns.model, p, b, n))
   per_split = {}
   for name, batches in eval_data.items():
     lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
-    decode_steps = int(np.max(lengths - task_pos)) if config.task == "tense" else 0
-    per_split[name] = evaluation.make_evaluate_fn(
-        config.task, apply_fn, vocab, decode_steps=decode_steps,
-        dyck_min_distance=config.eval.dyck_min_distance)
+    tense = config.task == "tense"
+    split = evaluation.make_split_evaluator(
+        config.task, apply_fn, vocab,
+        decode_steps=int(np.max(lengths - task_pos)) if tense else 0,
+        prefix_length=int(np.max(task_pos)) + 1 if tense else 0,
+        dyck_min_distance=config.eval.dyck_min_distance, kv_cache_fns=kv_cache_fns)
+    one_batch = lambda p, data, i, split=split: split.batch_sums(
+        p, jax.tree_util.tree_map(lambda x: x[i], data))
+    stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)
+    summarize = lambda sums, split=split: jax.vmap(split.summarize)(stack(sums))
+    per_split[name] = (jax.jit(jax.vmap(one_batch, in_axes=(0, None, None))),
+                       jax.jit(summarize), np.asarray(batches["valid"]).sum(axis=1))
 
-  def evaluate(params, data):
-    return {name: fn(params, data[name]) for name, fn in per_split.items()}
+  def evaluate(params):
+    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
+    progress = evaluation.ProgressLog(sum(int(v[2].sum()) for v in per_split.values()),
+                                      num_seeds)
+    results = {}
+    for name, (one_batch, summarize, lines) in per_split.items():
+      sums = []
+      for i, n in enumerate(lines):
+        sums.append(jax.block_until_ready(one_batch(params, eval_data[name], np.int32(i))))
+        progress.update(n, name)
+      results[name] = summarize(sums)
+    progress.close()
+    return results
 
-  vmapped = jax.jit(jax.vmap(evaluate, in_axes=(0, None)))
-  return lambda params: vmapped(params, eval_data)
+  return evaluate
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Task metrics on hand-built logits with known answers."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -157,3 +158,107 @@ def test_question_evaluate_reports_rule_agreement():
   assert float(out["accuracy"]) == 0.5
   assert float(out["move_first_agreement"]) == 0.5
   assert float(out["skip_relative_agreement"]) == 0.0
+
+
+def _tense_lines(num_lines: int, seed: int = 1):
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+  task = tasks.get_task("tense")
+  sizes = {"train": 20, "dev": 10, "test": 10, "gen": num_lines}
+  vocab = task.vocab()
+  return vocab, task.encode(task.generate_examples(seed=seed, sizes=sizes)["gen"], vocab)
+
+
+def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_line():
+  """Several seeds (vmapped) and depths, on generated tense lines whose task tokens sit at
+  different positions; also with more steps than the lines leave room for (clamped positions)."""
+  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  vocab, enc = _tense_lines(100)
+  inputs, task_pos = jnp.asarray(enc.inputs), jnp.asarray(enc.task_pos)
+  assert len(set(enc.task_pos.tolist())) > 3
+  steps = int(np.max(enc.lengths - enc.task_pos))
+  prefix = int(np.max(enc.task_pos)) + 1
+  for depth in (1, 3):
+    cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=depth, d_model=32, num_heads=4,
+                                d_ff=64)
+    model = model_lib.TransformerLM(cfg)
+    params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
+        jax.random.split(jax.random.key(depth), 3))
+    cases = ((steps, prefix),) + (((enc.inputs.shape[1] + 2, 0),) if depth == 1 else ())
+    for num_steps, prefix_length in cases:
+      old = jax.jit(jax.vmap(lambda p: evaluation.greedy_decode(
+          lambda t: model.apply({"params": p}, t), inputs, task_pos, num_steps)))(params)
+      new = jax.jit(jax.vmap(lambda p: evaluation.greedy_decode_cached(
+          lambda t, pos, c: model_lib.apply_cached(model, p, t, pos, c),
+          lambda b, n: model_lib.init_cache(model, p, b, n), inputs, task_pos, num_steps,
+          prefix_length)))(params)
+      old, new = np.asarray(old), np.asarray(new)
+      np.testing.assert_array_equal(new, old)
+      # Decoded tokens vary across lines and seeds (the comparison is not between constants).
+      assert len(np.unique(old[:, :, -1])) > 1 or len(np.unique(old)) > 3
+      assert not np.array_equal(old[0], old[1])
+
+
+def test_evaluation_with_and_without_kv_cache_agrees_and_logs_progress(monkeypatch):
+  """`train.make_eval_fn` (seed-vmapped, one call per batch): the same tense metrics with both
+  decoders, and one progress update per batch with its number of real lines."""
+  from sg_jax import configlib, train  # pylint: disable=import-outside-toplevel
+  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  config = configlib.base_config("tense")
+  vocab, in_domain = _tense_lines(40, seed=2)
+  splits = {"in_domain": in_domain, "out_of_domain": _tense_lines(50, seed=3)[1]}
+  cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=2, d_model=32, num_heads=4,
+                              d_ff=64)
+  fns = train.TrainFns(init=None, chunk=None, model=model_lib.TransformerLM(cfg), tx=None,
+                       capacities=None)  # make_eval_fn uses the model only
+  params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
+      jax.random.split(jax.random.key(0), 2))
+  eval_data = {name: train.prepare_eval_batches(split, 16, 0) for name, split in splits.items()}
+  updates = []
+
+  class Recorder(evaluation.ProgressLog):
+    def update(self, lines, what=""):
+      updates.append((what, lines))
+      super().update(lines, what)
+
+  monkeypatch.setattr(evaluation, "ProgressLog", Recorder)
+  results = {}
+  for kv_cache in (True, False):
+    config.eval.kv_cache = kv_cache
+    results[kv_cache] = jax.device_get(train.make_eval_fn(config, fns, vocab, eval_data)(params))
+  for split in ("in_domain", "out_of_domain"):
+    for name in ("accuracy", "loss"):
+      assert results[True][split][name].shape == (2,)
+      np.testing.assert_array_equal(results[True][split][name], results[False][split][name])
+  # 40 and 50 lines in batches of 16: 16, 16, 8 and 16, 16, 16, 2 real lines, each evaluation.
+  per_eval = ([("in_domain", n) for n in (16, 16, 8)]
+              + [("out_of_domain", n) for n in (16, 16, 16, 2)])
+  assert updates == per_eval * 2
+
+
+def test_progress_log_states_lines_rate_and_time_left():
+  now = [0.0]
+  lines = []
+  progress = evaluation.ProgressLog(1000, 10, first_after_s=5.0, every_s=30.0,
+                                    clock=lambda: now[0], log_fn=lambda f, *a: lines.append(f % a))
+  now[0] = 2.0
+  progress.update(100, "in_domain")  # within the first 5 s: silent
+  assert not lines
+  now[0] = 10.0
+  progress.update(150, "in_domain")  # 250 lines in 10 s: 25 lines/s, 750 left -> 30 s
+  assert lines == ["evaluation (in_domain): 250/1000 lines x 10 seeds, 25.0 lines/s, 30 s left"]
+  now[0] = 20.0
+  progress.update(250, "out_of_domain")  # 10 s after the last line: silent
+  assert len(lines) == 1
+  now[0] = 40.0
+  progress.update(250, "out_of_domain")  # 750 in 40 s: 18.75/s, 250 left -> 13 s
+  assert lines[-1].endswith("750/1000 lines x 10 seeds, 18.8 lines/s, 13 s left")
+  now[0] = 200.0
+  progress.update(250, "out_of_domain")  # done: the closing line says it
+  progress.close()
+  assert lines[-1] == "evaluation: 1000 lines x 10 seeds in 3 min 20 s (5.0 lines/s)"
+  assert len(lines) == 3
+  quiet = []
+  fast = evaluation.ProgressLog(10, 1, clock=lambda: 0.0, log_fn=lambda f, *a: quiet.append(f))
+  fast.update(10)
+  fast.close()
+  assert not quiet

@@ -269,3 +269,42 @@ def test_bfloat16_compute_keeps_float32_parameters_and_tracks_float32_values():
   for a, b in zip(jax.tree_util.tree_leaves(g32), jax.tree_util.tree_leaves(g16)):
     assert b.dtype == jnp.float32
     np.testing.assert_allclose(b, a, atol=0.05 * float(jnp.max(jnp.abs(a))) + 1e-6)
+
+
+def test_cached_decoding_logits_equal_the_full_forward_pass_per_line_position():
+  """Prefix in one call, then one token per call with every line at its own position: each
+  fed token's logits equal the full forward pass of its line at that position."""
+  for depth in (1, 3):
+    cfg = model_lib.ModelConfig(vocab_size=20, num_layers=depth, d_model=32, num_heads=4,
+                                d_ff=64)
+    model, params = model_lib.TransformerLM(cfg), model_lib.init_params(cfg, jax.random.key(depth))
+    rng = np.random.default_rng(depth)
+    tokens = jnp.asarray(rng.integers(1, 20, size=(3, 10)), jnp.int32)
+    full = np.asarray(model.apply({"params": params}, tokens))
+    prefix_end = np.array([2, 5, 3])  # last prefix position of each line
+    cache = model_lib.init_cache(model, params, 3, 10)
+    assert cache["layer_0"]["attention"]["cached_key"].shape == (3, 10, 4, 8)
+    prefix = jnp.where(jnp.arange(6)[None] <= prefix_end[:, None], tokens[:, :6], 0)
+    logits, cache = model_lib.apply_cached(model, params, prefix,
+                                           jnp.broadcast_to(jnp.arange(6), (3, 6)), cache)
+    rows = np.arange(3)
+    np.testing.assert_allclose(np.asarray(logits)[rows, prefix_end], full[rows, prefix_end],
+                               atol=2e-5, rtol=0)
+    for k in range(1, 5):
+      pos = prefix_end + k
+      logits, cache = model_lib.apply_cached(model, params, tokens[rows, pos][:, None],
+                                             jnp.asarray(pos)[:, None], cache)
+      np.testing.assert_allclose(np.asarray(logits)[:, 0], full[rows, pos], atol=2e-5, rtol=0)
+    # The cache holds real keys: feeding the wrong earlier token changes the logits.
+    assert np.abs(full[:, 1:] - full[:, :1]).max() > 1e-3
+
+
+def test_cached_decoding_refuses_dropout_and_missing_positions():
+  model, params = _model()
+  tokens = jnp.ones((2, 4), jnp.int32)
+  with pytest.raises(ValueError, match="decode=True needs deterministic"):
+    model.apply({"params": params}, tokens, decode=True, mutable=["cache"])
+  with pytest.raises(ValueError, match="decode=True needs deterministic"):
+    model.apply({"params": params}, tokens, decode=True, deterministic=False,
+                positions_BxL=jnp.zeros((2, 4), jnp.int32), mutable=["cache"],
+                rngs={"dropout": jax.random.key(0)})
