@@ -30,11 +30,15 @@ figures 1-5 for one's own runs):
                              metric with no data is skipped and the skip noted in summary.md.
   summary.csv / summary.md   (e) one row per depth; summary_seeds.csv one row per seed.
 
-Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is selected;
-ties (common: in-domain accuracy sits at 1.0 for most of training) are broken two ways, both
-reported: "first best" takes the earliest tied evaluation, "last best" the latest. Values within
---tie_tolerance of the maximum count as tied. Steps where a seed's value is not finite (a
-diverged seed logs NaN) are ignored. "Final" = a seed's last evaluated step.
+Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is
+selected; ties (common: in-domain accuracy sits at 1.0 for most of training) are broken two
+ways, both reported: "first best" takes the earliest tied evaluation, "last best" the latest.
+Values within --tie_tolerance of the maximum count as tied. Steps where a seed's value is not
+finite (a diverged seed logs NaN) are ignored. "Final" = a seed's last evaluated step.
+
+Figures never hide data behind a legend (legends sit outside the axes), fractions are plotted on
+[0, 1] plus a small margin, and the analysis figures (a', d) give in their title how many
+sentences the analysis read (from `analysis.csv.options.json`, written by `sg_jax.analyze`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ IN_ACC = "in_domain/accuracy"
 GEN_ACC = "out_of_domain/accuracy"
 # (d): analysis metric -> (y-axis label with units, title).
 DYNAMICS = {
-    "weight_norm": ("weight norm (global L2 norm of all parameters)", "Weight norm"),
+    "weight_norm": ("weight norm (global L2 norm of sg_jax's parameters)",
+                    "Weight norm (the model sg_jax trains; no unused decoder)"),
     "attention_sparsity_paper": ("attention sparsity (negative mean entropy, nats)",
                                  "Attention sparsity (paper: higher = sparser)"),
     "tscore": ("tscore (tree-structuredness, unitless)", "Tree-structuredness (tscore)"),
@@ -85,6 +90,8 @@ class Run:
     num_steps: requested train.num_steps (None when unknown).
     series: {name: {seed: (steps int [T], values float [T])}} sorted by step, metrics.csv and
       analysis.csv merged.
+    analysis_options: contents of `analysis.csv.options.json` (`sg_jax.analyze`: split, sentence
+      set, `sentences_used`, ...), {} when absent.
   """
 
   workdir: str
@@ -93,6 +100,7 @@ class Run:
   task: str
   num_steps: int | None
   series: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]
+  analysis_options: dict = dataclasses.field(default_factory=dict)
 
 
 def _read_long_csv(path: str) -> list[tuple[int, int, str, float]]:
@@ -133,8 +141,15 @@ def load_run(workdir: str) -> Run:
     raise ReportError(f"no metrics.csv in {workdir}")
   rows = _read_long_csv(path)
   analysis = os.path.join(workdir, "analysis.csv")
+  analysis_options = {}
   if os.path.exists(analysis):
     rows += _read_long_csv(analysis)
+    if os.path.exists(analysis + ".options.json"):
+      try:
+        with open(analysis + ".options.json") as f:
+          analysis_options = json.load(f)
+      except (OSError, ValueError) as e:
+        log.warning("ignoring unreadable %s.options.json: %s", analysis, e)
   depth = task = num_steps = None
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
@@ -147,7 +162,7 @@ def load_run(workdir: str) -> Run:
   if depth is None and name.startswith("depth") and name[5:].isdigit():
     depth = int(name[5:])
   return Run(workdir=workdir, name=name, depth=depth, task=task or "", num_steps=num_steps,
-             series=_to_series(rows))
+             series=_to_series(rows), analysis_options=analysis_options)
 
 
 def find_runs(root: str) -> list[str]:
@@ -323,8 +338,63 @@ def _task_prefix(runs: Sequence[Run]) -> str:
   return f"{'/'.join(tasks)}: " if tasks else ""
 
 
-def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float) -> None:
-  """(a) In-domain and generalisation accuracy vs step for every seed of one depth."""
+# analysis metric -> the `sentences_used` entry (sg_jax.analyze) of the sentences it reads.
+_SENTENCES_OF = {"attention_sparsity_paper": "attention_entropy", "tscore": "tree_projection",
+                 "tparseval_f1": "tree_projection"}
+_SENTENCE_KIND_LABEL = {"attention_entropy": "entropy", "tree_projection": "tree projections"}
+
+
+def analysis_sentences(runs: Sequence[Run], metrics: Sequence[str]) -> str:
+  """How many sentences the analysis behind `metrics` read, for a figure title.
+
+  Read from each run's `analysis.csv.options.json` (`sentences_used`, written by
+  `sg_jax.analyze`); older files give the requested number ("at most N lines of SPLIT").
+
+  Args:
+    runs: the runs shown in the figure.
+    metrics: analysis metric names shown (weight_norm reads no sentences).
+
+  Returns:
+    e.g. "analysis on 1000 'quest' lines of train" (runs that differ are joined with "; ",
+    entropy and tree-projection counts that differ are both given); "" when no shown metric
+    reads sentences.
+  """
+  notes = []
+  for run in runs:
+    kinds = sorted({_SENTENCES_OF[m] for m in metrics if m in _SENTENCES_OF and run.series.get(m)})
+    if not kinds:
+      continue
+    options = run.analysis_options
+    used = options.get("sentences_used") or {}
+    if all(k in used for k in kinds):
+      counts = {k: int(used[k]) for k in kinds}
+      if len(set(counts.values())) == 1:
+        number = str(counts[kinds[0]])
+      else:
+        number = " / ".join(f"{counts[k]} ({_SENTENCE_KIND_LABEL[k]})" for k in kinds)
+      notes.append(f"{number} {used.get('label', 'lines')}".replace("`", "'"))
+    elif "num_sentences" in options:
+      notes.append(f"at most {options['num_sentences']} lines of {options.get('split', '?')}")
+    else:
+      notes.append("an unknown number of sentences (no analysis.csv.options.json)")
+  notes = list(dict.fromkeys(notes))
+  return f"analysis on {'; '.join(notes)}" if notes else ""
+
+
+def _legend_outside(ax, handles=None, labels=None, fontsize=8):
+  """Legend to the right of `ax`, outside every axes, so that it never hides data."""
+  if handles is None:
+    handles, labels = ax.get_legend_handles_labels()
+  return ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                   fontsize=fontsize, frameon=False)
+
+
+def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float):
+  """(a) In-domain and generalisation accuracy vs step for every seed of one depth.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`.
+  """
   plt = _pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True, sharey=True)
   cmap = plt.get_cmap("tab10" if sum(len(r.series.get(IN_ACC, {})) for r in runs) <= 10
@@ -362,6 +432,7 @@ def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float) -> N
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
+  return fig
 
 
 TRAJECTORY_ROWS = (
@@ -372,16 +443,19 @@ TRAJECTORY_ROWS = (
 
 
 def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
-                      max_seeds: int = 12) -> bool:
+                      max_seeds: int = 12):
   """(a') Per seed: accuracy, tree-structuredness and attention sparsity over training.
 
   One column per seed (at most `max_seeds`), three rows sharing the step axis: in-domain and
   generalisation accuracy (fraction); tscore and tparseval F1 (unitless / fraction; Murty et
   al. 2023 §4); attention sparsity (negative mean entropy, nats; Chen et al. 2024). A dotted line
-  marks the first step where the seed's in-domain accuracy reaches `saturation`.
+  marks the first step where the seed's in-domain accuracy reaches `saturation`. Legends sit
+  right of the last column; the title gives the sentences the analysis read
+  (`analysis_sentences`).
 
   Returns:
-    False (and writes nothing) when no run of this depth has analysis rows.
+    the (closed) matplotlib Figure written to `path`, or None (and nothing is written) when no run
+    of this depth has analysis rows.
   """
   columns = []
   for run in runs:
@@ -390,11 +464,12 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
     seeds = sorted(set(run.series.get(IN_ACC, {})) | set(run.series.get(GEN_ACC, {})))
     columns += [(run, seed) for seed in seeds]
   if not columns:
-    return False
+    return None
   columns = columns[:max_seeds]
   plt = _pyplot()
   fig, axes = plt.subplots(3, len(columns), figsize=(3.2 * len(columns) + 1, 8), sharex=True,
                            squeeze=False)
+  legends = [None] * len(TRAJECTORY_ROWS)
   colors = ("#1f77b4", "#d62728")
   for c, (run, seed) in enumerate(columns):
     sat = saturation_step(run, seed, saturation)
@@ -412,16 +487,23 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
       if c == 0:
         ax.set_ylabel(("accuracy (fraction)", "tscore / tparseval F1",
                        "sparsity (-entropy, nats)")[r])
-        if ax.get_legend_handles_labels()[0]:  # a row without data (e.g. no gold trees) has none
-          ax.legend(fontsize=7, loc="best")
+      handles, labels = ax.get_legend_handles_labels()
+      if legends[r] is None or len(handles) > len(legends[r][0]):
+        legends[r] = (handles, labels)
     axes[0, c].set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
     axes[-1, c].set_xlabel("training step")
+  for r, legend in enumerate(legends):
+    if legend and legend[0]:  # a row without data (e.g. no gold trees) has none
+      _legend_outside(axes[r, -1], *legend, fontsize=7)
+  note = analysis_sentences([run for run, _ in columns],
+                            [name for row in TRAJECTORY_ROWS[1:] for name, _ in row])
   fig.suptitle(f"{_task_prefix(runs)}accuracy and syntactic structure per seed, "
-               f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})")
+               f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})"
+               + (f"\n{note}" if note else ""))
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
-  return True
+  return fig
 
 
 SKIP_RELATIVE = "out_of_domain/skip_relative_agreement"
@@ -431,23 +513,24 @@ RULE_SERIES = ((GEN_ACC, "generalisation acc. (hierarchical rule)", "#d62728"),
 
 
 def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
-               max_seeds: int = 12) -> bool:
+               max_seeds: int = 12):
   """(a'') Question formation, per seed: which rule the model's fronted auxiliary follows on gen.
 
   One panel per seed (at most `max_seeds`): generalisation accuracy (agreement with the
   hierarchical rule) beside the agreement with the move-first and skip-relative rules
   (`evaluation.question_rule_auxiliaries`), all fractions of gen `quest` lines, over training
-  steps; a dotted line marks the first step where in-domain accuracy reaches `saturation`.
+  steps; a dotted line marks the first step where in-domain accuracy reaches `saturation`. The
+  legend sits right of the last panel, outside every panel, so it never hides a curve.
 
   Returns:
-    False (and writes nothing) when no run of this depth logged rule agreement (runs of other
-    tasks, or made before the metric existed).
+    the (closed) matplotlib Figure written to `path`, or None (and nothing is written) when no run
+    of this depth logged rule agreement (runs of other tasks, or made before the metric existed).
   """
   columns = []
   for run in runs:
     columns += [(run, seed) for seed in sorted(run.series.get(SKIP_RELATIVE, {}))]
   if not columns:
-    return False
+    return None
   columns = columns[:max_seeds]
   plt = _pyplot()
   fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1, 3.4), sharey=True,
@@ -467,17 +550,23 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
     ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
     ax.set_xlabel("training step")
   axes[0, 0].set_ylabel("fraction of gen lines")
-  axes[0, 0].legend(fontsize=7, loc="best")
+  handles, labels = max((ax.get_legend_handles_labels() for ax in axes[0]),
+                        key=lambda hl: len(hl[0]))
+  _legend_outside(axes[0, -1], handles, labels, fontsize=7)
   fig.suptitle(f"{_task_prefix(runs)}which rule fronts the auxiliary on gen lines, "
                f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})")
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
-  return True
+  return fig
 
 
-def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str) -> None:
-  """(b) Generalisation at early stopping (first / last best) vs at the end, per depth."""
+def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str):
+  """(b) Generalisation at early stopping (first / last best) vs at the end, per depth.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`.
+  """
   plt = _pyplot()
   depths = sorted({r["depth"] for r in seed_rows}, key=lambda d: (d is None, d))
   kinds = (("early_stop_first_generalisation", "early stop, first best in-domain", "#9ecae1"),
@@ -508,49 +597,62 @@ def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
+  return fig
 
 
 def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
-                    title_prefix: str) -> None:
-  """(c) Fraction of seeds with final generalisation accuracy > threshold, per depth."""
+                    title_prefix: str):
+  """(c) Fraction of seeds with final generalisation accuracy > threshold, per depth.
+
+  The y axis is the fraction's range [0, 1] plus a 0.05 margin; each point is labelled with its
+  count (k/n), below the point near the top so that the label stays inside the axes.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`.
+  """
   plt = _pyplot()
   rows = [r for r in depth_rows if r["depth"] is not None and
           math.isfinite(r["fraction_above_threshold"])]
   fig, ax = plt.subplots(figsize=(6, 4.5))
   depths = [r["depth"] for r in rows]
   fractions = [r["fraction_above_threshold"] for r in rows]
-  ax.plot(depths, fractions, "o-", color="#08519c", lw=2, ms=8,
-          label=f"fraction of seeds with final gen. acc. > {threshold:g}")
+  ax.plot(depths, fractions, "o-", color="#08519c", lw=2, ms=8)
   for r in rows:
     counted = r["num_seeds"]
+    high = r["fraction_above_threshold"] > 0.85
     ax.annotate(f"{r['seeds_above_threshold']}/{counted}", (r["depth"],
-                r["fraction_above_threshold"]), textcoords="offset points", xytext=(0, 9),
-                ha="center", fontsize=9)
+                r["fraction_above_threshold"]), textcoords="offset points",
+                xytext=(0, -10 if high else 9), va="top" if high else "bottom", ha="center",
+                fontsize=9)
   ax.set_xticks(depths)
   if depths:
     ax.set_xlim(min(depths) - 0.6, max(depths) + 0.6)
   ax.set_xlabel("model depth (layers)")
   ax.set_ylabel(f"fraction of seeds (final gen. acc. > {threshold:g})")
-  ax.set_ylim(-0.05, 1.25)
+  ax.set_ylim(-0.05, 1.05)
   ax.grid(alpha=0.3)
-  ax.legend(loc="upper left", fontsize=8)
-  ax.set_title(f"{title_prefix}generalising seeds per depth (inverted U)")
+  ax.set_title(f"{title_prefix}generalising seeds per depth (inverted U)\n"
+               f"seeds whose final gen. acc. > {threshold:g}, with counts", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
+  return fig
 
 
-def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str) -> bool:
+def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
   """(d) One analysis metric vs step: mean over seeds per depth and each seed.
 
+  The title gives the sentences the analysis read (`analysis_sentences`; none for weight_norm).
+
   Returns:
-    False (and writes nothing) when no run has the metric.
+    the (closed) matplotlib Figure written to `path`, or None (and nothing is written) when no run
+    has the metric.
   """
   ylabel, title = DYNAMICS[metric]
   present = {d: runs for d, runs in by_depth.items()
              if any(run.series.get(metric) for run in runs)}
   if not present:
-    return False
+    return None
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   cmap = plt.get_cmap("tab10")
@@ -570,12 +672,15 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str) -> 
   ax.set_xlabel("training step")
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8, title="thin lines: seeds", title_fontsize=8)
-  ax.set_title(f"{title_prefix}{title} during training")
+  legend = _legend_outside(ax)
+  legend.set_title("thin lines: seeds", prop={"size": 8})
+  note = analysis_sentences([run for runs in present.values() for run in runs], [metric])
+  ax.set_title(f"{title_prefix}{title} during training" + (f"\n{note}" if note else ""),
+               fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
-  return True
+  return fig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,12 +743,12 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     figures.append(path)
     path = os.path.join(out_dir,
                         f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_trajectories(by_depth[depth], depth, path, saturation):
+    if plot_trajectories(by_depth[depth], depth, path, saturation) is not None:
       figures.append(path)
     elif os.path.exists(path):
       os.remove(path)
     path = os.path.join(out_dir, f"rules_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_rules(by_depth[depth], depth, path, saturation):
+    if plot_rules(by_depth[depth], depth, path, saturation) is not None:
       figures.append(path)
     elif os.path.exists(path):
       os.remove(path)
@@ -658,7 +763,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   figures.append(path)
   for metric in DYNAMICS:
     path = os.path.join(out_dir, f"dynamics_{metric}.png")
-    if plot_dynamics(by_depth, metric, path, prefix):
+    if plot_dynamics(by_depth, metric, path, prefix) is not None:
       figures.append(path)
     else:
       if os.path.exists(path):
@@ -689,10 +794,14 @@ def _write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, s
       ("final_tscore_mean", "tscore (final)"), ("final_tparseval_f1_mean", "tparseval F1 (final)"),
       ("final_weight_norm_mean", "weight norm (final)")]
   run_list = ", ".join(f"`{r.name}` (depth {r.depth}, {r.task or 'task ?'})" for r in runs)
+  analysed = [f"`{r.name}`: {note}" for r in runs
+              if (note := analysis_sentences([r], list(_SENTENCES_OF)))]
   lines = [f"# Report for `{os.path.basename(os.path.normpath(root))}`", "",
-           f"Runs: {run_list}.",
-           "", "| " + " | ".join(c[1] for c in columns) + " |",
-           "|" + "---|" * len(columns)]
+           f"Runs: {run_list}."]
+  if analysed:
+    lines += ["", "Sentences the analysis read (tscore, tparseval, attention entropy): "
+              f"{'; '.join(analysed)}."]
+  lines += ["", "| " + " | ".join(c[1] for c in columns) + " |", "|" + "---|" * len(columns)]
   for row in depth_rows:
     cells = []
     for key, _ in columns:
@@ -712,8 +821,8 @@ def _write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, s
       "in-domain accuracy usually sits at its maximum for most of training, the tie-breaking "
       "rule decides the result: *first best* takes the earliest tied evaluation (what early "
       "stopping with patience does), *last best* the latest (close to the end of training). "
-      "Both are reported (docs/REFERENCE.md §1: on the released question-formation curves first best "
-      "gives ~7% generalisation, last best the final value).",
+      "Both are reported (docs/REFERENCE.md §1: on the released question-formation curves first "
+      "best gives ~7% generalisation, last best the final value).",
       "", f"**Generalising seed**: final generalisation accuracy > {threshold:g} (final = the "
       "seed's last evaluated step).", "", "## Figures", ""]
   lines += [f"* `{os.path.basename(f)}`" for f in figures]
@@ -763,7 +872,8 @@ def main(argv):
   for row in result["depths"]:
     print(f"  depth {row['depth']}: {row['num_seeds']} seeds, final gen. acc. mean "
           f"{_fmt(row['final_generalisation_mean'])}, {row['seeds_above_threshold']} above "
-          f"threshold, early stop (first/last best) {_fmt(row['early_stop_first_generalisation_mean'])}"
+          "threshold, early stop (first/last best) "
+          f"{_fmt(row['early_stop_first_generalisation_mean'])}"
           f"/{_fmt(row['early_stop_last_generalisation_mean'])}")
 
 

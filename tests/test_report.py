@@ -133,3 +133,83 @@ def test_subfolders_without_sweep_json_are_found(sweep_root):
   os.remove(os.path.join(sweep_root, "sweep.json"))
   assert [os.path.basename(p) for p in report.find_runs(sweep_root)] == ["depth2", "depth4"]
   assert math.isnan(report.final_value(np.array([1, 2]), np.array([np.nan, np.nan]))[1])
+
+
+def _texts(fig):
+  """Every title, suptitle and annotation of a figure."""
+  suptitle = fig._suptitle  # pylint: disable=protected-access
+  out = [suptitle.get_text()] if suptitle is not None else []
+  for ax in fig.axes:
+    out += [ax.title.get_text()] + [t.get_text() for t in ax.texts]
+  return out
+
+
+def _renderer(fig):
+  """An Agg renderer of a figure the report has closed (its layout as saved)."""
+  from matplotlib.backends import backend_agg  # pylint: disable=import-outside-toplevel
+  canvas = backend_agg.FigureCanvasAgg(fig)
+  canvas.draw()
+  return canvas.get_renderer()
+
+
+def _legends_outside_axes(fig):
+  """True iff the figure has a legend and no legend's box intersects any axes' box."""
+  renderer = _renderer(fig)
+  legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + fig.legends
+  from matplotlib.transforms import Bbox  # pylint: disable=import-outside-toplevel
+  for legend in legends:
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+      if Bbox.intersection(box, ax.get_window_extent(renderer)) is not None:
+        return False
+  return bool(legends)
+
+
+def test_figures_keep_legends_off_the_data_fractions_in_range_and_state_sentences(sweep_root,
+                                                                                     tmp_path):
+  with open(os.path.join(sweep_root, "depth2", "analysis.csv.options.json"), "w") as f:
+    json.dump({"split": "train", "num_sentences": 1000, "sentences_used": {
+        "attention_entropy": 1000, "tree_projection": 998, "label": "`quest` lines of train"}}, f)
+  runs = [report.load_run(os.path.join(sweep_root, d)) for d in ("depth2", "depth4")]
+  out = str(tmp_path)
+  # rules: the move-first agreement peaks (0.95 at step 100) where an in-axes legend sat.
+  fig = report.plot_rules(runs[:1], 2, os.path.join(out, "rules.png"), 0.99)
+  assert _legends_outside_axes(fig)
+  for make in (lambda p: report.plot_grokking(runs[:1], 2, p, 0.99),
+               lambda p: report.plot_trajectories(runs[:1], 2, p, 0.99),
+               lambda p: report.plot_dynamics({2: runs[:1], 4: runs[1:]}, "tscore", p, "")):
+    assert _legends_outside_axes(make(os.path.join(out, "fig.png")))
+  # inverted U: a fraction, so [0, 1] plus a small margin, and every count label inside.
+  seed_rows = report.seed_summary(runs, 0.8, 0.99, 0.0)
+  depth_rows = report.depth_summary(seed_rows)
+  depth_rows[0] = {**depth_rows[0], "fraction_above_threshold": 1.0, "seeds_above_threshold": 2}
+  fig = report.plot_inverted_u(depth_rows, os.path.join(out, "u.png"), 0.8, "")
+  ax = fig.axes[0]
+  low, high = ax.get_ylim()
+  assert -0.1 <= low <= 0 and 1 <= high <= 1.1
+  renderer = _renderer(fig)
+  assert [t.get_text() for t in ax.texts] == ["2/2", "1/2"]
+  for text in ax.texts:
+    box, frame = text.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert frame.y0 <= box.y0 and box.y1 <= frame.y1
+  # analysis figures name the sentences the analysis read; weight_norm reads none.
+  fig = report.plot_trajectories(runs[:1], 2, os.path.join(out, "t.png"), 0.99)
+  assert any("998 'quest' lines of train" in t for t in _texts(fig)), _texts(fig)
+  fig = report.plot_dynamics({2: runs[:1]}, "tscore", os.path.join(out, "d.png"), "")
+  assert any("analysis on 998 'quest' lines of train" in t for t in _texts(fig)), _texts(fig)
+  fig = report.plot_dynamics({2: runs[:1]}, "weight_norm", os.path.join(out, "w.png"), "")
+  assert not any("lines of" in t for t in _texts(fig))
+  # depth 2 has no entropy rows: the tree-projection count only; with entropy rows both.
+  assert report.analysis_sentences(runs[:1], ["attention_sparsity_paper", "tscore"]) == \
+      "analysis on 998 'quest' lines of train"
+  both = report.Run(**{**runs[0].__dict__, "series": {
+      **runs[0].series, "attention_sparsity_paper": runs[0].series["tscore"]}})
+  assert report.analysis_sentences([both], ["attention_sparsity_paper", "tscore"]) == (
+      "analysis on 1000 (entropy) / 998 (tree projections) 'quest' lines of train")
+  report.build_report(sweep_root, out)
+  with open(os.path.join(out, "summary.md")) as f:
+    assert "`depth2`: analysis on 998 'quest' lines of train" in f.read()
+  os.remove(os.path.join(sweep_root, "depth2", "analysis.csv.options.json"))
+  runs[0] = report.load_run(os.path.join(sweep_root, "depth2"))
+  assert report.analysis_sentences(runs[:1], ["tscore"]).startswith(
+      "analysis on an unknown number of sentences")
