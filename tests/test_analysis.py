@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -368,3 +369,19 @@ def test_released_weight_norm_adds_the_decoder_in_squares():
                              rtol=1e-7)
   with pytest.raises(ValueError, match="decoder norm"):
     weight_norm.released_weight_norm(3.0, -1.0)
+
+
+def test_released_sentence_set_of_question_dev():
+  """On the released question.dev (594 decl + 406 quest lines) the released set is the 406 quest
+  lines, and their declarative parts are the sources without the final `. quest`."""
+  root = os.environ.get("SG_JAX_REFERENCE_DATA")
+  if not root:
+    pytest.skip("SG_JAX_REFERENCE_DATA is not set (the released McCoy et al. files)")
+  tasks = pytest.importorskip("sg_jax.tasks")
+  examples = tasks.get_task("question").read_split(os.path.join(root, "mccoy2020"), "dev")
+  chosen = pipeline.select_lines(examples, "transformed")
+  assert len(examples) == 1000 and len(chosen) == 406
+  assert {ex.task_token for ex in chosen} == {"quest"}
+  words = pipeline.entropy_inputs(chosen, "declarative")
+  assert words == [tuple(ex.source[:-2]) for ex in chosen]
+  assert all(ex.source[-2:] == (".", "quest") for ex in chosen)
