@@ -86,7 +86,8 @@ def test_entropy_of_uniform_causal_attention_is_log_position():
 
 
 def test_uniform_attention_model_entropies():
-  """Zero query kernels => logits 0 => uniform causal attention: entropy log(i + 1) at position i."""
+  """Zero query kernels => logits 0 => uniform causal attention: entropy log(i + 1) at position i.
+  """
   params = _zero_attention_kernels(_params(), "query")
   tokens, num_words = _padded(_sentences())
   lengths = num_words + 1
