@@ -96,8 +96,9 @@ def check_positions(pe: np.ndarray, max_len: int) -> None:
   """Checks a stored position table against sg_jax's sinusoid on the rows the model uses.
 
   The original code stores a long (5,000-row) table computed in float32, where the angle
-  `pos * div` loses about one float32 ulp of `pos`: 1e-4 and more from about row 1,000 at
-  d_model 512. sg_jax computes the table itself (in float64, then float32), so only rows
+  `pos * div` loses about one float32 ulp of `pos`: at d_model 512 the table is off by more than
+  1e-4 from row ~1,100 (numpy's float32 sin/cos) or ~2,700 (torch's) on, 1.7e-4 to 4.5e-4 at
+  row 4,999. sg_jax computes the table itself (in float64, then float32), so only rows
   0 .. max_len - 1 matter; they must agree within `_PE_ULPS` float32 ulps of the position
   (4 * 1.19e-7 * max(pos, 1): 2.4e-4 at row 511). Later rows are never read and not checked.
 
