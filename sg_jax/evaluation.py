@@ -149,14 +149,15 @@ def greedy_decode(apply_fn: Callable[[Array], Array], inputs_BxL: Array, task_po
 
 
 def greedy_decode_cached(apply_cached: Callable, init_cache: Callable, inputs_BxL: Array,
-                         task_pos_B: Array, num_steps: int, prefix_length: int = 0) -> Array:
-  """`greedy_decode` with a key/value cache: the same tokens, about L times less computation.
+                         task_pos_B: Array, num_steps: int, prefix_length: int = 0,
+                         prefilled: tuple[Array, object] | None = None) -> Array:
+  """`greedy_decode` with a key/value cache: the same tokens, for far less computation.
 
-  The prefix (positions <= task_pos, the rest zeroed as `greedy_decode` does) is fed in one call,
-  then one token per line and call, each line at its own position, so lines with different
-  prefix lengths in one batch decode exactly the tokens `greedy_decode` decodes (its positions
-  are clamped to length - 1 in the same way); the logits agree with the full forward pass up to
-  float rounding (`model.TransformerLM`, `decode`).
+  The prefix (positions <= task_pos, the rest zeroed as `greedy_decode` does) is fed in one call
+  (or taken from `prefilled`), then one token per line and call, each line at its own position,
+  so lines with different prefix lengths in one batch decode exactly the tokens
+  `greedy_decode` decodes (its positions are clamped to length - 1 in the same way); the logits
+  agree with the full forward pass up to float rounding (`model.TransformerLM`, `decode`).
 
   Args:
     apply_cached: `(tokens [batch, T], positions [batch, T], cache) -> (logits [batch, T, vocab],
@@ -167,6 +168,11 @@ def greedy_decode_cached(apply_cached: Callable, init_cache: Callable, inputs_Bx
     num_steps: tokens to decode (static), e.g. the longest target incl. EOS.
     prefix_length: static number of leading positions fed in the first call, > every
       task_pos (0 = length): positions past it are never read before they are decoded.
+    prefilled: optional `(logits [batch, T, vocab], cache)` returned by `apply_cached` on
+      tokens that equal `inputs_BxL` at every position <= task_pos, at positions 0..T-1
+      (T > every task_pos) into `init_cache(batch, length)`, e.g. the teacher-forced pass on
+      the whole line: it replaces the prefix call (later positions are overwritten in the
+      cache before any query reads them).
 
   Returns:
     decoded_BxL: int32 [batch, length], as `greedy_decode`.
@@ -178,10 +184,12 @@ def greedy_decode_cached(apply_cached: Callable, init_cache: Callable, inputs_Bx
   buf = jnp.where(positions <= task_pos_B[:, None], buf, 0)
   rows = jnp.arange(batch)
   if num_steps > 0:
-    prefix_positions = jnp.broadcast_to(jnp.arange(prefix_length, dtype=jnp.int32),
-                                        (batch, prefix_length))
-    logits, cache = apply_cached(buf[:, :prefix_length], prefix_positions,
-                                 init_cache(batch, length))
+    if prefilled is None:
+      prefix_positions = jnp.broadcast_to(jnp.arange(prefix_length, dtype=jnp.int32),
+                                          (batch, prefix_length))
+      prefilled = apply_cached(buf[:, :prefix_length], prefix_positions,
+                               init_cache(batch, length))
+    logits, cache = prefilled
     p = jnp.minimum(task_pos_B, length - 1)
     buf = buf.at[rows, p + 1].set(jnp.argmax(logits[rows, p], axis=-1).astype(buf.dtype))
 
@@ -241,8 +249,8 @@ class SplitEvaluator(NamedTuple):
 
 
 def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                         dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None,
-                         prefix_length: int = 0) -> SplitEvaluator:
+                         dyck_min_distance: int = 0,
+                         kv_cache_fns: tuple | None = None) -> SplitEvaluator:
   """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there.
 
   Raises:
@@ -262,17 +270,25 @@ def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_st
     close_ids = jnp.asarray(
         np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("close")), jnp.int32)
 
-  def decode(params, batch):
-    if kv_cache_fns is None:
-      return greedy_decode(lambda t: apply_fn(params, t), batch["inputs"], batch["task_pos"],
-                           decode_steps)
+  use_cache = task_name == "tense" and kv_cache_fns is not None
+
+  def forward(params, batch):
+    """Teacher-forced logits, and with the cache the tense decoding (else None)."""
+    if not use_cache:
+      return apply_fn(params, batch["inputs"]), None
     apply_cached, init_cache = kv_cache_fns
-    return greedy_decode_cached(lambda t, p, c: apply_cached(params, t, p, c),
-                                lambda b, n: init_cache(params, b, n), batch["inputs"],
-                                batch["task_pos"], decode_steps, prefix_length)
+    inputs = batch["inputs"]
+    b, n = inputs.shape
+    # The teacher-forced pass runs in decoding mode: it fills the cache of the line's prefix.
+    prefilled = apply_cached(params, inputs, jnp.broadcast_to(jnp.arange(n), (b, n)),
+                             init_cache(params, b, n))
+    decoded = greedy_decode_cached(lambda t, p, c: apply_cached(params, t, p, c),
+                                   lambda b, n: init_cache(params, b, n), inputs,
+                                   batch["task_pos"], decode_steps, prefilled=prefilled)
+    return prefilled[0], decoded
 
   def batch_sums(params, batch):
-    logits = apply_fn(params, batch["inputs"])
+    logits, decoded = forward(params, batch)
     valid = batch["valid"]
     loss_sum, count = token_losses(logits, batch["targets"])
     out = {"loss_sum": jnp.sum(jnp.where(valid, loss_sum, 0.0)),
@@ -288,8 +304,11 @@ def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_st
       out["move_first_agreement"] = jnp.sum((best == move_first) & sel).astype(jnp.float32)
       out["skip_relative_agreement"] = jnp.sum((best == skip_rel) & sel).astype(jnp.float32)
     elif task_name == "tense":
-      ok = tense_correct(decode(params, batch), batch["targets"], batch["task_pos"],
-                         batch["lengths"], batch["main_verb_pos"], pos_table)
+      if decoded is None:
+        decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"],
+                                batch["task_pos"], decode_steps)
+      ok = tense_correct(decoded, batch["targets"], batch["task_pos"], batch["lengths"],
+                         batch["main_verb_pos"], pos_table)
       out["correct"] = jnp.sum(ok & valid).astype(jnp.float32)
       out["total"] = jnp.sum(valid).astype(jnp.float32)
     else:
@@ -313,8 +332,8 @@ def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_st
 
 
 def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                     dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None,
-                     prefix_length: int = 0) -> Callable:
+                     dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None
+                     ) -> Callable:
   """Builds `evaluate(params, batches) -> {'loss', 'accuracy'}` for ONE seed.
 
   Args:
@@ -325,11 +344,10 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
     dyck_min_distance: Dyck only: minimum distance to the matching opening bracket.
     kv_cache_fns: tense only: `(apply_cached, init_cache)` with `apply_cached(params, tokens
       [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)` and `init_cache(params,
-      batch, slots) -> cache` (`model.apply_cached`, `model.init_cache`): decode with
-      `greedy_decode_cached` (the same tokens, far faster); None: `greedy_decode`, one full
-      forward pass per decoded token.
-    prefix_length: tense with `kv_cache_fns`: leading positions fed in the first call, > every
-      task_pos of the split (0 = the padded length).
+      batch, slots) -> cache` (`model.apply_cached`, `model.init_cache`): the teacher-forced
+      pass runs through `apply_cached` and fills the cache of each line's prefix, then
+      `greedy_decode_cached` decodes (the same tokens, far faster); None: `greedy_decode`, one
+      full forward pass per decoded token.
 
   The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
   (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
@@ -342,8 +360,7 @@ def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps:
     ValueError: unknown task name.
   """
   split = make_split_evaluator(task_name, apply_fn, vocab, decode_steps=decode_steps,
-                               dyck_min_distance=dyck_min_distance, kv_cache_fns=kv_cache_fns,
-                               prefix_length=prefix_length)
+                               dyck_min_distance=dyck_min_distance, kv_cache_fns=kv_cache_fns)
 
   def evaluate(params, batches):
     return split.summarize(jax.lax.map(lambda b: split.batch_sums(params, b), batches))

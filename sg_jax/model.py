@@ -422,7 +422,16 @@ class MultiHeadAttention(nn.Module):
                                          for t in (q_BxLxHxP, k_BxLxHxP, v_BxLxHxP))
       ids_BxL, positions_BxL = default_token_ids_and_positions(*q_BxLxHxP.shape[:2])
       mask_BxHxLxL = causal_mask(q_BxLxHxP.shape[1])[None, None]
-    logits_BxHxLxL = jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxLxHxP) / jnp.sqrt(p).astype(dtype)
+    # One query per line (a decoding step): products summed over the head dimension; as the
+    # batched [1, P] x [P, C] dots of the einsum, XLA on CPU took twice as long.
+    one_query = decode and q_BxLxHxP.shape[1] == 1
+    if one_query:
+      logits_BxCxH = jnp.sum(q_BxLxHxP * k_BxLxHxP, axis=-1)
+      logits_BxHxLxL = (jnp.transpose(logits_BxCxH, (0, 2, 1))[:, :, None]
+                        / jnp.sqrt(p).astype(dtype))
+    else:
+      logits_BxHxLxL = (jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxLxHxP)
+                        / jnp.sqrt(p).astype(dtype))
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
     weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
     # Element (b, head, q, k) is identified by token q and (head, position of key k).
@@ -430,7 +439,11 @@ class MultiHeadAttention(nn.Module):
              + positions_BxL.astype(jnp.uint32)[:, None, None, :])
     dropped = CoordinateDropout(cfg.dropout, name="attention_dropout")(
         weights_BxHxLxL, ids_BxL[:, None, :, None], index, deterministic)
-    ctx_BxLxHxP = jnp.einsum("bhqk,bkhp->bqhp", dropped.astype(dtype), v_BxLxHxP)
+    if one_query:
+      weights_BxCxHx1 = jnp.transpose(dropped[:, :, 0], (0, 2, 1))[..., None].astype(dtype)
+      ctx_BxLxHxP = jnp.sum(weights_BxCxHx1 * v_BxLxHxP, axis=1)[:, None]
+    else:
+      ctx_BxLxHxP = jnp.einsum("bhqk,bkhp->bqhp", dropped.astype(dtype), v_BxLxHxP)
     if lines is not None:
       ctx_BxLxHxP = repack_lines(ctx_BxLxHxP, repack_BxL)
     out_BxLxD = HeadProjection(

@@ -512,13 +512,18 @@ def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
   return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
 
 
-def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
+def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
+                 batch_callback: Callable[[str, int, int], None] | None = None) -> Callable:
   """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
 
   Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
   batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
   than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left).
   Tense decodes with the key/value cache unless `config.eval.kv_cache` is False.
+
+  Args:
+    batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
+      (the benchmarks time batches with it).
   """
   apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
   kv_cache_fns = None
@@ -532,7 +537,6 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
     split = evaluation.make_split_evaluator(
         config.task, apply_fn, vocab,
         decode_steps=int(np.max(lengths - task_pos)) if tense else 0,
-        prefix_length=int(np.max(task_pos)) + 1 if tense else 0,
         dyck_min_distance=config.eval.dyck_min_distance, kv_cache_fns=kv_cache_fns)
     one_batch = lambda p, data, i, split=split: split.batch_sums(
         p, jax.tree_util.tree_map(lambda x: x[i], data))
@@ -551,6 +555,8 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict) -> Callable:
       for i, n in enumerate(lines):
         sums.append(jax.block_until_ready(one_batch(params, eval_data[name], np.int32(i))))
         progress.update(n, name)
+        if batch_callback is not None:
+          batch_callback(name, i, int(n))
       results[name] = summarize(sums)
     progress.close()
     return results

@@ -284,6 +284,11 @@ def test_cached_decoding_logits_equal_the_full_forward_pass_per_line_position():
     prefix_end = np.array([2, 5, 3])  # last prefix position of each line
     cache = model_lib.init_cache(model, params, 3, 10)
     assert cache["layer_0"]["attention"]["cached_key"].shape == (3, 10, 4, 8)
+    # The whole line in one decoding call is the full forward pass (the evaluation's
+    # teacher-forced pass fills the cache this way).
+    whole, _ = model_lib.apply_cached(model, params, tokens,
+                                      jnp.broadcast_to(jnp.arange(10), (3, 10)), cache)
+    np.testing.assert_array_equal(np.asarray(whole), full)
     prefix = jnp.where(jnp.arange(6)[None] <= prefix_end[:, None], tokens[:, :6], 0)
     logits, cache = model_lib.apply_cached(model, params, prefix,
                                            jnp.broadcast_to(jnp.arange(6), (3, 6)), cache)
