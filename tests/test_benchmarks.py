@@ -56,3 +56,21 @@ def test_dot_generals_refuses_a_matmul_inside_a_loop_but_not_a_loop_without_one(
   assert len(train_throughput._dot_generals(no_dot)) == 1
   np.testing.assert_equal(train_throughput._dot_flops(*train_throughput._dot_generals(no_dot)[0]),
                           2 * 27)
+
+
+def test_decode_benchmark_extrapolation_and_arguments():
+  import decode_throughput  # pylint: disable=import-outside-toplevel
+  # 2,000 lines in batches of 250 from a run in batches of 30: the first batch (12 s) as timed,
+  # then 2,000 - 30 lines at 0.5 s; 1,100 lines pad to 5 batches of 250.
+  assert decode_throughput.extrapolated_split_s(12.0, 0.5, 30, 2000, 250) == 12.0 + 0.5 * 1970
+  assert decode_throughput.extrapolated_split_s(12.0, 0.5, 30, 1100, 250) == 12.0 + 0.5 * 1220
+  # fewer lines than a batch: one batch of exactly those lines
+  assert decode_throughput.extrapolated_split_s(1.0, 0.1, 10, 40, 250) == 1.0 + 0.1 * 30
+  args = decode_throughput.parse_args(["--seeds=1,10", "--old_lines=60", "--old_batch=30"])
+  assert args.seeds == [1, 10] and args.depth == 8
+  for bad in (["--old_lines=30", "--old_batch=30"], ["--old_lines=70", "--old_batch=30"]):
+    with pytest.raises(SystemExit):
+      decode_throughput.parse_args(bad)
+  config = decode_throughput.tense_config(8, quick=False)  # configs/tense.py:depth=8
+  assert (config.model.num_layers, config.model.d_model, config.model.num_heads) == (8, 512, 8)
+  assert config.num_seeds == 10 and config.eval.max_lines == 2000 and config.eval.kv_cache
