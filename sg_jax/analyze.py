@@ -275,7 +275,8 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
     {'rows_written': n, 'checkpoints_analysed': m}.
 
   Raises:
-    checkpointing.CheckpointError: no checkpoints, or a requested step is missing.
+    checkpointing.CheckpointError: no checkpoints, a requested step is missing, or a checkpoint
+      is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
     ValueError: bad options, unknown seeds, missing gold trees, options differing from the file.
   """
   from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
@@ -305,6 +306,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   data = None
   rows_written = analysed = 0
+  unreadable = []  # (step, why): reported after the other checkpoints are analysed
   t_start = time.time()
   try:
     for n_step, step in enumerate(todo_steps):
@@ -312,7 +314,9 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         meta = checkpointing.read_meta(manager, step)
         run_seeds = [int(s) for s in meta["seeds"]]
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-        log.warning("skipping step %d: unreadable metadata: %s", step, e)
+        log.warning("skipping step %d: unreadable metadata: %s", step,
+                    checkpointing.error_cause(e))
+        unreadable.append((step, f"unreadable metadata: {checkpointing.error_cause(e)}"))
         continue
       chosen = _select_seeds(run_seeds, seeds)
       pending = {g: [s for s in chosen if (step, s, _MARKER[g]) not in done] for g in groups}
@@ -322,6 +326,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         restored = checkpointing.restore(workdir, step, params_only=True)
       except checkpointing.CheckpointError as e:
         log.warning("skipping step %d: %s", step, e)
+        unreadable.append((step, checkpointing.error_cause(e.__cause__ or e)))
         continue
       vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
       config = restored.config
@@ -398,6 +403,11 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
     manager.close()
   log.info("done: %d rows for %d checkpoints in %.1fs -> %s", rows_written, analysed,
            time.time() - t_start, path)
+  if unreadable:
+    raise checkpointing.CheckpointError(
+        f"unreadable checkpoint step(s) {[s for s, _ in unreadable]} in "
+        f"{checkpointing.checkpoint_dir(workdir)} ({unreadable[0][1]}); the other "
+        f"checkpoints were analysed ({rows_written} new rows in {path})")
   return {"rows_written": rows_written, "checkpoints_analysed": analysed}
 
 

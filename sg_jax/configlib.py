@@ -14,6 +14,7 @@ clipping at 1.0, AdamW lr 1e-4 / eps 1e-7, warm-up 10k then linear decay to 0 at
 from __future__ import annotations
 
 import ast
+import difflib
 from typing import Any
 
 import ml_collections
@@ -112,9 +113,14 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.train.num_steps = 300_000
   # Sentences per step per seed.
   c.train.batch_size = 8
-  # Optimisation steps per compiled call (lax.scan). A call is shortened when a log, evaluation
-  # or checkpoint falls inside it, so intervals need not be multiples of it.
+  # Optimisation steps per compiled call (lax.scan), at most. A call is shortened when a log,
+  # evaluation or checkpoint falls inside it, so intervals need not be multiples of it.
   c.train.steps_per_call = 100
+  # Longest wanted duration of one compiled call (seconds; 0 = always steps_per_call). A stop
+  # signal is handled after the current call, so this bounds the time from SIGTERM to the
+  # checkpoint. Steps per call are lowered to a divisor of steps_per_call from the measured
+  # speed; results are bit-identical whatever the call sizes.
+  c.train.max_call_seconds = 10.0
   # Train-metric logging interval (steps).
   c.train.log_every = 500
   # Pack each step's lines into one row (per-line positions; attention runs within each line,
@@ -167,11 +173,11 @@ def set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> Non
   node = config
   for p in parts[:-1]:
     if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
-      raise ValueError(f"unknown config field {dotted!r}")
+      raise ValueError(unknown_field_message(config, dotted))
     node = node[p]
   leaf = parts[-1]
   if leaf not in node:
-    raise ValueError(f"unknown config field {dotted!r}")
+    raise ValueError(unknown_field_message(config, dotted))
   old = node[leaf]
   if isinstance(old, bool) and not isinstance(value, bool):
     raise ValueError(f"config field {dotted!r} expects true/false, got {value!r}")
@@ -182,6 +188,74 @@ def set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> Non
   if isinstance(old, str) and not isinstance(value, str):
     value = str(value)
   node[leaf] = value
+
+
+def field_names(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  """Dotted names of every leaf field of `config` (e.g. 'eval.every'), in definition order."""
+  names = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      names += field_names(value, f"{prefix}{key}.")
+    else:
+      names.append(f"{prefix}{key}")
+  return names
+
+
+def has_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
+  """Whether `dotted` (e.g. 'train.num_steps') names a field or section of `config`."""
+  node = config
+  for p in dotted.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or p not in node:
+      return False
+    node = node[p]
+  return True
+
+
+def nearest_fields(config: ml_collections.ConfigDict, dotted: str, n: int = 3,
+                   aliases: bool = False) -> list[str]:
+  """Valid field names closest to a mistyped `dotted` one (best first, at most `n`).
+
+  The field an alias of the last component stands for (`train.eval_every` -> `eval.every`, from
+  `ALIASES`) comes first; then difflib's closest matches on the whole name and on its last
+  component. `aliases`: also offer the config string's alias names (`depht` -> `depth`).
+  """
+  names = field_names(config)
+  leaf = dotted.split(".")[-1]
+  found = [ALIASES[leaf]] if leaf in ALIASES else []
+  if aliases:
+    found += difflib.get_close_matches(dotted, list(ALIASES), n=n, cutoff=0.6)
+  found += difflib.get_close_matches(dotted, names, n=n, cutoff=0.6)
+  leaves = {}
+  for name in names:
+    leaves.setdefault(name.split(".")[-1], []).append(name)
+  for close in difflib.get_close_matches(leaf, list(leaves), n=n, cutoff=0.75):
+    found += leaves[close]
+  unique = []
+  for name in found:
+    if name not in unique and name != dotted:
+      unique.append(name)
+  return unique[:n]
+
+
+def unknown_field_message(config: ml_collections.ConfigDict, dotted: str,
+                          aliases: bool = False) -> str:
+  """One line naming an unknown field and the nearest valid ones (see `nearest_fields`)."""
+  near = nearest_fields(config, dotted, aliases=aliases)
+  hint = f"; did you mean {' or '.join(near)}?" if near else ""
+  return f"unknown config field {dotted!r}{hint}"
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+  """(dotted field, old value, new value) of every field that differs between two config dicts
+  (a field missing on one side has the value None there), sorted by name."""
+  diffs = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      diffs += differences(a, b, f"{prefix}{key}.")
+    elif a != b:
+      diffs.append((f"{prefix}{key}", a, b))
+  return diffs
 
 
 def apply_config_string(config: ml_collections.ConfigDict, arg: str | None,
@@ -212,6 +286,8 @@ def apply_config_string(config: ml_collections.ConfigDict, arg: str | None,
       raise ValueError(f"unknown preset {item!r} in config string {arg!r}; "
                        f"presets: {sorted(presets)}")
   for key, value in pairs:
+    if key not in ALIASES and not has_field(config, key):
+      raise ValueError(unknown_field_message(config, key, aliases=True))
     set_field(config, ALIASES.get(key, key), value)
   return config
 
@@ -313,6 +389,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(t.num_steps >= 1, "train.num_steps", "must be >= 1")
   need(t.batch_size >= 1, "train.batch_size", "must be >= 1")
   need(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1")
+  need(t.max_call_seconds >= 0, "train.max_call_seconds", "must be >= 0 (0 = no limit)")
   need(t.log_every >= 1, "train.log_every", "must be >= 1")
   need(t.packing_buckets >= 1, "train.packing_buckets", "must be >= 1")
   need(config.eval.every >= 1, "eval.every", "must be >= 1")

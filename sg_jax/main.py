@@ -8,22 +8,52 @@ On a CPU-only machine the host is split into 2 x cores XLA devices and the seeds
 over them (`sg_jax.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
 to choose N).
 
-Rerunning the same command resumes from the latest checkpoint in --workdir. On SIGTERM/SIGINT
-the run finishes the current compiled call, writes a checkpoint and exits with code 75.
+Rerunning the same command resumes from the latest checkpoint in --workdir (a finished run says
+so and trains nothing). SIGTERM/SIGINT end the run with exit code 75 and one line: from the first
+second of start-up (data generation, compilation, the step-0 evaluation) at once, as nothing is
+unsaved then; during training after the current compiled call (at most about
+`train.max_call_seconds`, 10 s by default), with a checkpoint of that step.
 """
 
+import os
+import signal
 import sys
 
-from sg_jax import host_devices
+STOP_EXIT_SECONDS = 2.0  # see train._StopSignal: the longest wait for the main thread to stop
+
+
+def _stop_during_imports(signum, frame):
+  del frame
+  os.write(2, f"stopped by signal {signum} during start-up (no checkpoint yet); rerun the same "
+              f"command to resume\n".encode())
+  os._exit(75)  # train.EXIT_PREEMPTED; train is not imported yet
+
+
+if __name__ == "__main__":
+  # The imports below take seconds and nothing is unsaved yet: a stop signal ends the process
+  # with one line from here on, until train_and_evaluate installs its own handling.
+  signal.signal(signal.SIGTERM, _stop_during_imports)
+  signal.signal(signal.SIGINT, _stop_during_imports)
+# TensorFlow (imported by clu for the TensorBoard summaries) logs its start-up notices (oneDNN,
+# CPU instructions, "All log messages before absl::InitializeLog()") at INFO level in C++; hide
+# INFO only, unless the user chose a level.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from sg_jax import host_devices  # pylint: disable=wrong-import-position
 
 host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
 
 # pylint: disable=wrong-import-position
+import importlib.util
+import shlex
+
+import numpy as np
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from sg_jax import checkpointing
+from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
@@ -34,13 +64,54 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and data.")
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
-    "Resume a workdir even though it was written with a different config.")
+    "Resume a workdir whose config differs in fields that change the training from the resumed "
+    "step on but neither a parameter shape nor what a step is: the learning-rate schedule "
+    "(optim.learning_rate, optim.schedule, optim.warmup_steps, optim.decay_steps, "
+    "optim.cooldown_steps, and train.num_steps when optim.decay_steps is 0) and packing "
+    "(train.packing, train.packing_buckets). train.num_steps (otherwise), eval.*, "
+    "train.log_every, train.steps_per_call, train.max_call_seconds, checkpoint.* and "
+    "num_devices may change without this flag. The model, task, data, seeds (num_seeds, "
+    "first_seed), train.batch_size and the other optim fields can never change on resume "
+    "(refused even with this flag): use another --workdir.")
 _TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False,
     "Call jax.distributed.initialize() first (TPU pods / multi-node GPU): the seed axis is then "
     "sharded over the devices of all hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+# Columns of the final per-seed table (those the task's evaluation has).
+SUMMARY_COLUMNS = ("in_domain/accuracy", "out_of_domain/accuracy", "in_domain/loss",
+                   "out_of_domain/loss")
+
+
+def format_summary(result: dict, workdir: str) -> str:
+  """The closing lines of a run: a per-seed table of the final evaluation, the path of
+  metrics.csv and the next commands.
+
+  Args:
+    result: as returned by `train.train_and_evaluate` ('step', 'seeds', 'eval' {name: [S]},
+      'trained_steps').
+    workdir: the run's --workdir.
+  """
+  columns = [c for c in SUMMARY_COLUMNS if c in result["eval"]]
+  if result.get("trained_steps", 1) == 0:
+    head = f"the run was already complete at step {result['step']}; final evaluation per seed:"
+  else:
+    head = f"finished at step {result['step']}; final evaluation per seed:"
+  widths = [max(len(c), 8) for c in columns]
+  lines = [head, "  seed  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+  for i, seed in enumerate(result["seeds"]):
+    values = [float(np.asarray(result["eval"][c])[i]) for c in columns]
+    cells = ["nan" if np.isnan(v) else f"{v:.4f}" for v in values]
+    lines.append(f"  {seed:4d}  " + "  ".join(x.rjust(w) for x, w in zip(cells, widths)))
+  if any(np.isnan(np.asarray(result["eval"][c], np.float64)).any() for c in columns):
+    lines.append("  (nan: the seed diverged; see train/diverged_step in metrics.csv)")
+  quoted = shlex.quote(workdir)
+  lines += [f"metrics (every step, seed and metric): {os.path.join(workdir, 'metrics.csv')}",
+            f"next: python -m sg_jax.analyze --workdir={quoted}",
+            f"      python -m sg_jax.report --root={quoted}"]
+  return "\n".join(lines)
 
 
 def main(argv):
@@ -52,22 +123,72 @@ def main(argv):
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                       allow_config_change=_ALLOW_CONFIG_CHANGE.value,
-                                      tensorboard=_TENSORBOARD.value)
+                                      tensorboard=_TENSORBOARD.value,
+                                      signal_exit_seconds=STOP_EXIT_SECONDS)
   except train.Preempted as e:
     sg_log.warning("%s; rerun the same command to resume", e)
     sys.exit(train.EXIT_PREEMPTED)
   except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
     sys.exit(f"error: {e}")
-  summary = {k: [round(float(x), 4) for x in v] for k, v in result["eval"].items()}
-  print(f"finished at step {result['step']}; final per-seed metrics: {summary}")
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  print(format_summary(result, _WORKDIR.value))
+
+
+def _config_args(args: list[str]) -> tuple[str | None, list[str]]:
+  """(--config value or None, dotted fields of the --config.<field> overrides) in `args`."""
+  value, overrides = None, []
+  for i, arg in enumerate(args):
+    if arg == "--":
+      break
+    name = arg.lstrip("-")
+    if not arg.startswith("-"):
+      continue
+    if name == "config" and i + 1 < len(args):
+      value = args[i + 1]
+    elif name.startswith("config="):
+      value = name[len("config="):]
+    elif name.startswith(("config.", "noconfig.")):
+      overrides.append(name.split(".", 1)[1].split("=", 1)[0])
+  return value, overrides
+
+
+def check_config_args(args: list[str]) -> str | None:
+  """One line on what is wrong with --config and its --config.<field> overrides (None if
+  nothing): a missing config file, a config string its `get_config` rejects, or an unknown field
+  (with the nearest valid ones)."""
+  value, overrides = _config_args(args)
+  if value is None:
+    return None
+  path, _, arg = value.partition(":")
+  if not os.path.isfile(path):
+    return f"config file {path!r} not found (--config={value})"
+  if not overrides:
+    return None
+  try:
+    spec = importlib.util.spec_from_file_location("_sg_jax_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg or None)
+  except ValueError as e:
+    return f"{e} (--config={value})"
+  except Exception:  # pylint: disable=broad-except  (absl's own parsing reports it)
+    return None
+  for field in overrides:
+    if not configlib.has_field(config, field):
+      return f"{configlib.unknown_field_message(config, field)} (--config.{field})"
+  return None
 
 
 def parse_flags(argv):
-  """absl flag parsing that reports a bad --config (e.g. an unknown key in the config string)
-  as one line instead of a traceback."""
+  """absl flag parsing that reports a bad --config (a missing file, an unknown key in the config
+  string, an unknown --config.<field>) as one line instead of a traceback."""
+  problem = check_config_args(argv[1:])
+  if problem:
+    sys.exit(f"error: {problem}")
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, AttributeError, KeyError, ValueError) as e:
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
     sys.exit(f"error: {lines[-1] if lines else e}")
 

@@ -3,8 +3,10 @@
 `WORKDIR/metrics.csv` has the columns `step,seed,name,value`, one row per seed and metric. Every
 `write` appends its whole block of rows with a single `os.write` on a file opened with O_APPEND
 and then fsyncs, so a crash never leaves a torn line. On resume, `truncate_after(step)` drops rows
-logged after the checkpoint the run resumes from (atomically, via a temporary file and
-`os.replace`), so a resumed run's table equals an uninterrupted run's.
+logged after the checkpoint the run resumes from, so a resumed run's table equals an
+uninterrupted run's: rows are appended in step order, so those rows are the end of the file and
+are cut off in place (no space needed, so it works on a full disk); a table out of step order is
+rewritten through a temporary file and `os.replace`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,26 @@ import numpy as np
 HEADER = "step,seed,name,value\n"
 
 
+class _DropOrbaxErrors(logging.Filter):
+  """Drops orbax's own ERROR records (each with a traceback, several per failed save or
+  restore): sg_jax raises every failed checkpoint operation as one line naming the step, the
+  path and the cause, so these repeat it at great length."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR
+                and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
+
+
 def setup_cli_logging() -> logging.Logger:
   """Command-line logging: library chatter (orbax, absl) at WARNING, sg_jax's own progress
-  lines (logger "sg_jax") at INFO with a timestamp, on stderr. Returns the sg_jax logger."""
+  lines (logger "sg_jax") at INFO with a timestamp, on stderr; orbax's error tracebacks are
+  dropped (see `_DropOrbaxErrors`). Returns the sg_jax logger."""
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
   absl_logging.set_verbosity(absl_logging.WARNING)
+  absl_logger = logging.getLogger("absl")
+  if not any(isinstance(f, _DropOrbaxErrors) for f in absl_logger.filters):
+    absl_logger.addFilter(_DropOrbaxErrors())
   sg_log = logging.getLogger("sg_jax")
   if not sg_log.handlers:
     handler = logging.StreamHandler(sys.stderr)
@@ -83,11 +99,28 @@ class MetricsTable:
     return read_table(self.path)
 
   def truncate_after(self, step: int) -> int:
-    """Drops rows with step > `step` (atomically); returns how many were dropped."""
+    """Drops rows with step > `step`; returns how many were dropped.
+
+    When those rows are the end of the file (always, for a table this class wrote), the file is
+    cut there in place: one `ftruncate`, which needs no free space. Otherwise it is rewritten
+    atomically.
+    """
     if not self.enabled or not os.path.exists(self.path):
       return 0
-    with open(self.path) as f:
-      lines = f.readlines()
+    with open(self.path, "rb") as f:
+      data = f.read()
+    lines = data.decode().splitlines(True)
+    cut = _suffix_after(lines, step)
+    if cut is not None:
+      offset, dropped = cut
+      if dropped:
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+          os.ftruncate(fd, offset)
+          os.fsync(fd)
+        finally:
+          os.close(fd)
+      return dropped
     keep = [HEADER]
     dropped = 0
     for line in lines[1:]:
@@ -106,6 +139,26 @@ class MetricsTable:
         os.fsync(f.fileno())
       os.replace(tmp, self.path)
     return dropped
+
+
+def _suffix_after(lines: list[str], step: int) -> tuple[int, int] | None:
+  """(byte offset, row count) of the rows with step > `step` when they form the end of the
+  table and every line is whole; None otherwise."""
+  offset = 0
+  first_after = None
+  for i, line in enumerate(lines):
+    if i > 0:
+      if not line.endswith("\n"):
+        return None
+      after = int(line.split(",", 1)[0]) > step
+      if after and first_after is None:
+        first_after = (offset, i)
+      elif not after and first_after is not None:
+        return None
+    offset += len(line.encode())
+  if first_after is None:
+    return offset, 0
+  return first_after[0], len(lines) - first_after[1]
 
 
 def _fmt(value: float) -> str:

@@ -9,7 +9,10 @@ each seed draws its own epoch permutations from its own key. Every random quanti
 step `t` is a pure function of (`jax.random.key(s)`, `t`), so a resumed run equals an
 uninterrupted one and a seed trained in a group equals the same seed trained alone.
 
-Host round trips happen only at logging, evaluation and checkpoint intervals.
+The loop blocks on the result of every compiled call before dispatching the next one, so a stop
+signal is acted on after the current call: calls are sized to take at most
+`train.max_call_seconds` (`_CallSizer`). Metrics reach the host only at logging, evaluation and
+checkpoint intervals.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -40,13 +44,30 @@ Array = jax.Array
 log = logging.getLogger("sg_jax")
 EXIT_PREEMPTED = 75  # exit code after a SIGTERM/SIGINT-triggered checkpoint (EX_TEMPFAIL)
 
-# Config fields that may change between a run and its resumption (they do not change training).
-RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call", "train.log_every", "eval.",
-                     "checkpoint.every", "checkpoint.max_to_keep")
+# Config fields (dotted prefixes) that may differ between a run and its resumption without
+# --allow_config_change: they never change the trained parameters. train.num_steps is one of them
+# unless the learning-rate schedule ends at it (optim.decay_steps = 0).
+RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call",
+                     "train.max_call_seconds", "train.log_every", "eval.", "checkpoint.every",
+                     "checkpoint.max_to_keep")
+# Fields --allow_config_change may change: they change the training from the resumed step on but
+# neither a parameter shape nor what a step is (its data, batch, seeds, model, optimiser state).
+CHANGEABLE_WITH_FLAG = ("train.num_steps", "optim.learning_rate", "optim.schedule",
+                        "optim.warmup_steps", "optim.decay_steps", "optim.cooldown_steps",
+                        "train.packing", "train.packing_buckets")
 
 
 class Preempted(Exception):
-  """Raised after a signal-triggered checkpoint; `main` exits with EXIT_PREEMPTED."""
+  """Raised when a SIGTERM/SIGINT stopped the run; `main` exits with EXIT_PREEMPTED.
+
+  Attributes:
+    step: the step of the latest checkpoint (a resumed run continues from it; None if the run
+      stopped before its first checkpoint).
+  """
+
+  def __init__(self, message: str, step: int | None = None):
+    super().__init__(message)
+    self.step = step
 
 
 @flax.struct.dataclass
@@ -569,32 +590,78 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-  """Dotted names of fields whose values differ between two config dicts."""
-  diffs = []
-  for key in sorted(set(old) | set(new)):
-    a, b = old.get(key), new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      diffs += config_differences(a, b, f"{prefix}{key}.")
-    elif a != b:
-      diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-  return diffs
+  """'field: old -> new' for every field whose value differs between two config dicts."""
+  return [f"{name}: {a!r} -> {b!r}" for name, a, b in configlib.differences(old, new, prefix)]
+
+
+def classify_config_change(name: str, old: dict, new: dict) -> str:
+  """How resuming may treat a change of config field `name` (dotted) from `old` to `new`.
+
+  Returns:
+    'free' (never changes the trained parameters: RESUMABLE_CHANGES), 'flag' (needs
+    --allow_config_change: CHANGEABLE_WITH_FLAG) or 'never' (changes parameter shapes or what a
+    step is: model, task, data, seeds, batch size, the optimiser's other fields).
+  """
+  schedule_ends_at_num_steps = any(
+      c.get("optim", {}).get("decay_steps", 1) == 0 for c in (old, new))
+  if name == "train.num_steps" and schedule_ends_at_num_steps:
+    return "flag"
+  if name.startswith(RESUMABLE_CHANGES):
+    return "free"
+  if name.startswith(CHANGEABLE_WITH_FLAG):
+    return "flag"
+  return "never"
+
+
+def _stored_config(workdir: str) -> dict | None:
+  """The config a workdir was written with: config.json, else the newest checkpoint's."""
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  steps = checkpointing.all_steps(workdir)
+  if not steps:
+    return None
+  manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
+  try:
+    return checkpointing.read_meta(manager, steps[-1])["config"]
+  except Exception:  # pylint: disable=broad-except  (unreadable: restore_latest_good decides)
+    return None
+  finally:
+    manager.close()
 
 
 def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
                          allow_config_change: bool) -> None:
-  """Refuses to resume a workdir written with a different config (listing the fields)."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  """Refuses to resume a workdir written with a different config, in one line naming the fields.
+
+  Fields are classified by `classify_config_change`: 'free' ones may differ; 'flag' ones only
+  with `allow_config_change`; 'never' ones are refused even then. Nothing in the workdir is
+  touched.
+
+  Raises:
+    ValueError: naming the differing fields and what to do.
+  """
+  old = _stored_config(workdir)
+  if old is None:
     return
-  with open(path) as f:
-    old = json.load(f)
-  diffs = config_differences(old, json.loads(config.to_json()))
-  blocking = [d for d in diffs if not d.split(":")[0].startswith(RESUMABLE_CHANGES)]
-  if blocking and not allow_config_change:
+  new = json.loads(config.to_json())
+  diffs = configlib.differences(old, new)
+  kinds = {name: classify_config_change(name, old, new) for name, _, _ in diffs}
+  fmt = lambda wanted: ", ".join(f"{name} {a!r} -> {b!r}" for name, a, b in diffs
+                                 if kinds[name] == wanted)
+  if "never" in kinds.values():
     raise ValueError(
-        f"workdir {workdir} was written with a different config; differing fields:\n  "
-        + "\n  ".join(blocking)
-        + "\nUse another --workdir, or pass --allow_config_change to resume anyway.")
+        f"workdir {workdir} was written with another config: {fmt('never')} (these change "
+        f"parameter shapes or what a step is; --allow_config_change cannot change them); use "
+        f"another --workdir")
+  if "flag" in kinds.values() and not allow_config_change:
+    raise ValueError(
+        f"workdir {workdir} was written with another config: {fmt('flag')}; pass "
+        f"--allow_config_change to resume with the new values, or use another --workdir")
+  if "flag" in kinds.values():
+    log.warning("resuming %s with changed config fields (--allow_config_change): %s", workdir,
+                fmt("flag"))
 
 
 def check_writable(workdir: str) -> None:
@@ -622,39 +689,186 @@ def _write_json_atomic(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-class _SignalFlag:
-  """Records SIGTERM/SIGINT so the loop can checkpoint after the current compiled call."""
+class _StopNow(BaseException):
+  """Raised by `_StopSignal`'s handler when stopping at once loses nothing a checkpoint lacks.
 
-  def __init__(self):
-    self.received = None
-    self._old = {}
+  A BaseException, like KeyboardInterrupt, so that the `except Exception` of data or checkpoint
+  code (which treats an unreadable checkpoint as corrupt) never mistakes it for a failure.
+  """
+
+  def __init__(self, signum: int, where: str):
+    super().__init__(signum, where)
+    self.signum, self.where = signum, where
+
+
+class _StopSignal:
+  """SIGTERM/SIGINT handling for the whole of a run, from its first second.
+
+  While the run holds nothing a checkpoint lacks (`immediate`: start-up, i.e. data generation,
+  compilation and the step-0 evaluation, and every compiled call that starts from the step just
+  checkpointed), the handler stops the run at once by raising `_StopNow` in the main thread.
+  Otherwise it records the signal (`received`) and the loop checkpoints after the current call;
+  a second signal stops at once without that checkpoint.
+
+  The handler runs only when the main thread executes Python, not during one long native call (an
+  XLA compilation, a device computation). With `exit_after` > 0 (the command line) a watchdog
+  thread, woken by `signal.set_wakeup_fd`, ends the process with EXIT_PREEMPTED and one line when
+  a signal that should stop the run at once has not reached the main thread within `exit_after`
+  seconds; nothing is lost that a rerun does not redo, as after kill -9.
+  """
+
+  def __init__(self, exit_after: float = 0.0):
+    self.exit_after = exit_after
+    self.received: int | None = None
+    self.immediate = True
+    self.where = "during start-up (data, compilation or the step-0 evaluation)"
+    self._count = 0
+    self._handled = 0
+    self._stopping = False
+    self._old: dict = {}
+    self._pipe = None
+    self._old_wakeup = -1
+    self._closed = False
 
   def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      return self  # signal handlers can only be installed from the main thread
     for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._old[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread
-        pass
+      self._old[sig] = signal.signal(sig, self._handle)
+    if self.exit_after > 0:
+      read_fd, write_fd = os.pipe()
+      os.set_blocking(write_fd, False)
+      self._pipe = (read_fd, write_fd)
+      self._old_wakeup = signal.set_wakeup_fd(write_fd)
+      threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                       name="sg_jax-stop-watchdog").start()
     return self
+
+  def set_immediate(self, immediate: bool, where: str | None = None) -> None:
+    """Whether a signal now stops the run at once (`where` says when, for the message)."""
+    if where is not None:
+      self.where = where
+    self.immediate = immediate
 
   def _handle(self, signum, frame):
     del frame
+    self._handled += 1
+    if self._stopping:
+      return  # already stopping at once
+    first = self.received is None
     self.received = signum
-    log.warning("received signal %d: will checkpoint after the current call and exit",
-                    signum)
+    if self.immediate or not first:
+      self._stopping = True
+      raise _StopNow(signum, self.where if first else
+                     "by a second signal, without a checkpoint of the current step")
+    log.warning("received signal %d: checkpointing after the current call, then exiting",
+                signum)
+
+  def _watch(self, read_fd: int) -> None:
+    stops = (signal.SIGTERM, signal.SIGINT)
+    while True:
+      try:
+        data = os.read(read_fd, 64)
+      except OSError:
+        return
+      if not data or self._closed:
+        return
+      for signum in data:
+        if signum not in stops:
+          continue
+        self._count += 1
+        if not (self.immediate or self._count > 1):
+          continue
+        deadline = time.monotonic() + self.exit_after
+        while time.monotonic() < deadline and not self._closed:
+          time.sleep(0.05)
+        if self._closed or self._handled >= self._count:
+          continue  # the main thread got it and is stopping
+        where = self.where if self._count == 1 else "by a second signal"
+        os.write(2, f"{time.strftime('%H:%M:%S')} stopped by signal {signum} {where}; rerun "
+                    f"the same command to resume\n".encode())
+        os._exit(EXIT_PREEMPTED)
 
   def __exit__(self, *exc):
+    self._closed = True
     for sig, old in self._old.items():
       signal.signal(sig, old)
+    if self._pipe is not None:
+      signal.set_wakeup_fd(self._old_wakeup)
+      os.close(self._pipe[1])  # the watchdog reads end-of-file and returns
+    return False
+
+
+class _CallSizer:
+  """Steps per compiled call, so that one call takes at most `max_seconds`.
+
+  The size is the largest divisor of `steps_per_call` whose call is expected to fit (divisors
+  keep calls aligned with intervals that are multiples of `steps_per_call`, so few sizes get
+  compiled). The first guess comes from `guess_seconds_per_step`; after that from the measured
+  duration of calls of a size already compiled (a size's first call includes its compilation).
+  A new size takes effect at a step that is a multiple of it. Results do not depend on the call
+  sizes (every step is a pure function of the seed and the step number; tested bit for bit).
+
+  Args:
+    steps_per_call: the most steps per call (train.steps_per_call).
+    max_seconds: the longest wanted call (train.max_call_seconds); 0 = always steps_per_call.
+    guess_seconds_per_step: estimate before any call has been measured.
+  """
+
+  def __init__(self, steps_per_call: int, max_seconds: float, guess_seconds_per_step: float):
+    self.max_steps = int(steps_per_call)
+    self.max_seconds = float(max_seconds)
+    self.sizes = [d for d in range(1, self.max_steps + 1) if self.max_steps % d == 0]
+    self.compiled: set[int] = set()
+    self.current = self._fit(guess_seconds_per_step) if self.max_seconds > 0 else self.max_steps
+    self.wanted = self.current
+
+  def _fit(self, seconds_per_step: float) -> int:
+    fits = [d for d in self.sizes if d * seconds_per_step <= self.max_seconds]
+    return max(fits) if fits else 1
+
+  def size_at(self, step: int) -> int:
+    """Steps of the call that starts at `step` (before the log/eval/checkpoint cut)."""
+    if self.wanted != self.current and step % self.wanted == 0:
+      self.current = self.wanted
+    return self.current
+
+  def observe(self, num_steps: int, seconds: float) -> None:
+    """Records that a call of `num_steps` steps took `seconds` (dispatch to result)."""
+    first = num_steps not in self.compiled
+    self.compiled.add(num_steps)
+    if self.max_seconds <= 0 or first:
+      return
+    per_step = seconds / num_steps
+    fit = self._fit(per_step)
+    # Shrink as soon as the current size overruns by a fifth; grow only by 2x or more, so that
+    # timing noise does not compile sizes back and forth.
+    if self.current * per_step > 1.2 * self.max_seconds or fit >= 2 * self.current:
+      self.wanted = fit
+
+
+# Rough training speed per device before anything is measured (FLOP/s of 6 x parameters x
+# tokens per step): only the first call's size depends on it.
+_GUESSED_FLOPS_PER_SECOND = {"cpu": 2e10}
+_GUESSED_ACCELERATOR_FLOPS = 1e13
+
+
+def _guess_seconds_per_step(num_params: int, config, host_data: dict, per_device: int) -> float:
+  lengths = np.asarray(host_data["lengths"])
+  tokens = config.train.batch_size * (float(lengths.mean()) if config.train.packing
+                                      else host_data["inputs"].shape[1])
+  speed = _GUESSED_FLOPS_PER_SECOND.get(jax.default_backend(), _GUESSED_ACCELERATOR_FLOPS)
+  return 6.0 * num_params * tokens * per_device / speed
 
 
 # ----------------------------------------------------------------------------------------------
 # The main loop.
 
 
-def _next_boundary(step: int, config) -> int:
-  """End of the next compiled call: at most steps_per_call, and never past a log/eval/ckpt."""
-  end = min(step + config.train.steps_per_call, config.train.num_steps)
+def _next_boundary(step: int, config, steps: int | None = None) -> int:
+  """End of the next compiled call: at most `steps` (default train.steps_per_call), and never
+  past a log/eval/checkpoint step."""
+  end = min(step + (steps or config.train.steps_per_call), config.train.num_steps)
   for every in (config.train.log_every, config.eval.every, config.checkpoint.every):
     end = min(end, (step // every + 1) * every)
   return end
@@ -663,34 +877,62 @@ def _next_boundary(step: int, config) -> int:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        allow_config_change: bool = False,
                        state_hook: Callable[[TrainState, int], TrainState] | None = None,
-                       tensorboard: bool = True) -> dict:
+                       tensorboard: bool = True, signal_exit_seconds: float = 0.0) -> dict:
   """Trains `config.num_seeds` seeds at once in `workdir`, resuming from its latest checkpoint.
+
+  SIGTERM/SIGINT are handled from the first line: before the first compiled training call (data
+  generation, compilation, the step-0 evaluation) and during a call that starts from the latest
+  checkpoint they stop the run at once; otherwise the run checkpoints after the current call
+  (at most about `train.max_call_seconds`) and stops. Either way `Preempted` is raised.
 
   Args:
     config: resolved config (see `configs/`); validated before any compute.
     workdir: run directory (created); receives config.json, vocab.json, data/ (generated),
       checkpoints/, metrics.csv and tensorboard/.
-    allow_config_change: resume a workdir written with a different config.
+    allow_config_change: resume a workdir written with another value of a field in
+      `CHANGEABLE_WITH_FLAG` (see `check_workdir_config`).
     state_hook: test hook `(state, step) -> state` called before every compiled call (e.g. to
       poison one seed's parameters).
     tensorboard: also write TensorBoard summaries (clu).
+    signal_exit_seconds: the command line's bound on stopping at once (see `_StopSignal`): after
+      this many seconds the process exits with EXIT_PREEMPTED if the main thread is still inside
+      a native call; 0 = never (in-process callers keep their interpreter).
 
   Returns:
-    {'step': final step, 'eval': the last evaluation as {'in_domain/accuracy': np [S], ...}
-    (NaN for diverged seeds), 'state': the stacked TrainState}.
+    {'step': final step, 'seeds': seed ids [S], 'eval': the last evaluation as
+    {'in_domain/accuracy': np [S], ...} (NaN for diverged seeds), 'state': the stacked
+    TrainState, 'trained_steps': steps trained by this call (0 when the run was complete)}.
 
   Raises:
-    ValueError: invalid config or data (message names the field / file / line).
-    checkpointing.WorkdirError: the workdir cannot be written (unwritable, disk full); the
-      checkpoints and metric rows written before are intact.
-    Preempted: a SIGTERM/SIGINT arrived; a checkpoint of the current step was written.
+    ValueError: invalid config or data (message names the field / file / line), or a workdir
+      written with another config.
+    checkpointing.CheckpointMismatch: a checkpoint's shapes do not fit the config (nothing moved).
+    checkpointing.WorkdirError: the workdir cannot be written (unwritable, disk full; a failed
+      checkpoint save stops the run at once); the checkpoints before it are intact and
+      metrics.csv ends at the last of them.
+    Preempted: a SIGTERM/SIGINT arrived (`Preempted.step`: the checkpoint to resume from).
   """
+  with _StopSignal(exit_after=signal_exit_seconds) as stop:
+    try:
+      return _train_and_evaluate(config, workdir, stop, allow_config_change=allow_config_change,
+                                 state_hook=state_hook, tensorboard=tensorboard)
+    except _StopNow as e:
+      try:
+        steps = checkpointing.all_steps(workdir)
+      except Exception:  # pylint: disable=broad-except  (only for the message)
+        steps = []
+      latest = steps[-1] if steps else None
+      resume = (f"the latest checkpoint is step {latest}" if latest is not None
+                else "no checkpoint yet")
+      raise Preempted(f"stopped by signal {e.signum} {e.where} ({resume})", latest) from None
+
+
+def _train_and_evaluate(config, workdir, stop: _StopSignal, *, allow_config_change, state_hook,
+                        tensorboard) -> dict:
   configlib.validate(config)
   check_writable(workdir)
   check_workdir_config(workdir, config, allow_config_change)
   _, vocab, splits = load_data(config, workdir)
-  _write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
-  _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
 
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
   mesh = sharding.seed_mesh(len(seeds), config.num_devices)
@@ -707,73 +949,121 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   evaluate = make_eval_fn(config, fns, vocab, eval_data)
 
   writer = sharding.is_writer()
-  manager = checkpointing.make_manager(workdir, max_to_keep=config.checkpoint.max_to_keep)
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
-  table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"), enabled=writer)
-  summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                           tensorboard and writer)
-
   state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(
       sharding.put_replicated(np.asarray(seed_keys(seeds)), mesh))
-  latest, restored = checkpointing.restore_latest_good(
-      manager, workdir, sharding.abstract_like(state, mesh))
-  # Rows logged after the checkpoint we resume from (or by an attempt killed before its first
-  # checkpoint) are dropped, so the table equals an uninterrupted run's.
-  dropped = table.truncate_after(-1 if latest is None else latest)
-  if latest is not None:
-    state = restored
-    log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
-             dropped)
-  step = int(latest or 0)
-  log.info("%s", sharding.describe(mesh, len(seeds)))
+  ckpt = checkpointing.CheckpointWriter(workdir, max_to_keep=config.checkpoint.max_to_keep)
+  summaries = None
+  failed = False
+  try:
+    latest, restored = checkpointing.restore_latest_good(
+        ckpt.manager, workdir, sharding.abstract_like(state, mesh), config=config)
+    # The workdir's own files change only once its checkpoints are known to fit this config.
+    _write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+    _write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
+    table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"), enabled=writer)
+    summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                             tensorboard and writer)
+    # Rows logged after the checkpoint we resume from (or by an attempt killed before its first
+    # checkpoint) are dropped, so the table equals an uninterrupted run's.
+    dropped = table.truncate_after(-1 if latest is None else latest)
+    if latest is not None:
+      state = restored
+      log.info("resumed from checkpoint step %d (dropped %d later metric rows)", latest,
+               dropped)
+    step = int(latest or 0)
+    log.info("%s", sharding.describe(mesh, len(seeds)))
 
-  def log_eval(step, state, write=True):
-    results = sharding.to_host(evaluate(state.params))
-    diverged = np.asarray(sharding.to_host(state.diverged))
-    flat = {}
-    for split, metrics in results.items():
-      for name, values in metrics.items():
-        flat[f"{split}/{name}"] = np.where(diverged, np.nan, np.asarray(values))
-    if write:
-      table.write(step, seeds, flat)
-      summaries.write(step, seeds, flat)
-    log.info("step %d eval: %s", step, _fmt_metrics(flat))
-    return flat
+    def log_eval(step, state, write=True):
+      results = sharding.to_host(evaluate(state.params))
+      diverged = np.asarray(sharding.to_host(state.diverged))
+      flat = {}
+      for split, metrics in results.items():
+        for name, values in metrics.items():
+          flat[f"{split}/{name}"] = np.where(diverged, np.nan, np.asarray(values))
+      if write:
+        table.write(step, seeds, flat)
+        summaries.write(step, seeds, flat)
+      log.info("step %d eval: %s", step, _fmt_metrics(flat))
+      return flat
 
-  last_eval = {}
-  if latest is None:
-    last_eval = log_eval(0, state)
-    checkpointing.save(manager, 0, state, meta)
+    def save(step, state):
+      # Not stopped at once inside orbax's save: a signal now is acted on right after it.
+      immediate, stop.immediate = stop.immediate, False
+      try:
+        ckpt.save(step, state, meta)
+      finally:
+        stop.immediate = immediate
 
-  num_params = model_lib.num_params(jax.tree_util.tree_map(lambda x: x[0], state.params))
-  log.info("training %d seeds %s of %s (%d parameters each) for %d steps in %s",
-           len(seeds), seeds, config.task, num_params, config.train.num_steps, workdir)
-  t0, step0 = time.time(), step
-  with _SignalFlag() as flag:
+    last_eval = {}
+    if latest is None:
+      last_eval = log_eval(0, state)
+      save(0, state)
+    saved = step  # the state at `saved` is in a checkpoint (written or being written)
+
+    num_params = model_lib.num_params(jax.tree_util.tree_map(lambda x: x[0], state.params))
+    if step >= config.train.num_steps:
+      log.info("the run in %s is complete: its checkpoint is at step %d and train.num_steps is "
+               "%d, so there is nothing to train (pass a larger --config.train.num_steps to train "
+               "longer)", workdir, step, config.train.num_steps)
+    else:
+      log.info("training %d seeds %s of %s (%d parameters each) from step %d to %d in %s",
+               len(seeds), seeds, config.task, num_params, step, config.train.num_steps,
+               workdir)
+    sizer = _CallSizer(config.train.steps_per_call, config.train.get("max_call_seconds", 0.0),
+                       _guess_seconds_per_step(num_params, config, host_data, per_device))
+    t0, step0 = time.time(), step
     while step < config.train.num_steps:
-      end = _next_boundary(step, config)
+      if stop.received is not None and step == saved:
+        ckpt.wait()
+        raise Preempted(f"signal {stop.received}: checkpoint written at step {step}", step)
+      end = _next_boundary(step, config, sizer.size_at(step))
       if state_hook is not None:
         state = state_hook(state, step)
+      # A call from the step just checkpointed loses nothing when a signal stops it at once.
+      stop.set_immediate(step == saved, f"at step {step}")
+      started = time.perf_counter()
       state = fns.chunk(state, train_data, jnp.asarray(step, jnp.int32), end - step)
+      jax.block_until_ready(state)  # the signal and the saves are checked after every call
+      stop.set_immediate(False)
+      sizer.observe(end - step, time.perf_counter() - started)
       step = end
+      ckpt.check()
       if step % config.train.log_every == 0 or step == config.train.num_steps:
         state = _log_train(step, state, seeds, fns, config, table, summaries, t0, step0)
       if step % config.eval.every == 0 or step == config.train.num_steps:
         last_eval = log_eval(step, state)
       if (step % config.checkpoint.every == 0 or step == config.train.num_steps
-          or flag.received is not None):
-        checkpointing.save(manager, step, state, meta)
-      if flag.received is not None and step < config.train.num_steps:
-        checkpointing.wait(manager)
-        manager.close()
-        summaries.close()
-        raise Preempted(f"signal {flag.received}: checkpoint written at step {step}")
-  checkpointing.wait(manager)
-  manager.close()
-  summaries.close()
+          or stop.received is not None):
+        save(step, state)
+        saved = step
+      if stop.received is not None and step < config.train.num_steps:
+        ckpt.wait()
+        raise Preempted(f"signal {stop.received}: checkpoint written at step {step}", step)
+    ckpt.wait()
+  except checkpointing.CheckpointWriteError as e:
+    failed = True
+    ckpt.abandon()
+    good = checkpointing.all_steps(workdir)
+    last_good = good[-1] if good else None
+    if writer:
+      metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv")).truncate_after(
+          -1 if last_good is None else last_good)
+    ends = (f"the last good checkpoint is step {last_good} and metrics.csv ends there"
+            if last_good is not None else "there is no checkpoint and metrics.csv is empty")
+    raise checkpointing.WorkdirError(f"{e}; the run stopped: {ends}") from e
+  finally:
+    if not failed:
+      try:
+        ckpt.close()
+      except checkpointing.CheckpointWriteError:
+        ckpt.abandon()  # only while another exception propagates: ckpt.wait() ran otherwise
+    if summaries is not None:
+      summaries.close()
   if not last_eval:  # the run had already finished: report its final evaluation again
     last_eval = _logged_eval(table, step, seeds) or log_eval(step, state, write=False)
-  return {"step": step, "eval": last_eval, "state": state}
+  return {"step": step, "seeds": seeds, "eval": last_eval, "state": state,
+          "trained_steps": step - step0}
 
 
 def _logged_eval(table: metric_logging.MetricsTable, step: int, seeds: list[int]) -> dict:

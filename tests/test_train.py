@@ -1,6 +1,9 @@
-"""Training: seed vmap equivalence, resume after kill -9, checkpoints, divergence isolation."""
+"""Training: seed vmap equivalence, resume after kill -9, checkpoints, divergence isolation,
+config changes on resume, call sizes, blocking calls and stop signals."""
 
+import logging
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -132,18 +135,140 @@ def test_run_writes_metrics_and_checkpoints_and_round_trips(data_dir, tmp_path):
     checkpointing.restore_seed_params(str(tmp_path), seed=7)
   with pytest.raises(checkpointing.CheckpointError, match="step 30"):
     checkpointing.restore(str(tmp_path), step=30)
-  # Rerunning a finished run does nothing and changes nothing.
-  again = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
-  assert again["step"] == 40
+  # Rerunning a finished run says it is complete, trains nothing and changes nothing.
+  calls = []
+  again = train.train_and_evaluate(config, str(tmp_path), tensorboard=False,
+                                   state_hook=lambda state, step: calls.append(step) or state)
+  assert again["step"] == 40 and again["trained_steps"] == 0 and calls == []
   assert len(metric_logging.read_table(str(tmp_path / "metrics.csv"))) == len(rows)
+  np.testing.assert_array_equal(again["eval"]["in_domain/accuracy"],
+                                result["eval"]["in_domain/accuracy"])
 
 
-def test_refuses_workdir_with_a_different_config(data_dir, tmp_path):
-  train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10}), str(tmp_path),
-                           tensorboard=False)
-  with pytest.raises(ValueError, match=r"model.d_model: 32 -> 64"):
-    train.train_and_evaluate(tiny_config(data_dir, **{"model.d_model": 64}), str(tmp_path),
-                             tensorboard=False)
+def test_rerun_of_a_finished_run_says_it_is_complete(data_dir, tmp_path, caplog):
+  config = tiny_config(data_dir, **{"train.num_steps": 10})
+  train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
+  with caplog.at_level(logging.INFO, logger="sg_jax"):
+    out = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
+  messages = [r.getMessage() for r in caplog.records if r.name == "sg_jax"]
+  assert out["trained_steps"] == 0
+  assert any("is complete" in m and "nothing to train" in m for m in messages), messages
+  assert not any(m.startswith("training 2 seeds") for m in messages), messages
+
+
+def _snapshot(workdir):
+  files = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, workdir)] = f.read()
+  return files
+
+
+def test_config_changes_on_resume_free_flag_and_never(data_dir, tmp_path):
+  config = tiny_config(data_dir, **{"train.num_steps": 10})
+  train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
+  before = _snapshot(str(tmp_path))
+  # A field that changes parameter shapes is refused in one line, even with the flag.
+  for allow in (False, True):
+    with pytest.raises(ValueError, match=r"model.d_model 32 -> 64 .*cannot change") as e:
+      train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10,
+                                                        "model.d_model": 64}),
+                               str(tmp_path), tensorboard=False, allow_config_change=allow)
+    assert "\n" not in str(e.value)
+    assert _snapshot(str(tmp_path)) == before
+  for field, value in (("num_seeds", 3), ("train.batch_size", 4), ("data.seed", 1),
+                       ("optim.b2", 0.99)):
+    with pytest.raises(ValueError, match=field):
+      train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10, field: value}),
+                               str(tmp_path), tensorboard=False, allow_config_change=True)
+  # The learning rate needs the flag; with it the run resumes (here: nothing left to train).
+  changed = tiny_config(data_dir, **{"train.num_steps": 10, "optim.learning_rate": 3e-4})
+  with pytest.raises(ValueError, match="optim.learning_rate .*--allow_config_change"):
+    train.train_and_evaluate(changed, str(tmp_path), tensorboard=False)
+  assert _snapshot(str(tmp_path)) == before
+  out = train.train_and_evaluate(changed, str(tmp_path), tensorboard=False,
+                                 allow_config_change=True)
+  assert out["trained_steps"] == 0
+  # Cadence fields change freely.
+  out = train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10,
+                                                          "optim.learning_rate": 3e-4,
+                                                          "eval.every": 5,
+                                                          "train.max_call_seconds": 1.0}),
+                                 str(tmp_path), tensorboard=False)
+  assert out["step"] == 10
+  ends_at_num_steps = {"optim": {"decay_steps": 0}}
+  assert train.classify_config_change("train.num_steps", ends_at_num_steps,
+                                      ends_at_num_steps) == "flag"
+  assert train.classify_config_change("train.num_steps", {}, {}) == "free"
+
+
+def test_call_sizer_fits_calls_under_the_time_limit():
+  sizer = train._CallSizer(100, 10.0, guess_seconds_per_step=3.0)
+  assert sizer.size_at(0) == 2  # largest divisor of 100 with 3 s x steps <= 10 s
+  sizer.observe(2, 30.0)  # first call of this size: includes compilation, ignored
+  assert sizer.size_at(2) == 2
+  sizer.observe(2, 0.4)  # 0.2 s per step: 50 steps fit, from the next multiple of 50
+  assert sizer.size_at(4) == 2 and sizer.size_at(50) == 50
+  sizer.observe(50, 100.0)  # first call of 50 steps (compilation)
+  sizer.observe(50, 25.0)  # 0.5 s per step overruns: 20 steps
+  assert sizer.size_at(100) == 20
+  assert train._CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
+  assert train._CallSizer(100, 10.0, 1e-6).size_at(0) == 100
+  assert train._CallSizer(100, 10.0, 60.0).size_at(0) == 1
+
+
+def test_adapted_call_sizes_give_bit_identical_results(data_dir, tmp_path, monkeypatch):
+  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 0.0)
+  fixed_calls, adapted_calls = [], []
+  hook = lambda calls: (lambda state, step: calls.append(step) or state)
+  fixed = train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 0.0}),
+                                   str(tmp_path / "fixed"), tensorboard=False,
+                                   state_hook=hook(fixed_calls))
+  # A limit no call can meet: after the first measured call, every call is one step.
+  adapted = train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 1e-9}),
+                                     str(tmp_path / "adapted"), tensorboard=False,
+                                     state_hook=hook(adapted_calls))
+  assert fixed_calls == [0, 10, 20, 30]
+  assert adapted_calls[:3] == [0, 10, 20] and adapted_calls[3:] == list(range(21, 40))
+  np.testing.assert_array_equal(flat(jax.device_get(adapted["state"].params)),
+                                flat(jax.device_get(fixed["state"].params)))
+  rows = lambda name: sorted(
+      (r["step"], r["seed"], r["name"], r["value"])
+      for r in metric_logging.read_table(str(tmp_path / name / "metrics.csv")))
+  assert rows("adapted") == rows("fixed")
+
+
+def test_each_call_is_finished_before_the_next_is_dispatched(data_dir, tmp_path):
+  """The host never runs ahead of the device, so a signal is seen after the current call."""
+  ready = []
+
+  def hook(state, step):
+    ready.append(all(x.is_ready() for x in jax.tree_util.tree_leaves(state)))
+    return state
+
+  config = tiny_config(data_dir, **{"train.steps_per_call": 2, "train.log_every": 40,
+                                    "eval.every": 40, "checkpoint.every": 40})
+  train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
+  assert len(ready) == 20 and all(ready), ready
+
+
+def test_sigterm_checkpoints_at_most_one_call_after_the_signal(data_dir, tmp_path):
+  def hook(state, step):
+    if step == 30:  # the call 30 -> 40 is the one running when the signal is handled
+      os.kill(os.getpid(), signal.SIGTERM)
+    return state
+
+  config = tiny_config(data_dir, **{"train.num_steps": 100})
+  handler = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(train.Preempted, match="checkpoint written at step 40") as e:
+    train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
+  assert e.value.step == 40
+  assert checkpointing.all_steps(str(tmp_path)) == [0, 20, 40]
+  rows = metric_logging.read_table(str(tmp_path / "metrics.csv"))
+  assert max(r["step"] for r in rows) == 40
+  assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler was uninstalled
 
 
 def test_diverged_seed_keeps_its_last_finite_parameters(data_dir, tmp_path):
