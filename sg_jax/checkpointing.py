@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from typing import Any
 
 import jax
@@ -255,7 +256,7 @@ class CheckpointWriter:
     finally:
       self.manager.close()
 
-  def abandon(self) -> list[str]:
+  def abandon(self, settle_seconds: float = 5.0) -> list[str]:
     """After a failure: closes the manager without raising and removes the temporary folders of
     unfinished saves. Returns the folders removed."""
     self.pending = None
@@ -263,11 +264,20 @@ class CheckpointWriter:
       self.manager.close()
     except Exception:  # pylint: disable=broad-except  (the failure was reported already)
       pass
-    removed = []
-    for path in temporary_folders(self.workdir):
-      shutil.rmtree(path, ignore_errors=True)
-      if not os.path.exists(path):
-        removed.append(path)
+    # tensorstore may still finish an operation of the failed save (e.g. write the database
+    # manifest) after orbax has given up on it, recreating the folder: remove until it stays
+    # away (a few tenths of a second in practice; at most `settle_seconds`).
+    removed: list[str] = []
+    deadline = time.monotonic() + settle_seconds
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+      found = temporary_folders(self.workdir)
+      for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+        if path not in removed:
+          removed.append(path)
+      quiet = 0 if found else quiet + 1
+      time.sleep(0.2)
     return removed
 
 

@@ -34,16 +34,29 @@ class _DropOrbaxErrors(logging.Filter):
                 and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
 
 
+class _DropOrbaxOrphanTasks(logging.Filter):
+  """Drops asyncio's 'Task exception was never retrieved' reports of orbax's write tasks: after
+  one array of a save fails, orbax stops waiting for the others, and those that fail too are
+  reported (with a traceback each) when they are garbage-collected. The save's failure is
+  reported by sg_jax in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not ("exception was never retrieved" in message
+                and f"{os.sep}orbax{os.sep}" in message)
+
+
 def setup_cli_logging() -> logging.Logger:
   """Command-line logging: library chatter (orbax, absl) at WARNING, sg_jax's own progress
   lines (logger "sg_jax") at INFO with a timestamp, on stderr; orbax's error tracebacks are
-  dropped (see `_DropOrbaxErrors`). Returns the sg_jax logger."""
+  dropped (`_DropOrbaxErrors`, `_DropOrbaxOrphanTasks`). Returns the sg_jax logger."""
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
   absl_logging.set_verbosity(absl_logging.WARNING)
-  absl_logger = logging.getLogger("absl")
-  if not any(isinstance(f, _DropOrbaxErrors) for f in absl_logger.filters):
-    absl_logger.addFilter(_DropOrbaxErrors())
+  for name, quiet in (("absl", _DropOrbaxErrors), ("asyncio", _DropOrbaxOrphanTasks)):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, quiet) for f in logger.filters):
+      logger.addFilter(quiet())
   sg_log = logging.getLogger("sg_jax")
   if not sg_log.handlers:
     handler = logging.StreamHandler(sys.stderr)

@@ -1028,7 +1028,14 @@ def _train_and_evaluate(config, workdir, stop: _StopSignal, *, allow_config_chan
       stop.set_immediate(False)
       sizer.observe(end - step, time.perf_counter() - started)
       step = end
-      ckpt.check()
+      # A failed save stops the run before any metric row of a later step is written: rows are
+      # written at log/eval steps only, and there the pending save is waited for (it has
+      # usually long finished); between them a failure is picked up as soon as it is known.
+      if any(step % every == 0 for every in (config.train.log_every, config.eval.every,
+                                             config.checkpoint.every)):
+        ckpt.wait()
+      else:
+        ckpt.check()
       if step % config.train.log_every == 0 or step == config.train.num_steps:
         state = _log_train(step, state, seeds, fns, config, table, summaries, t0, step0)
       if step % config.eval.every == 0 or step == config.train.num_steps:

@@ -1,5 +1,6 @@
 """Reliability: SIGTERM, kill -9 (also during a checkpoint write), corrupt checkpoints, bad
-workdirs and data. Each interrupted run is resumed and compared with one uninterrupted run."""
+workdirs and data, config changes on resume, a full disk during a checkpoint and signals during
+start-up. Each interrupted run is resumed and compared with one uninterrupted run."""
 
 import errno
 import os
@@ -18,6 +19,7 @@ from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import tasks
 from sg_jax import train
+from sg_jax.tasks import vocab as vocab_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100
@@ -141,8 +143,125 @@ def test_corrupt_latest_checkpoint_is_skipped_with_a_warning(data_dir, env, refe
                         text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"checkpoint step {STEPS}" in proc.stderr and "unreadable" in proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert os.path.isdir(os.path.join(workdir, "corrupt_checkpoints", str(STEPS)))
   assert_same_as_reference(workdir, reference)
+
+
+def snapshot(workdir):
+  """{relative path: bytes} of every file under `workdir`."""
+  files = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, workdir)] = f.read()
+  return files
+
+
+def test_allow_config_change_with_another_model_changes_nothing(data_dir, env, reference,
+                                                                 tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference[0], workdir)
+  before = snapshot(workdir)
+  proc = subprocess.run(main_cmd(data_dir, workdir) + ["--config.model.d_model=64",
+                                                       "--allow_config_change"],
+                        cwd=ROOT, env=env, capture_output=True, text=True)
+  assert proc.returncode != 0
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error:") and "model.d_model 32 -> 64" in lines[0], lines
+  assert snapshot(workdir) == before  # checkpoints, metrics.csv, config.json: byte-identical
+  assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
+
+
+def test_checkpoint_of_other_shapes_is_a_mismatch_and_is_not_moved(reference, tmp_path):
+  """Even without config.json to compare with: stored shapes that differ from the config's are
+  refused naming the array and the config field, and no checkpoint is moved aside."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference[0], workdir)
+  steps = checkpointing.all_steps(workdir)
+  config = checkpointing.restore(workdir).config
+  config.model.d_model = 64
+  with open(os.path.join(workdir, "vocab.json")) as f:
+    vocab = vocab_lib.Vocab.from_json(f.read())
+  fns = train.make_train_fns(config, vocab.size)
+  target = jax.eval_shape(fns.init, jax.ShapeDtypeStruct((2, 2), np.uint32))
+  manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
+  try:
+    with pytest.raises(checkpointing.CheckpointMismatch,
+                       match=r"step 100 .*\[2, 71, 32\] in the checkpoint but "
+                             r"float32\[2, 71, 64\].*model.d_model 32 -> 64"):
+      checkpointing.restore_latest_good(manager, workdir, target, config=config)
+  finally:
+    manager.close()
+  assert checkpointing.all_steps(workdir) == steps
+  assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
+
+
+def test_disk_full_during_a_checkpoint_stops_the_run_in_one_line(data_dir, env, reference,
+                                                                  tmp_path):
+  workdir = str(tmp_path / "run")
+  full = dict(env, **{checkpointing.DISK_FULL_AT_SAVE_ENV: "60"})
+  proc = subprocess.run(main_cmd(data_dir, workdir), cwd=ROOT, env=full, capture_output=True,
+                        text=True)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and "Event loop" not in proc.stderr, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1], proc.stderr
+  checkpoint_60 = os.path.join(os.path.abspath(workdir), "checkpoints", "60")
+  assert f"checkpoint step 60 to {checkpoint_60}:" in errors[0], errors
+  assert "File too large" in errors[0] and "last good checkpoint is step 40" in errors[0]
+  assert "step 60/100" in proc.stderr and "step 70" not in proc.stderr  # stopped at once
+  assert checkpointing.all_steps(workdir) == [0, 20, 40]
+  assert checkpointing.temporary_folders(workdir) == []
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["0", "20", "40"]
+  assert max(r[0] for r in rows(workdir)) == 40
+  _, ref_rows, _ = reference
+  assert rows(workdir) == [r for r in ref_rows if r[0] <= 40]
+  np.testing.assert_array_equal(
+      params_at(workdir, 40), params_at(reference[0], 40))  # the last good one is intact
+
+
+def params_at(workdir, step):
+  p = checkpointing.restore(workdir, step).state["params"]
+  return np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(p)])
+
+
+def _stop_during_start_up(data_dir, env, workdir, sig, after_line=None, delay=0.0):
+  """Starts a run, sends `sig` once stderr shows `after_line` (or after `delay` seconds) and
+  returns (exit code, stderr, seconds from the signal to the exit)."""
+  proc = subprocess.Popen(main_cmd(data_dir, workdir), cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  seen = []
+  if after_line is not None:
+    for line in proc.stderr:
+      seen.append(line)
+      if after_line in line:
+        break
+  else:
+    time.sleep(delay)
+  sent = time.time()
+  proc.send_signal(sig)
+  rest = proc.stderr.read()
+  proc.wait(timeout=120)
+  return proc.returncode, "".join(seen) + rest, time.time() - sent
+
+
+@pytest.mark.parametrize("sig, after_line, delay", [
+    (signal.SIGTERM, None, 0.3),  # importing
+    (signal.SIGINT, "training batches", 0.0),  # compiling the first functions
+    (signal.SIGTERM, " seeds on ", 0.0),  # the step-0 evaluation (logged just before it)
+])
+def test_signal_during_start_up_exits_75_in_one_line(data_dir, env, tmp_path, sig, after_line,
+                                                     delay):
+  code, err, seconds = _stop_during_start_up(data_dir, env, str(tmp_path / "run"), sig,
+                                             after_line, delay)
+  assert code == train.EXIT_PREEMPTED, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert f"stopped by signal {int(sig)}" in last and "rerun the same command" in last, err
+  assert seconds < 30, seconds
 
 
 def test_unwritable_workdir_is_a_clear_error(data_dir, tmp_path):
