@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
+import os
 from typing import Any
 
 import ml_collections
@@ -404,3 +406,49 @@ def _get(config, dotted):
   for p in dotted.split("."):
     node = node[p]
   return node
+
+
+def _config_args(args: list[str]) -> tuple[str | None, list[str]]:
+  """(--config value or None, dotted fields of the --config.<field> overrides) in `args`."""
+  value, overrides = None, []
+  for i, arg in enumerate(args):
+    if arg == "--":
+      break
+    name = arg.lstrip("-")
+    if not arg.startswith("-"):
+      continue
+    if name == "config" and i + 1 < len(args):
+      value = args[i + 1]
+    elif name.startswith("config="):
+      value = name[len("config="):]
+    elif name.startswith(("config.", "noconfig.")):
+      overrides.append(name.split(".", 1)[1].split("=", 1)[0])
+  return value, overrides
+
+
+def check_command_line(args: list[str]) -> str | None:
+  """One line on what is wrong with the `--config=FILE[:STRING]` and `--config.<field>=value`
+  arguments of a command line (None if nothing): a missing config file, a config string its
+  `get_config` rejects, or an unknown field (with the nearest valid ones). ml_collections'
+  config_flags would report these as a traceback or name internal objects."""
+  value, overrides = _config_args(args)
+  if value is None:
+    return None
+  path, _, arg = value.partition(":")
+  if not os.path.isfile(path):
+    return f"config file {path!r} not found (--config={value})"
+  if not overrides:
+    return None
+  try:
+    spec = importlib.util.spec_from_file_location("_sg_jax_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg or None)
+  except ValueError as e:
+    return f"{e} (--config={value})"
+  except Exception:  # pylint: disable=broad-except  (absl's own parsing reports it)
+    return None
+  for field in overrides:
+    if not has_field(config, field):
+      return f"{unknown_field_message(config, field)} (--config.{field})"
+  return None

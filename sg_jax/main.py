@@ -44,10 +44,6 @@ from sg_jax import host_devices  # pylint: disable=wrong-import-position
 host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
 
 # pylint: disable=wrong-import-position
-import importlib.util
-import shlex
-
-import numpy as np
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -80,39 +76,6 @@ _MULTIHOST = flags.DEFINE_bool(
     "sharded over the devices of all hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-# Columns of the final per-seed table (those the task's evaluation has).
-SUMMARY_COLUMNS = ("in_domain/accuracy", "out_of_domain/accuracy", "in_domain/loss",
-                   "out_of_domain/loss")
-
-
-def format_summary(result: dict, workdir: str) -> str:
-  """The closing lines of a run: a per-seed table of the final evaluation, the path of
-  metrics.csv and the next commands.
-
-  Args:
-    result: as returned by `train.train_and_evaluate` ('step', 'seeds', 'eval' {name: [S]},
-      'trained_steps').
-    workdir: the run's --workdir.
-  """
-  columns = [c for c in SUMMARY_COLUMNS if c in result["eval"]]
-  if result.get("trained_steps", 1) == 0:
-    head = f"the run was already complete at step {result['step']}; final evaluation per seed:"
-  else:
-    head = f"finished at step {result['step']}; final evaluation per seed:"
-  widths = [max(len(c), 8) for c in columns]
-  lines = [head, "  seed  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-  for i, seed in enumerate(result["seeds"]):
-    values = [float(np.asarray(result["eval"][c])[i]) for c in columns]
-    cells = ["nan" if np.isnan(v) else f"{v:.4f}" for v in values]
-    lines.append(f"  {seed:4d}  " + "  ".join(x.rjust(w) for x, w in zip(cells, widths)))
-  if any(np.isnan(np.asarray(result["eval"][c], np.float64)).any() for c in columns):
-    lines.append("  (nan: the seed diverged; see train/diverged_step in metrics.csv)")
-  quoted = shlex.quote(workdir)
-  lines += [f"metrics (every step, seed and metric): {os.path.join(workdir, 'metrics.csv')}",
-            f"next: python -m sg_jax.analyze --workdir={quoted}",
-            f"      python -m sg_jax.report --root={quoted}"]
-  return "\n".join(lines)
-
 
 def main(argv):
   if len(argv) > 1:
@@ -132,58 +95,13 @@ def main(argv):
     sys.exit(f"error: {e}")
   signal.signal(signal.SIGINT, signal.default_int_handler)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  print(format_summary(result, _WORKDIR.value))
-
-
-def _config_args(args: list[str]) -> tuple[str | None, list[str]]:
-  """(--config value or None, dotted fields of the --config.<field> overrides) in `args`."""
-  value, overrides = None, []
-  for i, arg in enumerate(args):
-    if arg == "--":
-      break
-    name = arg.lstrip("-")
-    if not arg.startswith("-"):
-      continue
-    if name == "config" and i + 1 < len(args):
-      value = args[i + 1]
-    elif name.startswith("config="):
-      value = name[len("config="):]
-    elif name.startswith(("config.", "noconfig.")):
-      overrides.append(name.split(".", 1)[1].split("=", 1)[0])
-  return value, overrides
-
-
-def check_config_args(args: list[str]) -> str | None:
-  """One line on what is wrong with --config and its --config.<field> overrides (None if
-  nothing): a missing config file, a config string its `get_config` rejects, or an unknown field
-  (with the nearest valid ones)."""
-  value, overrides = _config_args(args)
-  if value is None:
-    return None
-  path, _, arg = value.partition(":")
-  if not os.path.isfile(path):
-    return f"config file {path!r} not found (--config={value})"
-  if not overrides:
-    return None
-  try:
-    spec = importlib.util.spec_from_file_location("_sg_jax_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(arg or None)
-  except ValueError as e:
-    return f"{e} (--config={value})"
-  except Exception:  # pylint: disable=broad-except  (absl's own parsing reports it)
-    return None
-  for field in overrides:
-    if not configlib.has_field(config, field):
-      return f"{configlib.unknown_field_message(config, field)} (--config.{field})"
-  return None
+  print(metric_logging.format_summary(result, _WORKDIR.value))
 
 
 def parse_flags(argv):
   """absl flag parsing that reports a bad --config (a missing file, an unknown key in the config
   string, an unknown --config.<field>) as one line instead of a traceback."""
-  problem = check_config_args(argv[1:])
+  problem = configlib.check_command_line(argv[1:])
   if problem:
     sys.exit(f"error: {problem}")
   try:

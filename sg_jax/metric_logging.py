@@ -16,6 +16,7 @@ import io
 import logging
 import math
 import os
+import shlex
 import sys
 from typing import Mapping, Sequence
 
@@ -223,3 +224,37 @@ class SummaryWriter:
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
+
+
+# Columns of the final per-seed table (those the task's evaluation has).
+SUMMARY_COLUMNS = ("in_domain/accuracy", "out_of_domain/accuracy", "in_domain/loss",
+                   "out_of_domain/loss")
+
+
+def format_summary(result: dict, workdir: str) -> str:
+  """The closing lines of a run: a per-seed table of the final evaluation, the path of
+  metrics.csv and the next commands.
+
+  Args:
+    result: as returned by `train.train_and_evaluate` ('step', 'seeds', 'eval' {name: [S]},
+      'trained_steps').
+    workdir: the run's --workdir.
+  """
+  columns = [c for c in SUMMARY_COLUMNS if c in result["eval"]]
+  if result.get("trained_steps", 1) == 0:
+    head = f"the run was already complete at step {result['step']}; final evaluation per seed:"
+  else:
+    head = f"finished at step {result['step']}; final evaluation per seed:"
+  widths = [max(len(c), 8) for c in columns]
+  lines = [head, "  seed  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+  for i, seed in enumerate(result["seeds"]):
+    values = [float(np.asarray(result["eval"][c])[i]) for c in columns]
+    cells = ["nan" if np.isnan(v) else f"{v:.4f}" for v in values]
+    lines.append(f"  {seed:4d}  " + "  ".join(x.rjust(w) for x, w in zip(cells, widths)))
+  if any(np.isnan(np.asarray(result["eval"][c], np.float64)).any() for c in columns):
+    lines.append("  (nan: the seed diverged; see train/diverged_step in metrics.csv)")
+  quoted = shlex.quote(workdir)
+  lines += [f"metrics (every step, seed and metric): {os.path.join(workdir, 'metrics.csv')}",
+            f"next: python -m sg_jax.analyze --workdir={quoted}",
+            f"      python -m sg_jax.report --root={quoted}"]
+  return "\n".join(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -202,3 +203,25 @@ def test_default_sentences_and_entropy_input_are_the_released_ones(known_workdir
                          output="lines.csv", **common)["rows_written"] == 0
   with pytest.raises(ValueError, match="sentence_set.*'all', 'transformed'"):
     analyze.analyze(known_workdir, output="lines.csv", **common)
+
+
+def test_unreadable_requested_step_is_a_nonzero_exit_naming_it(workdir, tmp_path):
+  broken = str(tmp_path / "run")
+  shutil.copytree(workdir, broken)
+  for root, _, names in os.walk(os.path.join(broken, "checkpoints", "10", "state")):
+    for name in names:
+      path = os.path.join(root, name)
+      if os.path.getsize(path) > 200 and "ocdbt" in root:
+        with open(path, "r+b") as f:
+          f.truncate(100)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"unreadable checkpoint step\(s\) \[10\]"):
+    analyze.analyze(broken, steps=[10], groups=["weight_norm"], output="fresh.csv")
+  out = subprocess.run(
+      [sys.executable, "-m", "sg_jax.analyze", f"--workdir={broken}", "--steps=10",
+       "--metrics=weight_norm", "--output=cli.csv"], capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.returncode != 0 and "new rows" not in out.stdout, (out.stdout, out.stderr[-2000:])
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "[10]" in errors[0], out.stderr[-2000:]
+  assert "Traceback" not in out.stderr and "Event loop is closed" not in out.stderr, out.stderr

@@ -2,10 +2,15 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
+
+import numpy as np
 
 import pytest
 
 from sg_jax import configlib
+from sg_jax import metric_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,3 +101,55 @@ def test_grok_cpu_preset_cools_down_at_its_last_step():
     assert float(lr(steps - 10_000)) == pytest.approx(3e-4)
     assert float(lr(steps - 5_000)) == pytest.approx(1.5e-4)
     assert float(lr(steps)) == 0.0
+
+
+def test_unknown_fields_name_the_nearest_valid_ones():
+  c = load("question")
+  assert configlib.nearest_fields(c, "train.eval_every")[0] == "eval.every"
+  assert "model.d_model" in configlib.nearest_fields(c, "model.dmodel")
+  with pytest.raises(ValueError, match=r"unknown config field 'depht'; did you mean depth\?"):
+    load("question", "quick,depht=3")
+  args = ["--config=configs/question.py:quick", "--workdir=w", "--config.train.eval_every=200"]
+  with_root = [a.replace("configs/", os.path.join(ROOT, "configs") + "/") for a in args]
+  message = configlib.check_command_line(with_root)
+  assert "'train.eval_every'" in message and "eval.every" in message, message
+  assert configlib.check_command_line(with_root[:2] + ["--config.eval.every=200"]) is None
+  assert "not found" in configlib.check_command_line(["--config=configs/nope.py:quick"])
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["--config=configs/question.py:quick", "--config.train.eval_every=200"],
+     ("'train.eval_every'", "eval.every")),
+    (["--config=configs/nope.py:quick"], ("configs/nope.py", "not found")),
+])
+def test_bad_config_arguments_are_one_line_on_the_command_line(tmp_path, args, wanted):
+  proc = subprocess.run([sys.executable, "-m", "sg_jax.main", f"--workdir={tmp_path}/w"] + args,
+                        cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode != 0
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+  assert all(w in lines[0] for w in wanted) and "config_config" not in lines[0], lines
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_final_summary_is_a_per_seed_table_with_next_commands():
+  result = {"step": 300, "seeds": [3, 4], "trained_steps": 300,
+            "eval": {"in_domain/accuracy": np.array([1.0, np.nan]),
+                     "out_of_domain/accuracy": np.array([0.25, np.nan]),
+                     "in_domain/loss": np.array([0.5, np.nan]),
+                     "out_of_domain/loss": np.array([2.0, np.nan]),
+                     "out_of_domain/move_first_agreement": np.array([0.5, np.nan])}}
+  text = metric_logging.format_summary(result, "runs/my run")
+  lines = text.splitlines()
+  assert lines[0] == "finished at step 300; final evaluation per seed:"
+  assert lines[1].split() == ["seed", "in_domain/accuracy", "out_of_domain/accuracy",
+                              "in_domain/loss", "out_of_domain/loss"]
+  assert lines[2].split() == ["3", "1.0000", "0.2500", "0.5000", "2.0000"]
+  assert lines[3].split() == ["4", "nan", "nan", "nan", "nan"] and "diverged" in lines[4]
+  assert "runs/my run/metrics.csv" in text
+  assert "python -m sg_jax.analyze --workdir='runs/my run'" in text
+  assert "python -m sg_jax.report --root='runs/my run'" in text
+  assert len(text) < 800
+  result["trained_steps"] = 0
+  assert "already complete" in metric_logging.format_summary(result, "w").splitlines()[0]
