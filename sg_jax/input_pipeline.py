@@ -1,0 +1,171 @@
+"""The data a run reads: the task's encoded splits, the training arrays and the evaluation batches.
+
+`load_data` generates (if needed), reads, checks and encodes the task's splits; `make_train_data`
+turns the training split into the host arrays the compiled step reads (and the packing buckets);
+`prepare_eval_batches` and `make_eval_fn` build the seed-vmapped evaluation of the held-out splits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from sg_jax import evaluation
+from sg_jax import model as model_lib
+from sg_jax.packing import packing_capacities
+from sg_jax.step import TrainFns
+
+log = logging.getLogger("sg_jax")
+
+
+def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: int
+                    ) -> tuple[dict, tuple[int, ...] | None]:
+  """Host arrays of the training split and the packing buckets (None when packing is off).
+
+  Args:
+    seeds_per_device: seeds that share one packing bucket per step (those of one device when
+      `make_train_fns` gets the mesh; all seeds otherwise).
+
+  Returns:
+    ({'inputs', 'targets': int32 [N, L], 'lengths': int32 [N]}, capacities).
+  """
+  data = {"inputs": np.asarray(split.inputs, np.int32),
+          "targets": np.asarray(split.targets, np.int32),
+          "lengths": np.asarray(split.lengths, np.int32)}
+  capacities = None
+  if config.train.packing:
+    capacities = packing_capacities(data["lengths"], int(config.train.batch_size),
+                                    seeds_per_device,
+                                    data["inputs"].shape[1], int(config.train.packing_buckets))
+  return data, capacities
+
+
+def load_data(config: ml_collections.ConfigDict, workdir: str):
+  """Generates (if needed) and encodes the task's splits.
+
+  Question/tense splits are read from the bracketed files (`question_bracket.train`, ...; they
+  hold the trees), each checked against its plain twin (`question.train`) when both exist; the
+  files read are logged.
+
+  Returns:
+    (task, vocab, {'train': EncodedSplit, 'in_domain': ..., 'out_of_domain': ...}).
+
+  Raises:
+    DataError: a malformed line, a plain file that differs from its bracketed twin, or a word
+      outside the vocabulary (file and line in the message).
+    ValueError: the batch is larger than the training split.
+  """
+  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
+
+  options = {"max_length": config.data.max_length or None} if config.task == "dyck" else {}
+  task = tasks.get_task(config.task, **options)
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
+  vocab = task.vocab()
+  splits = {}
+  for name, split in (("train", "train"), ("in_domain", task.in_domain_split),
+                      ("out_of_domain", task.out_of_domain_split)):
+    examples = task.read_split(data_dir, split)
+    path = _split_file(data_dir, task, split)
+    plain = os.path.join(data_dir, task.file_names(split)[0])
+    checked = f" (checked against {plain})" if path != plain and os.path.exists(plain) else ""
+    log.info("%s data: %d lines from %s%s", name, len(examples), path, checked)
+    check_vocabulary(examples, vocab, path, task.name)
+    splits[name] = task.encode(examples, vocab)
+  if len(splits["train"]) < config.train.batch_size:
+    raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
+                     f"number of training lines ({len(splits['train'])})")
+  return task, vocab, splits
+
+
+def _split_file(data_dir: str, task, split: str) -> str:
+  """The file `task.read_split(data_dir, split)` returns the lines of: the bracketed variant
+  when present (the plain one is then only checked against it), else the plain file."""
+  names = [n for n in task.file_names(split) if n]
+  for n in reversed(names):
+    if os.path.exists(os.path.join(data_dir, n)):
+      return os.path.join(data_dir, n)
+  return os.path.join(data_dir, names[0])
+
+
+def check_vocabulary(examples, vocab, path: str, task_name: str) -> None:
+  """Raises DataError naming file, line and word if a line uses a word the model does not know."""
+  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
+
+  known = set(vocab.words)
+  for line, ex in enumerate(examples, start=1):
+    for word in tuple(ex.source) + tuple(ex.target):
+      if word not in known:
+        raise tasks.DataError(path, line, f"word {word!r} is not in the {task_name} vocabulary "
+                              f"({len(known)} words)")
+
+
+EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos", "transformed", "main_verb_pos",
+               "close_mask", "close_distance")
+
+
+def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
+  """Host arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines)."""
+  n = len(split) if not max_lines else min(max_lines, len(split))
+  arrays = {f: np.asarray(getattr(split, f))[:n] for f in EVAL_FIELDS}
+  batch_size = min(batch_size, n)
+  arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
+  return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
+
+
+def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
+                 batch_callback: Callable[[str, int, int], None] | None = None) -> Callable:
+  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
+
+  Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
+  batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
+  than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left).
+  Tense decodes with the key/value cache unless `config.eval.kv_cache` is False.
+
+  Args:
+    batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
+      (the benchmarks time batches with it).
+  """
+  apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
+  kv_cache_fns = None
+  if config.task == "tense" and config.eval.get("kv_cache", True):
+    kv_cache_fns = (lambda p, t, pos, c: model_lib.apply_cached(fns.model, p, t, pos, c),
+                    lambda p, b, n: model_lib.init_cache(fns.model, p, b, n))
+  per_split = {}
+  for name, batches in eval_data.items():
+    lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
+    tense = config.task == "tense"
+    split = evaluation.make_split_evaluator(
+        config.task, apply_fn, vocab,
+        decode_steps=int(np.max(lengths - task_pos)) if tense else 0,
+        dyck_min_distance=config.eval.dyck_min_distance, kv_cache_fns=kv_cache_fns)
+    one_batch = lambda p, data, i, split=split: split.batch_sums(
+        p, jax.tree_util.tree_map(lambda x: x[i], data))
+    stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)
+    summarize = lambda sums, split=split: jax.vmap(split.summarize)(stack(sums))
+    per_split[name] = (jax.jit(jax.vmap(one_batch, in_axes=(0, None, None))),
+                       jax.jit(summarize), np.asarray(batches["valid"]).sum(axis=1))
+
+  def evaluate(params):
+    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
+    progress = evaluation.ProgressLog(sum(int(v[2].sum()) for v in per_split.values()),
+                                      num_seeds)
+    results = {}
+    for name, (one_batch, summarize, lines) in per_split.items():
+      sums = []
+      for i, n in enumerate(lines):
+        sums.append(jax.block_until_ready(one_batch(params, eval_data[name], np.int32(i))))
+        progress.update(n, name)
+        if batch_callback is not None:
+          batch_callback(name, i, int(n))
+      results[name] = summarize(sums)
+    progress.close()
+    return results
+
+  return evaluate

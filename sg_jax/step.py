@@ -1,0 +1,307 @@
+"""The training step of ONE seed, and the seed-vmapped, jitted functions of a run built from it.
+
+Everything per seed is written for one seed (`init_state`, `loss_and_grads`,
+`packed_loss_and_grads`, `apply_gradients`, `epoch_permutation`); the seed axis is added with
+`jax.vmap` in exactly one place, where the functions of a run are built (`make_chunk_fn`,
+`make_train_fns`), and `make_train_fns` shards it over devices (`sharding.per_device`, each
+device training its own seeds). A compiled call (`make_chunk_fn`) runs its steps with
+`lax.scan`; the training set lives on device and each seed draws its own epoch permutations from
+its own key. Every random quantity of seed `s` at step `t` is a pure function of
+(`jax.random.key(s)`, `t`), so a resumed run equals an uninterrupted one and a seed trained in a
+group equals the same seed trained alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from sg_jax import evaluation
+from sg_jax import model as model_lib
+from sg_jax import sharding
+from sg_jax.packing import pack_lines
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+  """State of one seed (stacked: every leaf gets a leading [seed] axis).
+
+  Attributes:
+    step: int32 [] optimisation steps taken.
+    params: model parameters (float32).
+    opt_state: optax state (AdamW moments, schedule count).
+    key: uint32 [2] key data of the seed's root key `jax.random.key(seed)`.
+    diverged: bool [] True once the loss or gradient norm was non-finite. The parameters then
+      freeze at their last finite values; the optimiser state is not guarded (it takes the
+      non-finite step and may hold NaN moments from then on: a diverged seed never trains again).
+    diverged_step: int32 [] step at which it diverged (-1 if never).
+    sums: running sums since the last log: loss, grad_norm (before clipping) and steps.
+  """
+
+  step: Array
+  params: Any
+  opt_state: Any
+  key: Array
+  diverged: Array
+  diverged_step: Array
+  sums: dict
+
+
+def make_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
+  """Learning rate per step (a function of the 0-based step), one of `optim.schedule`:
+
+  * "linear" (reference, docs/REFERENCE.md §1): linear warm-up from 0 over `warmup_steps`, then
+    linear decay to 0 at `decay_steps`;
+  * "constant": warm-up, then `learning_rate` forever;
+  * "wsd" (warm-up, stable, decay): warm-up, constant, then a linear cool-down to 0 over the
+    last `cooldown_steps` steps before `decay_steps` (0 after it).
+
+  `decay_steps` = 0 means `num_steps` (the run's train.num_steps): the decay ends at the last step.
+  """
+  lr, warmup = optim.learning_rate, optim.warmup_steps
+  decay_steps = optim.decay_steps or num_steps
+  if optim.schedule == "constant":
+    after = optax.constant_schedule(lr)
+  elif optim.schedule == "wsd":
+    stable = decay_steps - optim.cooldown_steps - warmup
+    after = optax.join_schedules(
+        [optax.constant_schedule(lr), optax.linear_schedule(lr, 0.0, optim.cooldown_steps)],
+        [stable])
+  else:
+    after = optax.linear_schedule(lr, 0.0, decay_steps - warmup)
+  if warmup == 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int
+                   ) -> optax.GradientTransformation:
+  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1) with
+  the learning rate of `make_schedule(optim, num_steps)`."""
+  adamw = optax.adamw(make_schedule(optim, num_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                      weight_decay=optim.weight_decay)
+  if optim.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(optim.grad_clip_norm), adamw)
+  return adamw
+
+
+def seed_keys(seeds: list[int]) -> Array:
+  """uint32 [num_seeds, 2] key data of `jax.random.key(s)` for each seed id."""
+  return jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
+
+
+def _subkey(key_data: Array, purpose: int) -> Array:
+  return jax.random.fold_in(jax.random.wrap_key_data(key_data), purpose)
+
+
+PARAMS_KEY, DROPOUT_KEY, DATA_KEY = 0, 1, 2
+
+
+def init_state(key_data: Array, model: model_lib.TransformerLM,
+               tx: optax.GradientTransformation) -> TrainState:
+  """Initial state of one seed from its key data (uint32 [2])."""
+  params = model_lib.init_params(model.config, _subkey(key_data, PARAMS_KEY))
+  zero = jnp.zeros((), jnp.float32)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    key=key_data, diverged=jnp.zeros((), bool),
+                    diverged_step=jnp.full((), -1, jnp.int32),
+                    sums={"loss": zero, "grad_norm": zero, "steps": zero})
+
+
+def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_BxL: Array,
+            dropout_key: Array | None, **model_kwargs) -> Array:
+  """Mean token cross-entropy (nats) over the non-padding target positions of a batch.
+
+  `model_kwargs` (positions_BxL, token_ids_BxL, lines) describe packed rows (`pack_lines`).
+  """
+  logits = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
+                       rngs=None if dropout_key is None else {"dropout": dropout_key},
+                       **model_kwargs)
+  loss_sum, count = evaluation.token_losses(logits, targets_BxL)
+  return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
+
+
+def loss_and_grads(params, key_data: Array, inputs_BxL: Array, targets_BxL: Array, step: Array,
+                   model: model_lib.TransformerLM, **model_kwargs) -> tuple[Array, Any]:
+  """(loss [], gradients like `params`) of one seed's step, with that step's dropout masks.
+
+  `key_data` is the seed's uint32 [2] key data; `model_kwargs` describe packed rows (see
+  `pack_lines`); the default is a padded batch.
+  """
+  dropout_key = jax.random.fold_in(_subkey(key_data, DROPOUT_KEY), step)
+  return jax.value_and_grad(lm_loss)(params, model, inputs_BxL, targets_BxL, dropout_key,
+                                     **model_kwargs)
+
+
+def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
+                    tx: optax.GradientTransformation) -> TrainState:
+  """The optimiser update of one seed from `loss_and_grads`; a non-finite loss/gradient freezes
+  its parameters for good (marks the seed diverged; see `TrainState.diverged`)."""
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  ok = finite & ~state.diverged
+  # Only the parameters are guarded. Selecting the old optimiser state as well made XLA copy the
+  # AdamW moments every step (the parameter update re-reads the old moments after the guarded
+  # ones overwrite them in place): ~10% of a depth-2 step (README, Performance).
+  params = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old),
+                                  optax.apply_updates(state.params, updates), state.params)
+  sums = {"loss": state.sums["loss"] + loss, "grad_norm": state.sums["grad_norm"] + grad_norm,
+          "steps": state.sums["steps"] + 1.0}
+  return state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state,
+      diverged=state.diverged | ~finite,
+      diverged_step=jnp.where(state.diverged | finite, state.diverged_step, step),
+      sums=sums)
+
+
+def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
+               model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+               **model_kwargs) -> TrainState:
+  """One AdamW step of one seed: `loss_and_grads`, then `apply_gradients`.
+
+  `model_kwargs` describe packed rows (see `pack_lines`); the default is a padded batch.
+  """
+  loss, grads = loss_and_grads(state.params, state.key, inputs_BxL, targets_BxL, step, model,
+                               **model_kwargs)
+  return apply_gradients(state, loss, grads, step, tx)
+
+
+def batch_indices(perm: Array, step: Array, batch_size: int, steps_per_epoch: int) -> Array:
+  """Line indices [batch] of `step` within the epoch permutation `perm` [num_lines]."""
+  return jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
+
+
+def epoch_permutation(key_data: Array, step: Array, num_lines: int, steps_per_epoch: int
+                      ) -> Array:
+  """The seed's permutation [num_lines] of the epoch containing `step`.
+
+  Each epoch of `num_lines // batch_size` steps visits a fresh permutation drawn from
+  `fold_in(data_key(seed), epoch)`; the remainder lines of an epoch are skipped.
+  """
+  return jax.random.permutation(
+      jax.random.fold_in(_subkey(key_data, DATA_KEY), step // steps_per_epoch), num_lines)
+
+
+def packed_loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, capacity: int,
+                          step: Array, model: model_lib.TransformerLM) -> tuple[Array, Any]:
+  """`loss_and_grads` of one seed on the lines `idx_B` of `data` ({'inputs', 'targets': int32
+  [num_lines, length], 'lengths': int32 [num_lines]}) packed into one row of `capacity` token
+  positions (`pack_lines`)."""
+  rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx_B, capacity)
+  inputs, targets = rows.pop("inputs"), rows.pop("targets")
+  return loss_and_grads(params, key_data, inputs, targets, step, model, **rows)
+
+def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+                  batch_size: int, capacities: tuple[int, ...] | None) -> Callable:
+  """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
+
+  The per-seed functions (`epoch_permutation`, `batch_indices`, `loss_and_grads` or
+  `packed_loss_and_grads`, `apply_gradients`) get the seed axis here, with `jax.vmap`; the step
+  loop is a `lax.scan` outside the vmap, so the epoch-boundary `cond` and the packing bucket
+  `switch` are real branches (not selects).
+
+  Args of `chunk`:
+    state: stacked TrainState [S, ...].
+    data: {'inputs', 'targets': int32 [num_lines, length], 'lengths': int32 [num_lines]} on
+      device, shared by all seeds.
+    start_step: int32 [] global step of the first step.
+    num_steps: static.
+  """
+
+  def chunk(state, data, start_step, num_steps):
+    n = data["inputs"].shape[0]
+    spe = n // batch_size
+    perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(state.key)
+
+    # Only the gradients depend on the layout; the optimiser update runs outside the bucket
+    # `switch`, whose branches then read the parameters and return fresh buffers (an update
+    # inside the branches made XLA copy parameters and both moments every step).
+    def padded(params, keys, idx_SxB, step):
+      def one(p, k, idx):
+        return loss_and_grads(p, k, data["inputs"][idx], data["targets"][idx], step, model)
+      return jax.vmap(one)(params, keys, idx_SxB)
+
+    def packed(capacity):
+      def run(params, keys, idx_SxB, step):
+        def one(p, k, idx):
+          return packed_loss_and_grads(p, k, data, idx, capacity, step, model)
+        return jax.vmap(one)(params, keys, idx_SxB)
+      return run
+
+    def body(carry, t):
+      state, perm = carry
+      step = start_step + t
+      perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
+      idx = jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
+      if capacities is None:
+        loss, grads = padded(state.params, state.key, idx, step)
+      else:
+        need = jnp.max(jnp.sum(data["lengths"][idx], axis=-1))
+        bucket = jnp.searchsorted(jnp.asarray(capacities), need)
+        loss, grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
+                                     state.key, idx, step)
+      state = jax.vmap(lambda s, l, g: apply_gradients(s, l, g, step, tx))(state, loss, grads)
+      return (state, perm), None
+
+    (state, _), _ = jax.lax.scan(body, (state, perms(start_step)),
+                                 jnp.arange(num_steps, dtype=jnp.int32))
+    return state
+
+  return chunk
+
+
+@dataclasses.dataclass
+class TrainFns:
+  """The compiled, seed-vmapped functions of a run."""
+
+  init: Callable  # key_data [S, 2] -> TrainState [S, ...]
+  chunk: Callable  # (state, data, start_step, num_steps) -> state
+  model: model_lib.TransformerLM
+  tx: optax.GradientTransformation
+  capacities: tuple[int, ...] | None  # packed-row buckets (None = padded batches)
+
+
+_TRAIN_FNS_CACHE: dict = {}
+
+
+def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
+                   capacities: tuple[int, ...] | None = None,
+                   mesh: jax.sharding.Mesh | None = None) -> TrainFns:
+  """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
+
+  Args:
+    config: the run config.
+    vocab_size: rows of the embedding/output layers.
+    capacities: packed-row buckets from `packing_capacities` (None = padded batches).
+    mesh: the seed mesh (`sharding.seed_mesh`) or None. With a mesh, `chunk` runs under
+      `jax.shard_map`: each device trains its own seeds with no communication at all, so each
+      device also picks its own packing bucket (from its seeds only: less padding) and devices
+      never wait for one another inside a call. The state must then be sharded over the mesh
+      (`sharding.seed_sharding`) and the data replicated.
+
+  Cached on the fields that define them, so repeated runs in one process (tests, sweeps,
+  notebooks) reuse the compiled functions.
+  """
+  cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
+               int(config.train.num_steps) if not config.optim.decay_steps else None,
+               int(vocab_size), capacities, mesh)
+  if cache_key not in _TRAIN_FNS_CACHE:
+    model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
+    tx = make_optimizer(config.optim, int(config.train.num_steps))
+    init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
+    chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities)
+    if mesh is not None:
+      chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
+    chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))
+    _TRAIN_FNS_CACHE[cache_key] = TrainFns(init=init, chunk=chunk, model=model, tx=tx,
+                                           capacities=capacities)
+  return _TRAIN_FNS_CACHE[cache_key]

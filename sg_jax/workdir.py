@@ -1,0 +1,312 @@
+"""The workdir guard: config checks on resume, writability, stop signals and call sizes.
+
+A run refuses, in one line and before touching anything, to resume a workdir written with a
+config it may not continue (`check_workdir_config`, classified by `classify_config_change`) or
+to start in a workdir it cannot write (`check_writable`). SIGTERM/SIGINT are handled from the
+first second of a run (`StopSignal`); since the loop acts on a signal only between compiled
+calls, calls are sized to take at most `train.max_call_seconds` (`CallSizer`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+
+import ml_collections
+
+from sg_jax import checkpointing
+from sg_jax import configlib
+
+log = logging.getLogger("sg_jax")
+EXIT_PREEMPTED = 75  # exit code after a SIGTERM/SIGINT-triggered checkpoint (EX_TEMPFAIL)
+
+# Config fields (dotted prefixes) that may differ between a run and its resumption without
+# --allow_config_change: they never change the trained parameters. train.num_steps is one of them
+# unless the learning-rate schedule ends at it (optim.decay_steps = 0).
+RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call",
+                     "train.max_call_seconds", "train.log_every", "eval.", "checkpoint.every",
+                     "checkpoint.max_to_keep")
+# Fields --allow_config_change may change: they change the training from the resumed step on but
+# neither a parameter shape nor what a step is (its data, batch, seeds, model, optimiser state).
+CHANGEABLE_WITH_FLAG = ("train.num_steps", "optim.learning_rate", "optim.schedule",
+                        "optim.warmup_steps", "optim.decay_steps", "optim.cooldown_steps",
+                        "train.packing", "train.packing_buckets")
+
+
+class Preempted(Exception):
+  """Raised when a SIGTERM/SIGINT stopped the run; `main` exits with EXIT_PREEMPTED.
+
+  Attributes:
+    step: the step of the latest checkpoint (a resumed run continues from it; None if the run
+      stopped before its first checkpoint).
+  """
+
+  def __init__(self, message: str, step: int | None = None):
+    super().__init__(message)
+    self.step = step
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """'field: old -> new' for every field whose value differs between two config dicts."""
+  return [f"{name}: {a!r} -> {b!r}" for name, a, b in configlib.differences(old, new, prefix)]
+
+
+def classify_config_change(name: str, old: dict, new: dict) -> str:
+  """How resuming may treat a change of config field `name` (dotted) from `old` to `new`.
+
+  Returns:
+    'free' (never changes the trained parameters: RESUMABLE_CHANGES), 'flag' (needs
+    --allow_config_change: CHANGEABLE_WITH_FLAG) or 'never' (changes parameter shapes or what a
+    step is: model, task, data, seeds, batch size, the optimiser's other fields).
+  """
+  schedule_ends_at_num_steps = any(
+      c.get("optim", {}).get("decay_steps", 1) == 0 for c in (old, new))
+  if name == "train.num_steps" and schedule_ends_at_num_steps:
+    return "flag"
+  if name.startswith(RESUMABLE_CHANGES):
+    return "free"
+  if name.startswith(CHANGEABLE_WITH_FLAG):
+    return "flag"
+  return "never"
+
+
+def _stored_config(workdir: str) -> dict | None:
+  """The config a workdir was written with: config.json, else the newest checkpoint's."""
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  steps = checkpointing.all_steps(workdir)
+  if not steps:
+    return None
+  manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
+  try:
+    return checkpointing.read_meta(manager, steps[-1])["config"]
+  except Exception:  # pylint: disable=broad-except  (unreadable: restore_latest_good decides)
+    return None
+  finally:
+    manager.close()
+
+
+def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
+                         allow_config_change: bool) -> None:
+  """Refuses to resume a workdir written with a different config, in one line naming the fields.
+
+  Fields are classified by `classify_config_change`: 'free' ones may differ; 'flag' ones only
+  with `allow_config_change`; 'never' ones are refused even then. Nothing in the workdir is
+  touched.
+
+  Raises:
+    ValueError: naming the differing fields and what to do.
+  """
+  old = _stored_config(workdir)
+  if old is None:
+    return
+  new = json.loads(config.to_json())
+  diffs = configlib.differences(old, new)
+  kinds = {name: classify_config_change(name, old, new) for name, _, _ in diffs}
+  fmt = lambda wanted: ", ".join(f"{name} {a!r} -> {b!r}" for name, a, b in diffs
+                                 if kinds[name] == wanted)
+  if "never" in kinds.values():
+    raise ValueError(
+        f"workdir {workdir} was written with another config: {fmt('never')} (these change "
+        f"parameter shapes or what a step is; --allow_config_change cannot change them); use "
+        f"another --workdir")
+  if "flag" in kinds.values() and not allow_config_change:
+    raise ValueError(
+        f"workdir {workdir} was written with another config: {fmt('flag')}; pass "
+        f"--allow_config_change to resume with the new values, or use another --workdir")
+  if "flag" in kinds.values():
+    log.warning("resuming %s with changed config fields (--allow_config_change): %s", workdir,
+                fmt("flag"))
+
+
+def check_writable(workdir: str) -> None:
+  """Creates `workdir` and checks a file can be written there.
+
+  Raises:
+    checkpointing.WorkdirError: naming the workdir and the OS error.
+  """
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_probe.{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise checkpointing.WorkdirError(f"workdir {workdir} is not writable: {e}") from e
+
+
+def write_json_atomic(path: str, text: str) -> None:
+  """Writes `text` to `path` so that a reader sees the old file or the whole new one."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class StopNow(BaseException):
+  """Raised by `StopSignal`'s handler when stopping at once loses nothing a checkpoint lacks.
+
+  A BaseException, like KeyboardInterrupt, so that the `except Exception` of data or checkpoint
+  code (which treats an unreadable checkpoint as corrupt) never mistakes it for a failure.
+  """
+
+  def __init__(self, signum: int, where: str):
+    super().__init__(signum, where)
+    self.signum, self.where = signum, where
+
+
+class StopSignal:
+  """SIGTERM/SIGINT handling for the whole of a run, from its first second.
+
+  While the run holds nothing a checkpoint lacks (`immediate`: start-up, i.e. data generation,
+  compilation and the step-0 evaluation, and every compiled call that starts from the step just
+  checkpointed), the handler stops the run at once by raising `StopNow` in the main thread.
+  Otherwise it records the signal (`received`) and the loop checkpoints after the current call;
+  a second signal stops at once without that checkpoint.
+
+  The handler runs only when the main thread executes Python, not during one long native call (an
+  XLA compilation, a device computation). With `exit_after` > 0 (the command line) a watchdog
+  thread, woken by `signal.set_wakeup_fd`, ends the process with EXIT_PREEMPTED and one line when
+  a signal that should stop the run at once has not reached the main thread within `exit_after`
+  seconds; nothing is lost that a rerun does not redo, as after kill -9.
+  """
+
+  def __init__(self, exit_after: float = 0.0):
+    self.exit_after = exit_after
+    self.received: int | None = None
+    self.immediate = True
+    self.where = "during start-up (data, compilation or the step-0 evaluation)"
+    self._count = 0
+    self._handled = 0
+    self._stopping = False
+    self._old: dict = {}
+    self._pipe = None
+    self._old_wakeup = -1
+    self._closed = False
+
+  def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      return self  # signal handlers can only be installed from the main thread
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      self._old[sig] = signal.signal(sig, self._handle)
+    if self.exit_after > 0:
+      read_fd, write_fd = os.pipe()
+      os.set_blocking(write_fd, False)
+      self._pipe = (read_fd, write_fd)
+      self._old_wakeup = signal.set_wakeup_fd(write_fd)
+      threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                       name="sg_jax-stop-watchdog").start()
+    return self
+
+  def set_immediate(self, immediate: bool, where: str | None = None) -> None:
+    """Whether a signal now stops the run at once (`where` says when, for the message)."""
+    if where is not None:
+      self.where = where
+    self.immediate = immediate
+
+  def _handle(self, signum, frame):
+    del frame
+    self._handled += 1
+    if self._stopping:
+      return  # already stopping at once
+    first = self.received is None
+    self.received = signum
+    if self.immediate or not first:
+      self._stopping = True
+      raise StopNow(signum, self.where if first else
+                     "by a second signal, without a checkpoint of the current step")
+    log.warning("received signal %d: checkpointing after the current call, then exiting",
+                signum)
+
+  def _watch(self, read_fd: int) -> None:
+    stops = (signal.SIGTERM, signal.SIGINT)
+    while True:
+      try:
+        data = os.read(read_fd, 64)
+      except OSError:
+        return
+      if not data or self._closed:
+        return
+      for signum in data:
+        if signum not in stops:
+          continue
+        self._count += 1
+        if not (self.immediate or self._count > 1):
+          continue
+        deadline = time.monotonic() + self.exit_after
+        while time.monotonic() < deadline and not self._closed:
+          time.sleep(0.05)
+        if self._closed or self._handled >= self._count:
+          continue  # the main thread got it and is stopping
+        where = self.where if self._count == 1 else "by a second signal"
+        os.write(2, f"{time.strftime('%H:%M:%S')} stopped by signal {signum} {where}; rerun "
+                    f"the same command to resume\n".encode())
+        os._exit(EXIT_PREEMPTED)
+
+  def __exit__(self, *exc):
+    self._closed = True
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+    if self._pipe is not None:
+      signal.set_wakeup_fd(self._old_wakeup)
+      os.close(self._pipe[1])  # the watchdog reads end-of-file and returns
+    return False
+
+
+class CallSizer:
+  """Steps per compiled call, so that one call takes at most `max_seconds`.
+
+  The size is the largest divisor of `steps_per_call` whose call is expected to fit (divisors
+  keep calls aligned with intervals that are multiples of `steps_per_call`, so few sizes get
+  compiled). The first guess comes from `guess_seconds_per_step`; after that from the measured
+  duration of calls of a size already compiled (a size's first call includes its compilation).
+  A new size takes effect at a step that is a multiple of it. Results do not depend on the call
+  sizes (every step is a pure function of the seed and the step number; tested bit for bit).
+
+  Args:
+    steps_per_call: the most steps per call (train.steps_per_call).
+    max_seconds: the longest wanted call (train.max_call_seconds); 0 = always steps_per_call.
+    guess_seconds_per_step: estimate before any call has been measured.
+  """
+
+  def __init__(self, steps_per_call: int, max_seconds: float, guess_seconds_per_step: float):
+    self.max_steps = int(steps_per_call)
+    self.max_seconds = float(max_seconds)
+    self.sizes = [d for d in range(1, self.max_steps + 1) if self.max_steps % d == 0]
+    self.compiled: set[int] = set()
+    self.current = self._fit(guess_seconds_per_step) if self.max_seconds > 0 else self.max_steps
+    self.wanted = self.current
+
+  def _fit(self, seconds_per_step: float) -> int:
+    fits = [d for d in self.sizes if d * seconds_per_step <= self.max_seconds]
+    return max(fits) if fits else 1
+
+  def size_at(self, step: int) -> int:
+    """Steps of the call that starts at `step` (before the log/eval/checkpoint cut)."""
+    if self.wanted != self.current and step % self.wanted == 0:
+      self.current = self.wanted
+    return self.current
+
+  def observe(self, num_steps: int, seconds: float) -> None:
+    """Records that a call of `num_steps` steps took `seconds` (dispatch to result)."""
+    first = num_steps not in self.compiled
+    self.compiled.add(num_steps)
+    if self.max_seconds <= 0 or first:
+      return
+    per_step = seconds / num_steps
+    fit = self._fit(per_step)
+    # Shrink as soon as the current size overruns by a fifth; grow only by 2x or more, so that
+    # timing noise does not compile sizes back and forth.
+    if self.current * per_step > 1.2 * self.max_seconds or fit >= 2 * self.current:
+      self.wanted = fit
+
+
+# Rough training speed per device before anything is measured (FLOP/s of 6 x parameters x
