@@ -145,13 +145,21 @@ class _Loop:
   start_step: int = 0  # the step training (re)started from
 
 
-def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True) -> dict:
+def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
+              interruptible: bool = False) -> dict:
   """Evaluates every seed; writes the rows of `step` unless `write` is False.
+
+  `interruptible`: a stop signal ends the evaluation between two of its batches by raising
+  `workdir.StopNow` (before any row is written).
 
   Returns:
     {'in_domain/accuracy': np [S], ...}, NaN for diverged seeds.
   """
-  results = sharding.to_host(loop.evaluate(state.params))
+  if interruptible:
+    with loop.stop.interrupting(f"during the evaluation of step {step}"):
+      results = sharding.to_host(loop.evaluate(state.params))
+  else:
+    results = sharding.to_host(loop.evaluate(state.params))
   diverged = np.asarray(sharding.to_host(state.diverged))
   flat = {}
   for split, metrics in results.items():
@@ -226,6 +234,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     if latest is None:
       last_eval = _log_eval(loop, 0, state)
       _save(loop, 0, state)
+    else:
+      last_eval = _evaluate_if_missing(loop, latest, state, os.path.join(workdir, "metrics.csv"))
 
     num_params = model_lib.num_params(jax.tree_util.tree_map(lambda x: x[0], state.params))
     if step >= config.train.num_steps:
@@ -306,7 +316,17 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
     if step % config.train.log_every == 0 or step == config.train.num_steps:
       state = _log_train(loop, step=step, state=state)
     if step % config.eval.every == 0 or step == config.train.num_steps:
-      last_eval = _log_eval(loop, step, state)
+      # A stop signal before or during the evaluation skips it: the step is checkpointed at
+      # once, and the resumed run evaluates it first (`_evaluate_if_missing`).
+      try:
+        if stop.received is not None:
+          raise workdir_lib.StopNow(stop.received, "before the evaluation")
+        last_eval = _log_eval(loop, step, state, interruptible=True)
+      except workdir_lib.StopNow as e:
+        _save(loop, step, state)
+        ckpt.wait()
+        raise Preempted(f"signal {e.signum}: checkpoint written at step {step} without its "
+                        f"evaluation, which the resumed run does first", step) from None
     if (step % config.checkpoint.every == 0 or step == config.train.num_steps
         or stop.received is not None):
       _save(loop, step, state)
@@ -315,6 +335,22 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       ckpt.wait()
       raise Preempted(f"signal {stop.received}: checkpoint written at step {step}", step)
   return state, step, last_eval
+
+
+def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -> dict:
+  """Evaluates checkpoint `step` when it is an evaluation step whose rows are not in
+  metrics.csv (a stop signal interrupted that evaluation), so the table equals an uninterrupted
+  run's. Every process decides from the same file. Returns the evaluation, or {}."""
+  config = loop.config
+  if step == 0 or not (step % config.eval.every == 0 or step == config.train.num_steps):
+    return {}
+  if os.path.exists(path):
+    names = {r["name"] for r in metric_logging.read_table(path)
+             if r["step"] == step and r["name"].startswith(("in_domain/", "out_of_domain/"))}
+    if names:
+      return {}
+  log.info("evaluating checkpoint step %d, whose evaluation was interrupted", step)
+  return _log_eval(loop, step, state)
 
 
 def _logged_eval(table: metric_logging.MetricsTable, step: int, seeds: list[int]) -> dict:

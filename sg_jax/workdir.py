@@ -9,6 +9,7 @@ calls, calls are sized to take at most `train.max_call_seconds` (`CallSizer`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -191,6 +192,7 @@ class StopSignal:
     self._pipe = None
     self._old_wakeup = -1
     self._closed = False
+    self._watchdog = True  # False while `interrupting`
 
   def __enter__(self):
     if threading.current_thread() is not threading.main_thread():
@@ -211,6 +213,18 @@ class StopSignal:
     if where is not None:
       self.where = where
     self.immediate = immediate
+
+  @contextlib.contextmanager
+  def interrupting(self, where: str):
+    """Within: a signal stops at once (`StopNow` in the main thread, between two compiled calls
+    of a Python-driven sequence such as the evaluation), but the watchdog never ends the
+    process, so that the caller can still checkpoint the training state it holds."""
+    saved = self.immediate, self.where, self._watchdog
+    self.immediate, self.where, self._watchdog = True, where, False
+    try:
+      yield
+    finally:
+      self.immediate, self.where, self._watchdog = saved
 
   def _handle(self, signum, frame):
     del frame
@@ -239,7 +253,7 @@ class StopSignal:
         if signum not in stops:
           continue
         self._count += 1
-        if not (self.immediate or self._count > 1):
+        if not ((self.immediate and self._watchdog) or self._count > 1):
           continue
         deadline = time.monotonic() + self.exit_after
         while time.monotonic() < deadline and not self._closed:

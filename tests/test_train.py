@@ -316,3 +316,36 @@ def test_poisoned_seed_is_isolated(data_dir, tmp_path):
   rows = metric_logging.read_table(str(tmp_path / "bad" / "metrics.csv"))
   div = [r for r in rows if r["name"] == "train/diverged_step" and r["step"] == 40]
   assert {r["seed"]: r["value"] for r in div} == {0: -1.0, 1: 20.0, 2: -1.0}
+
+
+def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
+    data_dir, tmp_path, monkeypatch):
+  config = tiny_config(data_dir)
+  reference = train.train_and_evaluate(config, str(tmp_path / "reference"), tensorboard=False)
+  real_make_eval_fn = train.make_eval_fn
+
+  def make_eval_fn(*args, **kwargs):
+    evaluate = real_make_eval_fn(*args, **kwargs)
+    calls = []
+
+    def signalled(params):
+      calls.append(True)
+      if len(calls) == 2:  # the evaluation of step 20 (the first is step 0's)
+        os.kill(os.getpid(), signal.SIGTERM)
+      return evaluate(params)
+
+    return signalled
+
+  monkeypatch.setattr(train, "make_eval_fn", make_eval_fn)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(train.Preempted, match="step 20 without its evaluation") as e:
+    train.train_and_evaluate(config, workdir, tensorboard=False)
+  monkeypatch.undo()
+  assert e.value.step == 20 and checkpointing.all_steps(workdir) == [0, 20]
+  table = lambda w: sorted((r["step"], r["seed"], r["name"], r["value"])
+                           for r in metric_logging.read_table(os.path.join(w, "metrics.csv")))
+  assert not [r for r in table(workdir) if r[0] == 20 and r[2].startswith("in_domain/")]
+  resumed = train.train_and_evaluate(config, workdir, tensorboard=False)
+  assert table(workdir) == table(str(tmp_path / "reference"))
+  np.testing.assert_array_equal(flat(jax.device_get(resumed["state"].params)),
+                                flat(jax.device_get(reference["state"].params)))
