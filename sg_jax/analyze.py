@@ -242,7 +242,7 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
   gold = None
   if need_trees:
     try:
-      gold = [tasks.declarative_tree(ex) for ex in selected if pipeline.declarative_words(ex)]
+      gold = [task.gold_tree(ex) for ex in selected if pipeline.declarative_words(ex)]
     except ValueError as e:
       raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
                        f"has none ({e})") from None
@@ -279,6 +279,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
       is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
     ValueError: bad options, unknown seeds, missing gold trees, options differing from the file.
   """
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
   from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
 
   if num_sentences < 1:
@@ -331,13 +332,13 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
       vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
       config = restored.config
       if data is None and set(groups) - {"weight_norm"}:
-        if "tparseval" in groups and config.task == "dyck":
+        if "tparseval" in groups and not tasks.task_class(config.task).has_gold_trees:
           if not strict_groups:
-            log.warning("dyck has no gold trees: skipping tparseval")
+            log.warning("%s has no gold trees: skipping tparseval", config.task)
             groups = [g for g in groups if g != "tparseval"]
             pending.pop("tparseval", None)
           else:
-            raise ValueError("tparseval needs gold trees; the dyck task has none")
+            raise ValueError(f"tparseval needs gold trees; the {config.task} task has none")
         data = load_sentences(config, workdir, split, num_sentences, "tparseval" in groups, vocab,
                               sentence_set=sentence_set, entropy_input=entropy_input)
         if not data["declarative"] and ({"tscore", "tparseval"} & set(groups)):

@@ -21,7 +21,7 @@ from typing import Any
 
 import ml_collections
 
-TASKS = ("question", "tense", "dyck")
+from sg_jax import tasks as tasks_lib
 
 # Shorthand keys accepted in the config string, mapped to config fields.
 ALIASES = {
@@ -55,10 +55,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   Raises:
     ValueError: unknown task name.
   """
-  if task not in TASKS:
-    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+  if task not in tasks_lib.names():
+    raise ValueError(f"unknown task {task!r}; expected one of {tasks_lib.names()}")
   c = ml_collections.ConfigDict()
-  # Which study task to train on: question | tense | dyck.
+  # Which task to train on: a registered task name (sg_jax.tasks.names()), e.g. question.
   c.task = task
   # Seeds first_seed .. first_seed + num_seeds - 1 train at once (vmapped). Seed s initialises
   # its parameters, dropout and data order from jax.random.key(s) only, so a seed trained in a
@@ -353,7 +353,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not cond:
       raise ValueError(f"invalid config: {field} {msg} (got {_get(config, field)!r})")
 
-  need(config.task in TASKS, "task", f"must be one of {TASKS}")
+  need(config.task in tasks_lib.names(), "task", f"must be one of {tasks_lib.names()}")
   need(config.num_seeds >= 1, "num_seeds", "must be >= 1")
   need(config.first_seed >= 0, "first_seed", "must be >= 0")
   need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")

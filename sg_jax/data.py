@@ -25,7 +25,7 @@ from absl import flags
 from sg_jax import tasks
 from sg_jax.tasks import io as io_lib
 
-_TASK = flags.DEFINE_enum("task", None, list(tasks.TASK_NAMES), "Task to generate.")
+_TASK = flags.DEFINE_enum("task", None, list(tasks.names()), "Task to generate.")
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Output folder (created).")
 _SEED = flags.DEFINE_integer("seed", 0, "Generation seed.")
 _NUM_TRAIN = flags.DEFINE_integer("num_train", None,
@@ -33,8 +33,9 @@ _NUM_TRAIN = flags.DEFINE_integer("num_train", None,
 _NUM_EVAL = flags.DEFINE_integer(
     "num_eval", None, "Size of every evaluation split (default: dev 1,000 / test 10,000 / gen "
     "10,000 for question and tense; val 20,000 / test 20,000 for Dyck).")
-_DYCK_MAX_LENGTH = flags.DEFINE_integer("dyck_max_length", None,
-                                        "Dyck only: reject strings longer than this (tokens).")
+_DYCK_MAX_LENGTH = flags.DEFINE_integer(
+    "dyck_max_length", None,
+    "Tasks with a length limit (Dyck): reject strings longer than this (tokens).")
 _DOWNLOAD = flags.DEFINE_boolean("download", False,
                                  "Download the released McCoy files instead of generating.")
 _BASE_URL = flags.DEFINE_string("base_url", io_lib.DEFAULT_BASE_URL,
@@ -77,7 +78,7 @@ def _main(argv):
   if _TASK.value is None:
     raise app.UsageError("--task is required")
   task = tasks.get_task(_TASK.value)
-  if _TASK.value == "dyck" and _DYCK_MAX_LENGTH.value is not None:
+  if _DYCK_MAX_LENGTH.value is not None and hasattr(task, "max_length"):
     task.max_length = _DYCK_MAX_LENGTH.value
   sizes = None
   if _NUM_EVAL.value is not None:

@@ -1,5 +1,8 @@
 """Task metrics of the structural-grokking study, for one seed (vmapped over seeds by callers).
 
+Each task states its metric (`tasks.base.Task.make_metrics`) from the primitives below;
+`make_split_evaluator` / `make_evaluate_fn` add the loss, the decoding and the batching.
+
 Definitions follow the released code (Murty et al., ACL 2023, §3; `docs/REFERENCE.md`
 §1 "Tasks"):
 
@@ -29,8 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
-from sg_jax.tasks.question import AUXILIARIES as QUESTION_AUXILIARIES
 
 Array = jax.Array
 
@@ -62,14 +63,6 @@ def question_prediction(logits_BxLxV: Array, task_pos_B: Array, aux_ids: Array) 
 def question_target(targets_BxL: Array, task_pos_B: Array) -> Array:
   """The question's first word (int32 [batch] ids): targets[t] at t = task_pos."""
   return jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
-
-
-def question_correct(logits_BxLxV: Array, task_pos_B: Array, targets_BxL: Array,
-                     aux_ids: Array) -> Array:
-  """Auxiliary-ranking correctness per line (bool [batch]); arguments as `question_prediction`
-  and `question_target`."""
-  return (question_prediction(logits_BxLxV, task_pos_B, aux_ids)
-          == question_target(targets_BxL, task_pos_B))
 
 
 def question_rule_auxiliaries(inputs_BxL: Array, task_pos_B: Array, aux_ids: Array,
@@ -248,32 +241,39 @@ class SplitEvaluator(NamedTuple):
   summarize: Callable
 
 
-def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                         dyck_min_distance: int = 0,
+def _task(task):
+  """`task`, or the registered task of that name."""
+  if isinstance(task, str):
+    from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+    return tasks.get_task(task)
+  return task
+
+
+def decode_steps(task, batches: dict) -> int:
+  """Tokens to decode for a split: the longest target incl. EOS if `task.decodes`, else 0.
+
+  Args:
+    task: a `tasks.Task` (or its registered name).
+    batches: host arrays with `lengths` and `task_pos` (any leading shape).
+  """
+  if not _task(task).decodes:
+    return 0
+  return int(np.max(np.asarray(batches["lengths"]) - np.asarray(batches["task_pos"])))
+
+
+def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int = 0,
                          kv_cache_fns: tuple | None = None) -> SplitEvaluator:
   """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there.
 
   Raises:
     ValueError: unknown task name.
   """
-  if task_name not in ("question", "tense", "dyck"):
-    raise ValueError(f"unknown task {task_name!r}")
-  if task_name == "question":
-    aux_ids = jnp.asarray(vocab.encode(QUESTION_AUXILIARIES), jnp.int32)
-    from sg_jax.tasks.vocab import POS_CLASSES  # pylint: disable=import-outside-toplevel
-    rel_ids = jnp.asarray(
-        np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("Rel")), jnp.int32)
-  if task_name == "tense":
-    pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
-  if task_name == "dyck":
-    from sg_jax.tasks.vocab import POS_CLASSES  # pylint: disable=import-outside-toplevel
-    close_ids = jnp.asarray(
-        np.flatnonzero(np.asarray(vocab.pos_table) == POS_CLASSES.index("close")), jnp.int32)
-
-  use_cache = task_name == "tense" and kv_cache_fns is not None
+  task = _task(task)
+  metrics = task.make_metrics(vocab)
+  use_cache = task.decodes and kv_cache_fns is not None
 
   def forward(params, batch):
-    """Teacher-forced logits, and with the cache the tense decoding (else None)."""
+    """Teacher-forced logits, and with the cache the decoding (else None)."""
     if not use_cache:
       return apply_fn(params, batch["inputs"]), None
     apply_cached, init_cache = kv_cache_fns
@@ -293,29 +293,10 @@ def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_st
     loss_sum, count = token_losses(logits, batch["targets"])
     out = {"loss_sum": jnp.sum(jnp.where(valid, loss_sum, 0.0)),
            "tokens": jnp.sum(jnp.where(valid, count, 0.0))}
-    if task_name == "question":
-      sel = valid & batch["transformed"]
-      best = question_prediction(logits, batch["task_pos"], aux_ids)
-      ok = best == question_target(batch["targets"], batch["task_pos"])
-      move_first, skip_rel = question_rule_auxiliaries(batch["inputs"], batch["task_pos"],
-                                                       aux_ids, rel_ids)
-      out["correct"] = jnp.sum(ok & sel).astype(jnp.float32)
-      out["total"] = jnp.sum(sel).astype(jnp.float32)
-      out["move_first_agreement"] = jnp.sum((best == move_first) & sel).astype(jnp.float32)
-      out["skip_relative_agreement"] = jnp.sum((best == skip_rel) & sel).astype(jnp.float32)
-    elif task_name == "tense":
-      if decoded is None:
-        decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"],
-                                batch["task_pos"], decode_steps)
-      ok = tense_correct(decoded, batch["targets"], batch["task_pos"], batch["lengths"],
-                         batch["main_verb_pos"], pos_table)
-      out["correct"] = jnp.sum(ok & valid).astype(jnp.float32)
-      out["total"] = jnp.sum(valid).astype(jnp.float32)
-    else:
-      correct, scored = dyck_correct(logits, batch["targets"], batch["close_mask"],
-                                     batch["close_distance"], close_ids, dyck_min_distance)
-      out["correct"] = jnp.sum(jnp.where(valid, correct, 0.0))
-      out["total"] = jnp.sum(jnp.where(valid, scored, 0.0))
+    if task.decodes and decoded is None:
+      decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"],
+                              batch["task_pos"], decode_steps)
+    out.update(metrics(batch, logits, decoded))
     return out
 
   def summarize(per_batch):
@@ -323,44 +304,44 @@ def make_split_evaluator(task_name: str, apply_fn: Callable, vocab, *, decode_st
     total = jnp.maximum(sums["total"], 1.0)
     out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
            "accuracy": sums["correct"] / total}
-    for rule in ("move_first_agreement", "skip_relative_agreement"):
-      if rule in sums:
-        out[rule] = sums[rule] / total
+    for name in sums:
+      if name not in ("loss_sum", "tokens", "correct", "total"):
+        out[name] = sums[name] / total
     return out
 
   return SplitEvaluator(batch_sums=batch_sums, summarize=summarize)
 
 
-def make_evaluate_fn(task_name: str, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                     dyck_min_distance: int = 0, kv_cache_fns: tuple | None = None
-                     ) -> Callable:
-  """Builds `evaluate(params, batches) -> {'loss', 'accuracy'}` for ONE seed.
+def make_evaluate_fn(task, apply_fn: Callable, vocab, *, decode_steps: int = 0,
+                     kv_cache_fns: tuple | None = None) -> Callable:
+  """Builds `evaluate(params, batches) -> {'loss', 'accuracy', ...}` for ONE seed.
 
   Args:
-    task_name: "question", "tense" or "dyck".
+    task: a `tasks.Task` (its `make_metrics` gives the metric), or a registered task name.
     apply_fn: `(params, tokens [B, L]) -> logits [B, L, V]`, deterministic.
     vocab: the task's `Vocab` (for the auxiliary / closing-bracket ids and the POS table).
-    decode_steps: tense only: tokens to decode (longest target incl. EOS).
-    dyck_min_distance: Dyck only: minimum distance to the matching opening bracket.
-    kv_cache_fns: tense only: `(apply_cached, init_cache)` with `apply_cached(params, tokens
-      [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)` and `init_cache(params,
-      batch, slots) -> cache` (`model.apply_cached`, `model.init_cache`): the teacher-forced
-      pass runs through `apply_cached` and fills the cache of each line's prefix, then
-      `greedy_decode_cached` decodes (the same tokens, far faster); None: `greedy_decode`, one
-      full forward pass per decoded token.
+    decode_steps: tasks that decode (`task.decodes`, tense): tokens to decode (longest target
+      incl. EOS, `decode_steps`).
+    kv_cache_fns: tasks that decode: `(apply_cached, init_cache)` with `apply_cached(params,
+      tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)` and
+      `init_cache(params, batch, slots) -> cache` (`model.apply_cached`, `model.init_cache`): the
+      teacher-forced pass runs through `apply_cached` and fills the cache of each line's prefix,
+      then `greedy_decode_cached` decodes (the same tokens, far faster); None: `greedy_decode`,
+      one full forward pass per decoded token.
 
   The returned function takes `batches`, a dict of arrays shaped [num_batches, batch, ...]
-  (fields of `EncodedSplit` plus `valid`, see `pad_to_multiple`), and returns float32 scalars:
-  `loss` = mean token cross-entropy (nats) over every non-padding target position of the split,
-  `accuracy` = the task metric (module docstring); question formation adds
-  `move_first_agreement` and `skip_relative_agreement`: the fraction of `quest` lines whose
-  ranked auxiliary is the one the rule fronts (`question_rule_auxiliaries`).
+  (the core fields of `EncodedSplit`, the task's `eval_fields` and `valid`, see
+  `pad_to_multiple`), and returns float32 scalars: `loss` = mean token cross-entropy (nats) over
+  every non-padding target position of the split, `accuracy` = the task metric (module
+  docstring), and each further sum of the task's metric divided by its `total`: question
+  formation adds `move_first_agreement` and `skip_relative_agreement`, the fraction of `quest`
+  lines whose ranked auxiliary is the one the rule fronts (`question_rule_auxiliaries`).
 
   Raises:
     ValueError: unknown task name.
   """
-  split = make_split_evaluator(task_name, apply_fn, vocab, decode_steps=decode_steps,
-                               dyck_min_distance=dyck_min_distance, kv_cache_fns=kv_cache_fns)
+  split = make_split_evaluator(task, apply_fn, vocab, decode_steps=decode_steps,
+                               kv_cache_fns=kv_cache_fns)
 
   def evaluate(params, batches):
     return split.summarize(jax.lax.map(lambda b: split.batch_sums(params, b), batches))

@@ -49,9 +49,9 @@ def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
   """Generates (if needed) and encodes the task's splits.
 
-  Question/tense splits are read from the bracketed files (`question_bracket.train`, ...; they
-  hold the trees), each checked against its plain twin (`question.train`) when both exist; the
-  files read are logged.
+  The task is `tasks.from_config(config)`. Splits are read with `task.read_split` (question
+  and tense: the bracketed files `question_bracket.train`, ..., that hold the trees, each checked
+  against its plain twin `question.train` when both exist); the files read are logged.
 
   Returns:
     (task, vocab, {'train': EncodedSplit, 'in_domain': ..., 'out_of_domain': ...}).
@@ -63,8 +63,7 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
   """
   from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
 
-  options = {"max_length": config.data.max_length or None} if config.task == "dyck" else {}
-  task = tasks.get_task(config.task, **options)
+  task = tasks.from_config(config)
   data_dir = config.data.dir or os.path.join(workdir, "data")
   task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
   vocab = task.vocab()
@@ -106,14 +105,23 @@ def check_vocabulary(examples, vocab, path: str, task_name: str) -> None:
                               f"({len(known)} words)")
 
 
-EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos", "transformed", "main_verb_pos",
-               "close_mask", "close_distance")
+# Fields every evaluation batch holds; a task adds its `eval_fields`.
+CORE_EVAL_FIELDS = ("inputs", "targets", "lengths", "task_pos")
 
 
-def prepare_eval_batches(split, batch_size: int, max_lines: int) -> dict:
-  """Host arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines)."""
+def prepare_eval_batches(split, batch_size: int, max_lines: int,
+                         extra_fields: tuple | None = None) -> dict:
+  """Host arrays [num_batches, batch, ...] of an encoded split (first `max_lines` lines).
+
+  Args:
+    split: an `EncodedSplit`.
+    batch_size: lines per batch (the last batch is padded, `valid` False on padding lines).
+    max_lines: lines taken from the start of the split (0 = all).
+    extra_fields: the `split.extras` fields to include (the task's `eval_fields`); None: all.
+  """
   n = len(split) if not max_lines else min(max_lines, len(split))
-  arrays = {f: np.asarray(getattr(split, f))[:n] for f in EVAL_FIELDS}
+  extras = tuple(split.extras) if extra_fields is None else tuple(extra_fields)
+  arrays = {f: np.asarray(getattr(split, f))[:n] for f in CORE_EVAL_FIELDS + extras}
   batch_size = min(batch_size, n)
   arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
   return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
@@ -126,25 +134,26 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
   Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
   batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
   than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left).
-  Tense decodes with the key/value cache unless `config.eval.kv_cache` is False.
+  The metric is the task's (`tasks.from_config(config).make_metrics`); a task that decodes
+  (tense) decodes with the key/value cache unless `config.eval.kv_cache` is False.
 
   Args:
     batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
       (the benchmarks time batches with it).
   """
+  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
+
+  task = tasks.from_config(config)
   apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
   kv_cache_fns = None
-  if config.task == "tense" and config.eval.get("kv_cache", True):
+  if task.decodes and config.eval.get("kv_cache", True):
     kv_cache_fns = (lambda p, t, pos, c: model_lib.apply_cached(fns.model, p, t, pos, c),
                     lambda p, b, n: model_lib.init_cache(fns.model, p, b, n))
   per_split = {}
   for name, batches in eval_data.items():
-    lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
-    tense = config.task == "tense"
     split = evaluation.make_split_evaluator(
-        config.task, apply_fn, vocab,
-        decode_steps=int(np.max(lengths - task_pos)) if tense else 0,
-        dyck_min_distance=config.eval.dyck_min_distance, kv_cache_fns=kv_cache_fns)
+        task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches),
+        kv_cache_fns=kv_cache_fns)
     one_batch = lambda p, data, i, split=split: split.batch_sums(
         p, jax.tree_util.tree_map(lambda x: x[i], data))
     stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)

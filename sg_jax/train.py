@@ -34,8 +34,8 @@ from sg_jax import model as model_lib
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
 # Re-exported: tests, benchmarks, scripts and notebooks use them as train.<name>.
-from sg_jax.input_pipeline import (EVAL_FIELDS, check_vocabulary, load_data,  # noqa: F401
-                                   make_eval_fn, make_train_data, prepare_eval_batches)
+from sg_jax.input_pipeline import (check_vocabulary, load_data, make_eval_fn,  # noqa: F401
+                                   make_train_data, prepare_eval_batches)
 from sg_jax.packing import pack_lines, packing_capacities, padding_fraction  # noqa: F401
 from sg_jax.step import (DATA_KEY, DROPOUT_KEY, PARAMS_KEY, TrainFns, TrainState,  # noqa: F401
                          apply_gradients, batch_indices, epoch_permutation, init_state,
@@ -186,7 +186,7 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   configlib.validate(config)
   check_writable(workdir)
   check_workdir_config(workdir, config, allow_config_change)
-  _, vocab, splits = load_data(config, workdir)
+  task, vocab, splits = load_data(config, workdir)
 
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
   mesh = sharding.seed_mesh(len(seeds), config.num_devices)
@@ -198,7 +198,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
   eval_data = sharding.put_replicated(
-      {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines)
+      {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
+                                  task.eval_fields)
        for name in ("in_domain", "out_of_domain")}, mesh)
   evaluate = make_eval_fn(config, fns, vocab, eval_data)
 

@@ -202,7 +202,7 @@ def test_encode_dyck_close_fields():
   enc = task.encode([Example(source=("(a", "(b", "b)", "a)"))], task.vocab())
   assert enc.close_mask[0].tolist() == [False, False, True, True, False]
   assert enc.close_distance[0].tolist() == [0, 0, 1, 3, 0]
-  assert enc.task_pos.tolist() == [-1] and enc.main_verb_pos.tolist() == [-1]
+  assert enc.task_pos.tolist() == [-1] and set(enc.extras) == {"close_mask", "close_distance"}
 
 
 def test_dyck_paths():

@@ -8,16 +8,30 @@ from sg_jax import evaluation
 
 
 def test_question_auxiliary_ranking():
-  # vocab: 0 pad, 1 do, 2 does, 3 don't, 4 doesn't, 5 other
-  aux = jnp.asarray([1, 2, 3, 4])
-  logits = np.zeros((2, 4, 6), np.float32)
-  logits[0, 2, 2] = 5.0  # line 0 at task position 2: "does" wins among auxiliaries
-  logits[0, 2, 5] = 9.0  # a non-auxiliary scores higher but is not a candidate
-  logits[1, 1, 3] = 1.0  # line 1: "don't"
-  targets = np.array([[7, 7, 2, 0], [7, 4, 0, 0]])
-  task_pos = jnp.asarray([2, 1])
-  ok = evaluation.question_correct(jnp.asarray(logits), task_pos, jnp.asarray(targets), aux)
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  vocab = vocab_lib.Vocab.from_word_classes(
+      {"do": "Aux", "does": "Aux", "doesn't": "Aux", "don't": "Aux", "newt": "N"})
+  ids = {w: vocab.id_of(w) for w in vocab.words}
+  logits = np.zeros((2, 4, vocab.size), np.float32)
+  logits[0, 2, ids["does"]] = 5.0  # line 0 at task position 2: "does" wins among auxiliaries
+  logits[0, 2, ids["newt"]] = 9.0  # a non-auxiliary scores higher but is not a candidate
+  logits[1, 1, ids["don't"]] = 1.0  # line 1: "don't"
+  targets = np.array([[ids["newt"], ids["newt"], ids["does"], 0],
+                      [ids["newt"], ids["doesn't"], 0, 0]])
+  batch = {"inputs": jnp.zeros((2, 4), jnp.int32), "targets": jnp.asarray(targets),
+           "task_pos": jnp.asarray([2, 1]), "transformed": jnp.asarray([True, True]),
+           "valid": jnp.asarray([True, True])}
+  aux = jnp.asarray([ids[w] for w in ("do", "does", "don't", "doesn't")])
+  ok = (evaluation.question_prediction(jnp.asarray(logits), batch["task_pos"], aux)
+        == evaluation.question_target(batch["targets"], batch["task_pos"]))
   np.testing.assert_array_equal(np.asarray(ok), [True, False])
+  # The task's metric (what the evaluation runs) counts the same lines.
+  out = tasks.get_task("question").make_metrics(vocab)(batch, jnp.asarray(logits), None)
+  assert (float(out["correct"]), float(out["total"])) == (1.0, 2.0)
+  batch["transformed"] = jnp.asarray([False, True])  # identity lines are not scored
+  out = tasks.get_task("question").make_metrics(vocab)(batch, jnp.asarray(logits), None)
+  assert (float(out["correct"]), float(out["total"])) == (0.0, 1.0)
 
 
 def test_dyck_closing_bracket_accuracy_and_min_distance():
@@ -108,7 +122,7 @@ def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_l
   sizes = {"train": 50, "dev": 10, "test": 10, "gen": 200}
   gen = task.generate_examples(seed=3, sizes=sizes)["gen"]
   enc = vocab_lib.encode(gen, vocab)
-  aux = jnp.asarray(vocab.encode(evaluation.QUESTION_AUXILIARIES), jnp.int32)
+  aux = jnp.asarray(vocab.encode(question.AUXILIARIES), jnp.int32)
   rel = jnp.asarray(vocab.encode(question.RELATIVE_PRONOUNS), jnp.int32)
   # make_evaluate_fn finds them by their POS class
   rel_class = vocab_lib.POS_CLASSES.index("Rel")
@@ -129,6 +143,7 @@ def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_l
 def test_question_evaluate_reports_rule_agreement():
   # A "model" that always ranks "does" first: agreement = share of quest lines whose rule fronts
   # "does"; accuracy = share whose gold first word is "does". Non-quest lines are not counted.
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
   from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
   words = ("do", "does", "don't", "doesn't", "that", "who", "newt", "sees", ".", "quest", "decl",
            "?")
@@ -148,7 +163,7 @@ def test_question_evaluate_reports_rule_agreement():
       Example(source=tuple("newt does sees . decl".split()),
               target=tuple("newt does sees .".split()), task_token="decl", transformed=False),
   ]
-  enc = vocab_lib.encode(lines, vocab)
+  enc = tasks.get_task("question").encode(lines, vocab)
   does = vocab.encode(["does"])[0]
   apply_fn = lambda params, tokens: jnp.zeros(tokens.shape + (vocab.size,)).at[..., does].set(1.0)
   evaluate = evaluation.make_evaluate_fn("question", apply_fn, vocab)

@@ -177,19 +177,34 @@ def generate_ids(*, seed: int = 0, sizes: Optional[dict] = None, num_types: int 
   return {"train": train, "val": val, "test": test}
 
 
-class DyckTask:
-  """Dyck-(20,10) language modelling (docs/REFERENCE.md §1)."""
-  name = "dyck"
+@base.register_task("dyck")
+class DyckTask(base.Task):
+  """Dyck-(20,10) language modelling (docs/REFERENCE.md §1).
+
+  Args:
+    num_types, max_depth: the Dyck language.
+    max_length: generation rejects longer strings (tokens); None: no limit.
+    min_distance: the metric scores only closing brackets whose opening bracket is at least this
+      many tokens back.
+  """
   split_names = ("train", "val", "test")
   in_domain_split = "val"
   out_of_domain_split = "test"
   default_sizes = DEFAULT_SIZES
+  eval_fields = ("close_mask", "close_distance")
 
   def __init__(self, num_types: int = NUM_TYPES, max_depth: int = MAX_DEPTH,
-               max_length: Optional[int] = None):
+               max_length: Optional[int] = None, min_distance: int = 0):
     self.num_types = num_types
     self.max_depth = max_depth
     self.max_length = max_length
+    self.min_distance = min_distance
+
+  @classmethod
+  def from_config(cls, config) -> "DyckTask":
+    """`data.max_length` (0 = no limit) and `eval.dyck_min_distance` of a resolved config."""
+    return cls(max_length=config.data.max_length or None,
+               min_distance=int(config.eval.dyck_min_distance))
 
   def vocab(self) -> vocab_lib.Vocab:
     """The 2k bracket tokens (sorted: all `(x` before all `x)`)."""
@@ -237,11 +252,6 @@ class DyckTask:
     io_lib.write_text_atomic(out_dir / (self.name + base.META_SUFFIX), json.dumps(meta, indent=1))
     return paths_out
 
-  def ensure_data(self, data_dir: os.PathLike | str, *, seed: int = 0,
-                  num_train: Optional[int] = None) -> dict:
-    """See `base.ensure_generated`."""
-    return base.ensure_generated(self, data_dir, seed=seed, num_train=num_train)
-
   def read_split(self, path_or_dir: os.PathLike | str, split: Optional[str] = None) -> list:
     """Reads `dyck.{split}` from a folder, or a file (released `k-20_d-10_val.txt` works too).
 
@@ -255,10 +265,53 @@ class DyckTask:
       path = path / self.file_names(split)[0]
     return io_lib.read_dyck_file(path, num_types=self.num_types, max_depth=self.max_depth)
 
-  def encode(self, examples: Sequence[Example], vocab: vocab_lib.Vocab,
-             max_len: Optional[int] = None, **kwargs) -> vocab_lib.EncodedSplit:
-    """`vocab.encode` of the strings (close_mask / close_distance filled)."""
-    return vocab_lib.encode(examples, vocab, max_len, **kwargs)
+  def encode_extras(self, examples: Sequence[Example], vocab: vocab_lib.Vocab,
+                    split: vocab_lib.EncodedSplit) -> dict:
+    """`close_mask` (bool [N, L]: `targets[t]` is a closing bracket) and `close_distance`
+    (int32 [N, L]: t minus the target index of the matching opening bracket, 0 elsewhere)."""
+    del examples
+    close_mask = np.zeros(split.targets.shape, bool)
+    close_dist = np.zeros(split.targets.shape, np.int32)
+    pos = vocab.pos
+    for k in range(len(split)):
+      stack = []
+      for t, i in enumerate(split.targets[k, :split.lengths[k] - 1].tolist()):
+        p = pos[i - 1]
+        if p == "open":
+          stack.append(t)
+        elif p == "close":
+          close_mask[k, t] = True
+          if stack:
+            close_dist[k, t] = t - stack.pop()
+    return {"close_mask": close_mask, "close_distance": close_dist}
+
+  def make_metrics(self, vocab: vocab_lib.Vocab):
+    """Closing-bracket accuracy (`evaluation.dyck_correct`, with `min_distance`); see
+    `base.Task.make_metrics`."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    close_ids = jnp.asarray(
+        np.flatnonzero(np.asarray(vocab.pos_table) == vocab_lib.POS_CLOSE), jnp.int32)
+
+    def metrics(batch, logits, decoded):
+      del decoded
+      valid = batch["valid"]
+      correct, scored = evaluation.dyck_correct(logits, batch["targets"], batch["close_mask"],
+                                                batch["close_distance"], close_ids,
+                                                self.min_distance)
+      return {"correct": jnp.sum(jnp.where(valid, correct, 0.0)),
+              "total": jnp.sum(jnp.where(valid, scored, 0.0))}
+
+    return metrics
+
+  def gold_tree(self, example: Example):
+    """Dyck strings have no gold trees.
+
+    Raises:
+      ValueError: always.
+    """
+    del example
+    raise ValueError("the dyck task has no gold trees")
 
   def __repr__(self) -> str:
     return f"DyckTask(num_types={self.num_types}, max_depth={self.max_depth})"

@@ -268,11 +268,6 @@ def read_dyck_file(path: os.PathLike | str, *, num_types: Optional[int] = None,
   return out
 
 
-def write_dyck_file(path: os.PathLike | str, strings: Iterable[Sequence[str]]) -> pathlib.Path:
-  """Writes Dyck strings, one per line, each followed by ` END`."""
-  return write_text_atomic(path, "".join(" ".join(s) + f" {DYCK_END}\n" for s in strings))
-
-
 # --- download ---------------------------------------------------------------------------------
 
 

@@ -181,13 +181,13 @@ class ShapeSampler:
     return expand(self.grammar.start, ""), shape
 
 
-class McCoyTask:
+class McCoyTask(base.Task):
   """Base class of question formation and tense reinflection (see the module docstring).
 
-  Subclasses set `name`, `grammar_name`, `identity_token`, `transformed_token` and implement
-  `lines_of(derivation)`, `source_derivation(declarative_words)`, `rule_outputs(...)`.
+  Subclasses are registered (`base.register_task`), set `grammar_name`, `identity_token`,
+  `transformed_token`, `eval_fields` and implement `lines_of(derivation)`,
+  `source_derivation(declarative_words)` and `make_metrics(vocab)`.
   """
-  name: str = ""
   grammar_name: str = ""
   identity_token: str = ""
   transformed_token: str = ""
@@ -195,6 +195,7 @@ class McCoyTask:
   in_domain_split = "dev"
   out_of_domain_split = "gen"
   default_sizes = DEFAULT_SIZES
+  has_gold_trees = True
 
   # --- grammar and vocabulary ---------------------------------------------------------------
 
@@ -412,16 +413,6 @@ class McCoyTask:
     io_lib.write_text_atomic(out_dir / (self.name + META_SUFFIX), json.dumps(meta, indent=1))
     return paths
 
-  def ensure_data(self, data_dir: os.PathLike | str, *, seed: int = 0,
-                  num_train: Optional[int] = None) -> dict:
-    """Paths of the splits in `data_dir`, generating them first unless present.
-
-    Files are (re)generated when a split file is missing, or when the folder holds a
-    `{name}.meta.json` written by `generate` with another seed or train size. Files without a
-    meta record (e.g. the released ones copied in) are used as they are.
-    """
-    return base.ensure_generated(self, data_dir, seed=seed, num_train=num_train)
-
   # --- reading and encoding -----------------------------------------------------------------
 
   def read_split(self, path_or_dir: os.PathLike | str, split: Optional[str] = None, *,
@@ -469,10 +460,21 @@ class McCoyTask:
       examples = out
     return examples
 
-  def encode(self, examples: Sequence[Example], vocab: vocab_lib.Vocab,
-             max_len: Optional[int] = None, **kwargs) -> vocab_lib.EncodedSplit:
-    """`vocab.encode` of the lines (see there)."""
-    return vocab_lib.encode(examples, vocab, max_len, **kwargs)
+  def encode_extras(self, examples: Sequence[Example], vocab: vocab_lib.Vocab,
+                    split: vocab_lib.EncodedSplit) -> dict:
+    """`transformed` (bool [N], `quest`/`PRESENT` line) and `main_verb_pos` (int32 [N], index
+    into `targets` of the target sentence's main verb: the second verb when the subject carries a
+    relative clause, else the first; docs/REFERENCE.md §1 tense metric; -1 if none or cut off)."""
+    length = split.inputs.shape[1]
+    transformed = np.array([ex.transformed for ex in examples], bool)
+    main_verb = np.full(len(examples), -1, np.int32)
+    for k, ex in enumerate(examples):
+      if ex.task_token is not None:
+        t = len(ex.source)
+        mv = vocab_lib.main_verb_index(ex.target, vocab)
+        if mv >= 0 and t + mv < length:
+          main_verb[k] = t + mv
+    return {"transformed": transformed, "main_verb_pos": main_verb}
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r})"

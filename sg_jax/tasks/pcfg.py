@@ -281,15 +281,3 @@ def to_tree(d: Derivation | str) -> trees.Tree:
   for x in reversed(items[:-1]):
     out = (x, out)
   return out
-
-
-def find(d: Derivation, label_prefix: str) -> Iterator[Derivation]:
-  """Pre-order iterator over sub-derivations whose LHS starts with `label_prefix`."""
-  stack = [d]
-  while stack:
-    x = stack.pop()
-    if isinstance(x, str):
-      continue
-    if x[0].startswith(label_prefix):
-      yield x
-    stack.extend(reversed(x[2]))

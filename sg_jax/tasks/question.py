@@ -16,7 +16,8 @@ from typing import Sequence
 from sg_jax.tasks import mccoy
 from sg_jax.tasks import pcfg
 from sg_jax.tasks import trees
-from sg_jax.tasks.base import Example
+from sg_jax.tasks import vocab as vocab_lib
+from sg_jax.tasks.base import Example, register_task
 
 AUXILIARIES = ("do", "does", "don't", "doesn't")
 RELATIVE_PRONOUNS = ("who", "that")  # the `Rel` words of grammars/question.gr
@@ -124,9 +125,10 @@ def _parse(words: tuple) -> pcfg.Derivation:
   return pcfg.load_grammar("question").parse(words)
 
 
+@register_task("question")
 class QuestionTask(mccoy.McCoyTask):
   """Question formation: `decl` (identity) / `quest` (front the main auxiliary)."""
-  name = "question"
+  eval_fields = ("transformed",)
   grammar_name = "question"
   identity_token = "decl"
   in_domain_shape_counts = IN_DOMAIN_SHAPE_COUNTS
@@ -157,3 +159,28 @@ class QuestionTask(mccoy.McCoyTask):
     trans = Example(source=words + ("quest",), target=question, source_tree=tree,
                     target_tree=qtree, task_token="quest", transformed=True)
     return ident, trans, linear_question(words) != question
+
+  def make_metrics(self, vocab: vocab_lib.Vocab):
+    """Auxiliary ranking after `quest` (`evaluation.question_prediction`) on `quest` lines, and
+    its agreement with the move-first and skip-relative rules
+    (`evaluation.question_rule_auxiliaries`); see `base.Task.make_metrics`."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    aux_ids = jnp.asarray(vocab.encode(AUXILIARIES), jnp.int32)
+    rel_ids = jnp.asarray(np.flatnonzero(np.asarray(vocab.pos_table) == vocab_lib.POS_REL),
+                          jnp.int32)
+
+    def metrics(batch, logits, decoded):
+      del decoded
+      sel = batch["valid"] & batch["transformed"]
+      best = evaluation.question_prediction(logits, batch["task_pos"], aux_ids)
+      ok = best == evaluation.question_target(batch["targets"], batch["task_pos"])
+      move_first, skip_rel = evaluation.question_rule_auxiliaries(
+          batch["inputs"], batch["task_pos"], aux_ids, rel_ids)
+      return {"correct": jnp.sum(ok & sel).astype(jnp.float32),
+              "total": jnp.sum(sel).astype(jnp.float32),
+              "move_first_agreement": jnp.sum((best == move_first) & sel).astype(jnp.float32),
+              "skip_relative_agreement": jnp.sum((best == skip_rel) & sel).astype(jnp.float32)}
+
+    return metrics

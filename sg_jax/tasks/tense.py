@@ -19,7 +19,8 @@ from typing import Sequence
 from sg_jax.tasks import mccoy
 from sg_jax.tasks import pcfg
 from sg_jax.tasks import trees
-from sg_jax.tasks.base import Example
+from sg_jax.tasks import vocab as vocab_lib
+from sg_jax.tasks.base import Example, register_task
 
 IRREGULAR_PAST = {"eat": "ate", "read": "read", "sleep": "slept", "swim": "swam"}
 
@@ -170,9 +171,11 @@ def _parse(words: tuple) -> pcfg.Derivation:
   return past_grammar().parse(words)
 
 
+@register_task("tense")
 class TenseTask(mccoy.McCoyTask):
   """Tense reinflection: `PAST` (identity) / `PRESENT` (re-inflect, verbs agree with subjects)."""
-  name = "tense"
+  eval_fields = ("main_verb_pos",)
+  decodes = True
   grammar_name = "tense"
   identity_token = "PAST"
   in_domain_shape_counts = IN_DOMAIN_SHAPE_COUNTS
@@ -195,3 +198,20 @@ class TenseTask(mccoy.McCoyTask):
     trans = Example(source=past + ("PRESENT",), target=present, source_tree=tree,
                     target_tree=ptree, task_token="PRESENT", transformed=True)
     return ident, trans, linear_present(past) != present
+
+  def make_metrics(self, vocab: vocab_lib.Vocab):
+    """Greedy continuation after the task token scored by `evaluation.tense_correct` (same
+    part-of-speech sequence and main verb) on every line; see `base.Task.make_metrics`."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
+
+    def metrics(batch, logits, decoded):
+      del logits
+      valid = batch["valid"]
+      ok = evaluation.tense_correct(decoded, batch["targets"], batch["task_pos"],
+                                    batch["lengths"], batch["main_verb_pos"], pos_table)
+      return {"correct": jnp.sum(ok & valid).astype(jnp.float32),
+              "total": jnp.sum(valid).astype(jnp.float32)}
+
+    return metrics

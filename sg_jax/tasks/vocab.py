@@ -3,8 +3,8 @@
 Ids follow the reference TransformerLM (docs/REFERENCE.md §1 "Model", "Vocabulary"): `<pad>`=0, the
 sorted word types 1..n, then EOS=n+1 and SOS=n+2 (question formation: 68 word types, size 71).
 A line `w1 … wn` becomes inputs `SOS w1 … wn` and targets `w1 … wn EOS`, padded with 0.
-`EncodedSplit` also carries the per-line fields the metrics need (task-token position, main-verb
-position, closing brackets and their distances).
+`EncodedSplit` also carries the task-token position of each line and, in `extras`, the per-line
+fields a task's metrics need (declared by the task: `Task.encode_extras`).
 """
 
 from __future__ import annotations
@@ -132,35 +132,38 @@ class EncodedSplit:
     targets: int32 [N, L] `w1 … wn EOS` then 0.
     lengths: int32 [N] n + 1 = number of non-pad target positions.
     task_pos: int32 [N] index t with `inputs[t]` = the task token, so `logits[t]` predict the
-      target's first word `targets[t]`; -1 for Dyck.
-    transformed: bool [N] `quest`/`PRESENT` line.
-    main_verb_pos: int32 [N] index into `targets` of the target sentence's main verb (the second
-      verb when the subject carries a relative clause, else the first; docs/REFERENCE.md §1 tense
-      metric), -1 if none (Dyck).
-    close_mask: bool [N, L] Dyck: `targets[t]` is a closing bracket.
-    close_distance: int32 [N, L] Dyck: t minus the target index of the matching opening bracket
-      (tokens back), 0 elsewhere.
+      target's first word `targets[t]`; -1 for a line without a task token (Dyck).
+    extras: `{field: array [N, ...]}` the task adds (`Task.encode_extras`), e.g. question and
+      tense: `transformed`, `main_verb_pos`; Dyck: `close_mask`, `close_distance`. They are
+      also readable as attributes (`split.close_mask`).
   """
   inputs: np.ndarray
   targets: np.ndarray
   lengths: np.ndarray
   task_pos: np.ndarray
-  transformed: np.ndarray
-  main_verb_pos: np.ndarray
-  close_mask: np.ndarray
-  close_distance: np.ndarray
+  extras: dict = dataclasses.field(default_factory=dict)
+
+  def __getattr__(self, name: str):
+    # Only called for names that are not fields: the task's extra arrays.
+    extras = self.__dict__.get("extras")
+    if extras is not None and name in extras:
+      return extras[name]
+    raise AttributeError(f"EncodedSplit has no field {name!r} (fields: inputs, targets, "
+                         f"lengths, task_pos{''.join(', ' + k for k in (extras or {}))})")
 
   def __len__(self) -> int:
     return int(self.inputs.shape[0])
 
   def take(self, indices) -> "EncodedSplit":
     """The lines at `indices` (any numpy index: int array, slice, bool mask)."""
-    return EncodedSplit(**{f.name: getattr(self, f.name)[indices]
-                           for f in dataclasses.fields(self)})
+    return EncodedSplit(inputs=self.inputs[indices], targets=self.targets[indices],
+                        lengths=self.lengths[indices], task_pos=self.task_pos[indices],
+                        extras={k: v[indices] for k, v in self.extras.items()})
 
   def as_dict(self) -> dict:
-    """`{field: array}`."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    """`{field: array}` of the core fields and the extras."""
+    return {"inputs": self.inputs, "targets": self.targets, "lengths": self.lengths,
+            "task_pos": self.task_pos, **self.extras}
 
 
 def main_verb_index(words: Sequence[str], vocab: Vocab) -> int:
@@ -190,7 +193,9 @@ def main_verb_index(words: Sequence[str], vocab: Vocab) -> int:
 
 def encode(examples: Sequence[Example], vocab: Vocab, max_len: Optional[int] = None, *,
            truncate: bool = False) -> EncodedSplit:
-  """Encodes lines for the LM (input `SOS w1..wn`, target `w1..wn EOS`).
+  """Encodes lines for the LM (input `SOS w1..wn`, target `w1..wn EOS`): the core fields.
+
+  A task's `encode` adds its extra fields (`Task.encode_extras`).
 
   Args:
     examples: the lines.
@@ -199,7 +204,7 @@ def encode(examples: Sequence[Example], vocab: Vocab, max_len: Optional[int] = N
     truncate: cut lines longer than `max_len - 1` words instead of raising.
 
   Returns:
-    EncodedSplit with N = len(examples).
+    EncodedSplit with N = len(examples) and no extras.
 
   Raises:
     DataError: an unknown word (message names the line index and word).
@@ -214,11 +219,6 @@ def encode(examples: Sequence[Example], vocab: Vocab, max_len: Optional[int] = N
   targets = np.zeros((n, length), np.int32)
   lengths = np.zeros(n, np.int32)
   task_pos = np.full(n, -1, np.int32)
-  transformed = np.zeros(n, bool)
-  main_verb = np.full(n, -1, np.int32)
-  close_mask = np.zeros((n, length), bool)
-  close_dist = np.zeros((n, length), np.int32)
-  pos = vocab.pos
   sos, eos = vocab.sos_id, vocab.eos_id
   for k, ex in enumerate(examples):
     words = ex.source + ex.target
@@ -234,23 +234,8 @@ def encode(examples: Sequence[Example], vocab: Vocab, max_len: Optional[int] = N
     if m < length:
       targets[k, m] = eos
     lengths[k] = min(m + 1, length)
-    transformed[k] = ex.transformed
     if ex.task_token is not None:
       t = len(ex.source)  # inputs[t] = source[-1] = task token
       if t < length:
         task_pos[k] = t
-      mv = main_verb_index(ex.target, vocab)
-      if mv >= 0 and t + mv < length:
-        main_verb[k] = t + mv
-    stack = []
-    for t, i in enumerate(ids):
-      p = pos[i - 1]
-      if p == "open":
-        stack.append(t)
-      elif p == "close":
-        close_mask[k, t] = True
-        if stack:
-          close_dist[k, t] = t - stack.pop()
-  return EncodedSplit(inputs=inputs, targets=targets, lengths=lengths, task_pos=task_pos,
-                      transformed=transformed, main_verb_pos=main_verb, close_mask=close_mask,
-                      close_distance=close_dist)
+  return EncodedSplit(inputs=inputs, targets=targets, lengths=lengths, task_pos=task_pos)
