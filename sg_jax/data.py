@@ -70,7 +70,8 @@ def _main(argv):
   del argv
   out_dir = pathlib.Path(_OUT_DIR.value)
   if _DOWNLOAD.value:
-    names = [n for n in io_lib.RELEASED_FILES if _TASK.value in (None, n.split("_")[0].split(".")[0])]
+    names = [n for n in io_lib.RELEASED_FILES
+             if _TASK.value in (None, n.split("_")[0].split(".")[0])]
     paths = io_lib.download_released(out_dir, names, base_url=_BASE_URL.value)
     for name, path in paths.items():
       print(f"{name}\t{path}")
