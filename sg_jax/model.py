@@ -61,12 +61,21 @@ class ModelConfig:
   layer_norm_eps: float = 1e-5
 
   def __post_init__(self):
-    if self.num_layers < 1:
-      raise ValueError(f"model.num_layers must be >= 1, got {self.num_layers}")
-    if self.d_model % self.num_heads:
-      raise ValueError(
-          f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
-          f"({self.num_heads})")
+    # The one statement of the model fields' rules: configlib.validate checks a run config's
+    # `model` section by building a ModelConfig from it.
+    rules = (
+        (self.num_layers >= 1, "num_layers", "(depth) must be >= 1"),
+        (self.d_model >= 1, "d_model", "must be >= 1"),
+        (self.num_heads >= 1, "num_heads", "must be >= 1"),
+        (self.d_model % max(self.num_heads, 1) == 0, "d_model",
+         f"must be divisible by model.num_heads={self.num_heads}"),
+        (self.d_ff >= 1, "d_ff", "must be >= 1"),
+        (0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)"),
+        (self.dtype in ("float32", "bfloat16"), "dtype", "must be float32 or bfloat16"),
+    )
+    for ok, name, rule in rules:
+      if not ok:
+        raise ValueError(f"invalid config: model.{name} {rule} (got {getattr(self, name)!r})")
 
   @property
   def head_dim(self) -> int:
@@ -74,18 +83,25 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512) -> "ModelConfig":
-    """Builds a ModelConfig from the `model` section of an ml_collections config."""
-    return cls(
-        vocab_size=vocab_size,
-        num_layers=int(model_cfg.num_layers),
-        d_model=int(model_cfg.d_model),
-        num_heads=int(model_cfg.num_heads),
-        d_ff=int(model_cfg.d_ff),
-        dropout=float(model_cfg.dropout),
-        tied_embeddings=bool(model_cfg.tied_embeddings),
-        max_len=max_len,
-        dtype=str(model_cfg.dtype),
-    )
+    """Builds a ModelConfig from the `model` section of an ml_collections config.
+
+    Each field of `model_cfg` sets the ModelConfig field of the same name (cast to the type of
+    its default); fields it does not set keep their defaults.
+
+    Raises:
+      ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`/`max_len`,
+        which come from the arguments), or a value breaks a rule of `__post_init__`.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("vocab_size",
+                                                                           "max_len")}
+    values = {}
+    for name, value in model_cfg.items():
+      if name not in fields:
+        raise ValueError(f"invalid config: model.{name} is not a model field (fields: "
+                         f"{', '.join(fields)})")
+      default = fields[name].default
+      values[name] = type(default)(value) if isinstance(default, (bool, int, float, str)) else value
+    return cls(vocab_size=vocab_size, max_len=max_len, **values)
 
 
 def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> nn.initializers.Initializer:

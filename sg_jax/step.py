@@ -14,6 +14,7 @@ group equals the same seed trained alone.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable
 
 import flax
@@ -22,9 +23,11 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from sg_jax import configlib
 from sg_jax import evaluation
 from sg_jax import model as model_lib
 from sg_jax import sharding
+from sg_jax import workdir as workdir_lib
 from sg_jax.packing import pack_lines
 
 Array = jax.Array
@@ -273,6 +276,21 @@ class TrainFns:
 _TRAIN_FNS_CACHE: dict = {}
 
 
+def _compiled_fields(config: ml_collections.ConfigDict) -> tuple:
+  """(dotted field, value) of every config field that may shape the compiled functions: all but
+  those `workdir.classify_config_change` calls 'free' (e.g. train.num_steps stays when the
+  learning-rate schedule ends at it)."""
+  values = json.loads(config.to_json())
+  fields = []
+  for name in sorted(configlib.field_names(config)):
+    value = values
+    for part in name.split("."):
+      value = value[part]
+    if workdir_lib.classify_config_change(name, values, values) != "free":
+      fields.append((name, json.dumps(value, sort_keys=True)))
+  return tuple(fields)
+
+
 def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
                    capacities: tuple[int, ...] | None = None,
                    mesh: jax.sharding.Mesh | None = None) -> TrainFns:
@@ -288,12 +306,12 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
       never wait for one another inside a call. The state must then be sharded over the mesh
       (`sharding.seed_sharding`) and the data replicated.
 
-  Cached on the fields that define them, so repeated runs in one process (tests, sweeps,
-  notebooks) reuse the compiled functions.
+  Cached on the whole config except the fields a resumed run may change freely
+  (`workdir.RESUMABLE_CHANGES`, which never change what a step computes), so repeated runs in
+  one process (tests, sweeps, notebooks) reuse the compiled functions and a field read inside
+  the step can never reuse functions compiled for another value of it.
   """
-  cache_key = (config.model.to_json(), config.optim.to_json(), int(config.train.batch_size),
-               int(config.train.num_steps) if not config.optim.decay_steps else None,
-               int(vocab_size), capacities, mesh)
+  cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh)
   if cache_key not in _TRAIN_FNS_CACHE:
     model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
     tx = make_optimizer(config.optim, int(config.train.num_steps))
