@@ -166,6 +166,126 @@ def test_context_ignoring_model_has_chart_one():
   np.testing.assert_allclose(chart[valid], 1.0, atol=1e-5)
 
 
+def _config(depth):
+  return ModelConfig(vocab_size=VOCAB, num_layers=depth, d_model=32, num_heads=4, d_ff=64,
+                     max_len=64, dropout=0.0)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_packed_chart_equals_masked_and_naive_charts(depth):
+  """Shortened passes packed into rows (one shared SOS per row) give the charts of the masked
+  layout and of one pass per span, on lengths 1..12 words and two depths."""
+  cfg = _config(depth)
+  params = init_params(cfg, jax.random.PRNGKey(depth))
+  rng = np.random.default_rng(depth)
+  lengths = (12, 1, 5, 9, 2, 7, 11, 3)
+  sentences = [list(rng.integers(1, VOCAB - 2, size=n)) for n in lengths]
+  passes = tree_projection.pack_start_passes(sentences, sos_id=SOS, num_rows=12, row_length=24,
+                                             batch_rows=10)
+  packed = np.asarray(jax.jit(tree_projection.packed_sci_chart, static_argnames="config")(
+      params, passes, config=cfg))
+  assert packed.shape == (10, 12, 12)
+  tokens, num_words = _padded(sentences, length=16)
+  masked = np.asarray(_chart(params, tokens, num_words, config=cfg))
+  np.testing.assert_allclose(packed[:8], masked[:, :12, :12], atol=1e-5)
+  assert np.all(packed[8:] == 0)  # batch-padding rows
+  for b in (0, 2, 6):  # the per-span loop is slow: three sentences
+    s = sentences[b]
+    naive = tree_projection.naive_sci_chart(params, [SOS] + s, config=cfg)
+    np.testing.assert_allclose(packed[b, :len(s), :len(s)], naive, atol=1e-5)
+  assert not np.allclose(packed[0][np.triu_indices(12)], 1.0)
+
+
+def test_span_batch_chart_is_the_per_span_chart():
+  """The original code's layout (all span-masked copies in one batch) is the per-span chart."""
+  s = _sentences()[1]
+  chart = tree_projection.span_batch_sci_chart(_params(), jnp.asarray([SOS] + s, jnp.int32),
+                                               config=CFG)
+  np.testing.assert_allclose(chart, _naive_chart(0, tuple(s)), atol=1e-5)
+
+
+def test_pack_start_passes_layout():
+  sentences = [[3, 4, 5], [6, 7]]
+  passes = tree_projection.pack_start_passes(sentences, sos_id=SOS, num_rows=2, row_length=6,
+                                             max_words=4, batch_rows=3)
+  tokens, positions, segments = (np.asarray(a) for a in passes[:3])
+  assert np.all(tokens[:, 0] == SOS) and np.all(segments[:, 0] == -1)
+  # 5 passes of 3, 2, 1, 2, 1 words in 2 rows of 1 SOS + 5 words: nothing else fits.
+  assert sorted(np.bincount(segments[segments >= 0]).tolist()) == [1, 1, 2, 2, 3]
+  flat_t, flat_p = tokens.reshape(-1), positions.reshape(-1)
+  for b, s in enumerate(sentences):
+    for i in range(len(s)):
+      idx = passes.gather[i, b, i:len(s)]
+      assert flat_t[idx].tolist() == s[i:]  # word k of the pass with start i ...
+      assert flat_p[idx].tolist() == list(range(i + 1, len(s) + 1))  # ... at position k + 1
+      assert len(set(segments.reshape(-1)[idx].tolist())) == 1  # one segment per pass
+  assert passes.num_words.tolist() == [3, 2, 0]
+  with pytest.raises(ValueError, match="only 1 given"):
+    tree_projection.pack_start_passes(sentences, sos_id=SOS, num_rows=1, row_length=6)
+  with pytest.raises(ValueError, match="cannot hold"):
+    tree_projection.pack_start_passes(sentences, sos_id=SOS, num_rows=9, row_length=3)
+  with pytest.raises(ValueError, match="max_words"):
+    tree_projection.pack_start_passes(sentences, sos_id=SOS, num_rows=9, row_length=6,
+                                      max_words=2)
+
+
+def test_first_fit_decreasing_packs_without_overlap():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 11, size=200)
+  bins, offsets, used = tree_projection.first_fit_decreasing(lengths, 15)
+  occupied = np.zeros((used, 15), int)
+  for b, o, m in zip(bins, offsets, lengths):
+    occupied[b, o:o + m] += 1
+  assert occupied.max() == 1 and occupied.sum() == lengths.sum()
+  assert used <= int(np.ceil(lengths.sum() / 15)) + 2  # a few percent above the lower bound
+  with pytest.raises(ValueError, match="does not fit"):
+    tree_projection.first_fit_decreasing([16], 15)
+
+
+def test_start_pass_batches_cover_every_sentence_once_in_one_shape():
+  rng = np.random.default_rng(3)
+  sentences = [list(rng.integers(1, VOCAB - 2, size=n)) for n in rng.integers(1, 15, size=60)]
+  batches = pipeline.make_start_pass_batches(sentences, sos_id=SOS, batch_size=6)
+  assert len({tuple(a.shape for a in b.passes) for b in batches}) == 1
+  seen = np.concatenate([b.indices[b.indices >= 0] for b in batches])
+  assert sorted(seen.tolist()) == list(range(60))
+  words = sum(len(s) * (len(s) + 1) // 2 for s in sentences)
+  shape = batches[0].passes.tokens.shape
+  assert words / (len(batches) * shape[0] * shape[1]) > 0.8  # little padding
+  for b in batches:
+    assert [len(sentences[i]) for i in b.indices if i >= 0] == [
+        n for n in b.passes.num_words.tolist() if n]
+
+
+def test_packed_entropy_equals_padded_entropy():
+  rng = np.random.default_rng(4)
+  sentences = [list(rng.integers(1, VOCAB - 2, size=n)) for n in rng.integers(1, 15, size=40)]
+  params_s = _stack(_params(0), _params(1))
+  common = dict(config=CFG, sos_id=SOS, batch_size=8)
+  padded = pipeline.attention_entropy_metrics(params_s, sentences, layout="padded", **common)
+  packed = pipeline.attention_entropy_metrics(params_s, sentences, layout="packed", **common)
+  for k in padded:
+    np.testing.assert_allclose(packed[k], padded[k], rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="layout"):
+    pipeline.attention_entropy_metrics(params_s, sentences, layout="bogus", **common)
+
+
+def test_packed_and_masked_pipelines_agree():
+  sentences = _sentences()
+  gold = [_right_branching(tuple(str(w) for w in s)) for s in sentences]
+  common = dict(config=CFG, sos_id=SOS, key=jax.random.PRNGKey(1), gold_trees=gold,
+                batch_size=2, details=True)
+  params_s = _stack(_params(0), _params(1))
+  packed = pipeline.tree_projection_metrics(params_s, sentences, layout="packed", **common)
+  masked = pipeline.tree_projection_metrics(params_s, sentences, layout="masked", **common)
+  for k in ("tscore", "tparseval_f1", "tscore_per_sentence"):
+    np.testing.assert_allclose(packed[k], masked[k], rtol=1e-5, atol=1e-6)
+  for a, b in zip(packed["charts"], masked["charts"]):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  with pytest.raises(ValueError, match="layout"):
+    pipeline.tree_projection_metrics(params_s, sentences, layout="bogus", **common)
+
+
 # ------------------------------------------------------------------------------ projected trees
 
 

@@ -22,7 +22,15 @@ passes SOS + whole LM lines instead (`pipeline.ENTROPY_INPUTS`). The choice matt
 `reference_entropy`, a SUM over positions: whole question-formation lines are about twice as long
 as their declarative part, and the sum grows faster than the length (about 3x on the same lines).
 
-All functions are written for one seed; `attention_entropy_stats_over_seeds` adds the seed axis.
+Layouts. `attention_entropy_stats` takes a padded batch (one sequence per row). The packed one,
+`packed_attention_entropy_stats` (what `pipeline` uses), takes rows that each start with ONE SOS
+followed by the words of several sequences (`tree_projection.pack_segments`), every word seeing
+its own sequence and the row's SOS: since SOS sees only itself, every attention distribution of
+a word is the one of its unpacked sequence, and each sequence's own SOS query (entropy 0) is
+counted without being computed. Same values, fewer tokens (no per-sequence SOS, no padding to the
+longest line of a batch) and one shape for a whole sentence set.
+
+All functions are written for one seed; the `*_over_seeds` versions add the seed axis.
 Batch functions return *sums and counts* so that several batches can be combined exactly with
 `combine_stats` and then turned into means with `finalize_stats`.
 """
@@ -134,6 +142,62 @@ def attention_entropy_stats_over_seeds(params_S: PyTree, tokens_BxL: Array, leng
   """
   fn = functools.partial(attention_entropy_stats, config=config)
   return jax.vmap(fn, in_axes=(0, None, None))(params_S, tokens_BxL, lengths_B)
+
+
+def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_PxR: Array,
+                                   segments_PxR: Array, num_lines: Array, *,
+                                   config: ModelConfig) -> dict[str, Array]:
+  """`attention_entropy_stats` of packed rows for ONE seed (module docstring, "Layouts").
+
+  Pure and jit-able (`config` static).
+
+  Args:
+    params: ONE seed's parameters.
+    tokens_PxR: int32 [P, R] rows from `tree_projection.pack_segments`: SOS in column 0, then
+      the words of the sequences (each sequence = SOS + its words), then `<pad>`=0.
+    positions_PxR: int32 [P, R] position of each token in its sequence (SOS 0, words 1..n).
+    segments_PxR: int32 [P, R] sequence id of each word, -1 for SOS and padding.
+    num_lines: int32 scalar, the number of sequences in the rows (their SOS queries count as
+      query positions of entropy 0).
+    config: model config (static).
+
+  Returns:
+    the dict of `attention_entropy_stats`.
+  """
+  seg = jnp.asarray(segments_PxR)
+  # a word sees its own sequence and the row's SOS (the model adds the causal mask).
+  mask_PxRxR = (seg[:, :, None] == seg[:, None, :]) | (jnp.arange(seg.shape[1]) == 0)[None, None]
+  _, internals = TransformerLM(config).apply(
+      {"params": params}, tokens_PxR, deterministic=True, attention_mask=mask_PxRxR,
+      positions_BxL=positions_PxR, return_internals=True)
+  word_PxR = seg >= 0
+  ent_NxPxHxR = entropy(internals["attention"].astype(jnp.float32))
+  sums = jnp.sum(jnp.where(word_PxR[None, :, None, :], ent_NxPxHxR, 0.0), axis=(1, 3))
+  lines = jnp.asarray(num_lines, jnp.float32)
+  per_layer = []
+  for layer in range(config.num_layers):  # the released variant: every layer on the embeddings
+    _, weights_PxHxRxR = MultiHeadAttention(config).apply(
+        {"params": params[f"layer_{layer}"]["attention"]}, internals["hidden"][0],
+        mask_PxRxR[:, None] & causal_mask(seg.shape[1])[None, None], True)
+    ent_PxR = entropy(jnp.mean(weights_PxHxRxR.astype(jnp.float32), axis=1))
+    per_layer.append(jnp.sum(jnp.where(word_PxR, ent_PxR, 0.0)))
+  return {
+      "head_entropy_sum": sums,
+      "head_entropy_count": jnp.sum(word_PxR).astype(jnp.float32) + lines,
+      "reference_entropy_sum": jnp.mean(jnp.stack(per_layer)),
+      "num_sentences": lines,
+  }
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def packed_attention_entropy_stats_over_seeds(params_S: PyTree, tokens_PxR: Array,
+                                              positions_PxR: Array, segments_PxR: Array,
+                                              num_lines: Array, *,
+                                              config: ModelConfig) -> dict[str, Array]:
+  """`packed_attention_entropy_stats` vmapped over seeds (jitted): every value gains [seed]."""
+  fn = functools.partial(packed_attention_entropy_stats, config=config)
+  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
+      params_S, tokens_PxR, positions_PxR, segments_PxR, num_lines)
 
 
 def combine_stats(a: dict[str, Array] | None, b: dict[str, Array]) -> dict[str, Array]:

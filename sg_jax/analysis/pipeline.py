@@ -1,12 +1,23 @@
 """Drivers: run the analysis quantities over a whole set of sentences for every seed.
 
 The per-batch functions in `attention_entropy` and `tree_projection` are pure, jitted and vmapped
-over seeds; this module feeds them. Sentences are sorted by length and cut into batches of a fixed
-number of rows, each padded to a length rounded up to a multiple of `length_multiple` (so only a
-handful of shapes are ever compiled and little compute is spent on padding); short final batches
-are filled with empty rows that every statistic ignores. Seeds are processed `seeds_per_call` at a
-time (all at once by default) to bound memory: the tree-projection pass runs
-seeds x batch x n_words sequences at once.
+over seeds; this module feeds them.
+
+* Tree projections (`make_start_pass_batches`): the n shortened context-free passes of each
+  sentence (`tree_projection.pack_start_passes`: `SOS w_i .. w_{n-1}` at the original
+  positions, one SOS per row shared by its passes) are packed, first fit decreasing, into
+  batches of a fixed number of rows of a fixed length, a batch taking sentences in input order
+  while they fit (and later ones that fill its last rows). Every
+  batch of a sentence set has the same shapes, so the whole set compiles once, and about 2-3% of
+  the computed tokens are padding. `layout='masked'` runs the earlier layout instead (full-length
+  passes under a mask, `make_batches`), kept as a reference.
+* Attention entropies (`make_packed_line_batches`): the inputs `SOS + words` are packed the same
+  way, one SOS per row shared by the inputs after it (`attention_entropy`, "Layouts"), into
+  batches of one shape. `layout='padded'` runs the earlier layout (`make_batches`: inputs sorted
+  by length, cut into batches of a fixed number of rows, each padded to a length rounded up to
+  a multiple of `length_multiple`).
+Short final batches are filled with empty rows that every statistic ignores. Seeds are processed
+`seeds_per_call` at a time (all at once by default) to bound memory.
 
 Also here: which lines and which part of each line the quantities read (docs/REFERENCE.md §1):
 
@@ -23,6 +34,7 @@ Also here: which lines and which part of each line the quantities read (docs/REF
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -156,6 +168,176 @@ def make_batches(sentences: Sequence[Sequence[int]], *, sos_id: int, batch_size:
   return batches
 
 
+def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
+               ) -> tuple[list[list[int]], int]:
+  """Groups sequences into batches of one shape for `tree_projection.pack_segments`.
+
+  Args:
+    items: per sequence, the word counts of its segments.
+    batch_size: sequences per batch on average (the rows hold this many sequences of the mean
+      number of words).
+    words_per_row: row length - 1 (one SOS per row).
+
+  Returns:
+    (sequence indices of each batch, rows per batch).
+  """
+  words = np.array([int(np.sum(x)) for x in items], np.int64)
+  rows_of = lambda idx: tree_projection.first_fit_decreasing(
+      np.concatenate([items[b] for b in idx]), words_per_row)[2]
+  num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row),
+                 rows_of([int(np.argmax(words))]))
+  capacity = num_rows * words_per_row
+  groups, queue = [], list(range(len(items)))
+  while queue:
+    # first fit over sequences: a batch also takes later sequences that still fit, so that
+    # batches are full whatever the order of lengths.
+    current, rest, filled = [], [], 0
+    for b in queue:
+      if filled + words[b] <= capacity:
+        current.append(b)
+        filled += int(words[b])
+      else:
+        rest.append(b)
+    # first fit decreasing may leave a little space unused: hand the last sequences back until
+    # the batch fits its rows.
+    while len(current) > 1 and rows_of(current) > num_rows:
+      rest.insert(0, current.pop())
+    groups.append(current)
+    queue = sorted(rest)
+  return groups, num_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLines:
+  """One packed batch of model inputs for the attention entropies.
+
+  Attributes:
+    indices: int [M] positions of the sequences in the caller's list.
+    tokens, positions, segments: int32 [P, R] rows of `tree_projection.pack_segments` (segment
+      id = row of `indices`).
+  """
+
+  indices: np.ndarray
+  tokens: np.ndarray
+  positions: np.ndarray
+  segments: np.ndarray
+
+
+def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
+                             batch_size: int, row_length: int | None = None
+                             ) -> list[PackedLines]:
+  """Packs model inputs `SOS + words` into batches of one shape, one SOS per row.
+
+  Args:
+    sequences: word ids per input, WITHOUT SOS (at least one word each).
+    sos_id: id of SOS.
+    batch_size: inputs per batch on average.
+    row_length: tokens per row (default: twice the longest input + 1, rounded up to a multiple
+      of 8).
+
+  Raises:
+    ValueError: an empty input, no input, batch_size < 1 or rows shorter than the longest
+      input + 1.
+  """
+  lens = _check_lengths(sequences, batch_size)
+  row_length = _row_length(lens, row_length)
+  groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1)
+  out = []
+  for group in groups:
+    tokens, positions, seg_ids, _ = tree_projection.pack_segments(
+        [(sequences[b], 1) for b in group], sos_id=sos_id, num_rows=num_rows,
+        row_length=row_length)
+    out.append(PackedLines(np.asarray(group, np.int64), tokens, positions, seg_ids))
+  return out
+
+
+def _check_lengths(sequences, batch_size) -> np.ndarray:
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  lens = np.array([len(s) for s in sequences], np.int64)
+  if lens.size == 0:
+    raise ValueError("no sentences")
+  if np.any(lens == 0):
+    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
+  return lens
+
+
+def _row_length(lens: np.ndarray, row_length: int | None) -> int:
+  n_max = int(lens.max())
+  row_length = row_length or _round_up(2 * (n_max + 1), 8)
+  if row_length < n_max + 1:
+    raise ValueError(f"row_length {row_length} is shorter than the longest sentence + 1 "
+                     f"({n_max + 1} tokens)")
+  return row_length
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPassBatch:
+  """One packed batch of tree-projection passes.
+
+  Attributes:
+    indices: int [B] position of each sentence row in the caller's list, -1 for padding rows.
+    passes: the packed passes (`tree_projection.StartPasses`, numpy arrays).
+  """
+
+  indices: np.ndarray
+  passes: tree_projection.StartPasses
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-int(x) // multiple) * multiple
+
+
+def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
+                            batch_size: int, row_length: int | None = None
+                            ) -> list[StartPassBatch]:
+  """Packs the context-free passes of a sentence set into batches of one shape (module doc).
+
+  Args:
+    sentences: word ids of each declarative part, WITHOUT SOS (at least one word each).
+    sos_id: id of SOS.
+    batch_size: sentences per batch on average: the batches hold the tokens of this many
+      sentences of the set's mean length (n(n + 1) / 2 words for n words, plus one SOS per
+      row), so a batch of longer sentences holds fewer of them.
+    row_length: tokens per packed row (default: twice the longest sentence + 1, rounded up to a
+      multiple of 8).
+
+  Returns:
+    the batches (sentences in input order, except that a batch also takes later sentences that
+    fill its last rows); all have the same P rows of R tokens, B sentence rows and N = the
+    longest sentence's words.
+
+  Raises:
+    ValueError: an empty sentence, no sentence, batch_size < 1, or rows shorter than the
+      longest sentence + 1.
+  """
+  lens = _check_lengths(sentences, batch_size)
+  n_max = int(lens.max())
+  row_length = _row_length(lens, row_length)
+  items = [tree_projection.start_pass_words(n) for n in lens]
+  groups, num_rows = _plan_rows(items, batch_size, row_length - 1)
+  batch_rows = max(len(g) for g in groups)
+  out = []
+  for group in groups:
+    passes = tree_projection.pack_start_passes(
+        [sentences[b] for b in group], sos_id=sos_id, num_rows=num_rows, row_length=row_length,
+        max_words=n_max, batch_rows=batch_rows)
+    indices = np.full(batch_rows, -1, np.int64)
+    indices[:len(group)] = group
+    out.append(StartPassBatch(indices, passes))
+  return out
+
+
+@functools.lru_cache(maxsize=4)
+def _device_start_pass_batches(sentences: tuple[tuple[int, ...], ...], sos_id: int,
+                               batch_size: int):
+  """`make_start_pass_batches` with the passes on the device, cached: an analysis of several
+  checkpoints on the same sentences plans and transfers them once."""
+  batches = make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size)
+  return [(b, tree_projection.StartPasses(*(jnp.asarray(a) for a in b.passes)))
+          for b in batches]
+
+
 def _seed_chunks(params_S: PyTree, seeds_per_call: int | None) -> Iterable[PyTree]:
   num_seeds = jax.tree_util.tree_leaves(params_S)[0].shape[0]
   step = num_seeds if not seeds_per_call else seeds_per_call
@@ -167,10 +349,24 @@ def _sum_dicts(a, b):
   return b if a is None else {k: a[k] + b[k] for k in a}
 
 
+@functools.lru_cache(maxsize=4)
+def _device_line_batches(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int):
+  """`make_packed_line_batches` on the device with the number of inputs of each batch, cached
+  as `_device_start_pass_batches`."""
+  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)
+  return [(len(b.indices), (jnp.asarray(b.tokens), jnp.asarray(b.positions),
+                            jnp.asarray(b.segments), jnp.asarray(len(b.indices), jnp.int32)))
+          for b in batches]
+
+
+ENTROPY_LAYOUTS = ("packed", "padded")
+
+
 def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
                               config: ModelConfig, sos_id: int, batch_size: int = 64,
                               seeds_per_call: int | None = None,
-                              progress: Any = None) -> dict[str, np.ndarray]:
+                              progress: Any = None, layout: str = "packed"
+                              ) -> dict[str, np.ndarray]:
   """Attention entropies over a set of model inputs for every seed.
 
   Args:
@@ -179,26 +375,45 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
       released input, or the whole LM line); every quantity is computed on exactly these inputs.
     config: model config.
     sos_id: SOS id.
-    batch_size: lines per batch.
+    batch_size: inputs per batch (on average with the packed layout).
     seeds_per_call: process this many seeds per compiled call (None = all).
     progress: optional callable(int) called with the number of lines finished per batch.
+    layout: 'packed' (inputs packed into rows with one SOS each, `make_packed_line_batches`;
+      the default) or 'padded' (one input per row, sorted by length, `make_batches`); same
+      values.
 
   Returns:
     numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
     (see `attention_entropy`).
+
+  Raises:
+    ValueError: an unknown layout or an empty input.
   """
-  batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
+  if layout not in ENTROPY_LAYOUTS:
+    raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
+                     f"{ENTROPY_LAYOUTS}")
+  if layout == "packed":
+    calls = _device_line_batches(tuple(tuple(int(w) for w in s) for s in sentences),
+                                 int(sos_id), int(batch_size))
+    fn = lambda params, arrays: attention_entropy.packed_attention_entropy_stats_over_seeds(
+        params, *arrays, config=config)
+  else:
+    calls = [(int(np.sum(b.indices >= 0)), (jnp.asarray(b.tokens), jnp.asarray(b.lengths)))
+             for b in make_batches(sentences, sos_id=sos_id, batch_size=batch_size)]
+    fn = lambda params, arrays: attention_entropy.attention_entropy_stats_over_seeds(
+        params, *arrays, config=config)
   per_chunk = []
   for params in _seed_chunks(params_S, seeds_per_call):
     total = None
-    for batch in batches:
-      stats = attention_entropy.attention_entropy_stats_over_seeds(
-          params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), config=config)
-      total = _sum_dicts(total, stats)
+    for count, arrays in calls:
+      total = _sum_dicts(total, fn(params, arrays))
       if progress is not None:
-        progress(int(np.sum(batch.indices >= 0)))
+        progress(count)
     per_chunk.append(attention_entropy.finalize_stats(total))
   return {k: np.concatenate([np.asarray(c[k]) for c in per_chunk]) for k in per_chunk[0]}
+
+
+LAYOUTS = ("packed", "masked")
 
 
 def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
@@ -206,7 +421,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
                             gold_trees: Sequence[Any] | None = None, batch_size: int = 16,
                             method: str = "greedy", normalisation: str = "random_split",
                             seeds_per_call: int | None = None, details: bool = False,
-                            progress: Any = None) -> dict[str, Any]:
+                            progress: Any = None, layout: str = "packed") -> dict[str, Any]:
   """tscore and tparseval over a set of declarative sentences for every seed.
 
   Args:
@@ -218,20 +433,26 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
       depend only on the key and its index, so results do not depend on `batch_size`).
     gold_trees: optional nested-tuple gold trees, one per sentence (leaf count must equal the
       sentence length); enables tparseval.
-    batch_size: sentences per batch (each runs n_max forward passes, vmapped over seeds).
+    batch_size: sentences per compiled call (on average with the packed layout, whose batches
+      hold a fixed number of tokens: `make_start_pass_batches`), vmapped over seeds.
     method, normalisation: see `tree_projection`.
     seeds_per_call: process this many seeds per compiled call (None = all).
     details: also return per-sentence 'charts' (list of [S, n, n]), 'trees_nodes' (list of
       [S, n - 1, 3]) and 'tscore_per_sentence' [S, num_sentences], in input order.
     progress: optional callable(int) called with the number of sentences finished per batch.
+    layout: 'packed' (shortened start passes packed into rows, the default) or 'masked' (the
+      earlier full-length masked passes, same values; kept as a reference).
 
   Returns:
     dict: 'tscore' [S] and with gold trees 'tparseval_f1', 'tparseval_precision',
     'tparseval_recall' [S] (numpy float32), plus the details.
 
   Raises:
-    ValueError: if a gold tree's leaf count differs from its sentence length.
+    ValueError: a gold tree's leaf count differs from its sentence length, an unknown layout,
+      or an empty sentence.
   """
+  if layout not in LAYOUTS:
+    raise ValueError(f"unknown tree-projection layout {layout!r}; expected one of {LAYOUTS}")
   if gold_trees is not None:
     if len(gold_trees) != len(sentences):
       raise ValueError(f"{len(gold_trees)} gold trees for {len(sentences)} sentences")
@@ -242,32 +463,47 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
         raise ValueError(f"gold tree {b} has {n_leaves} leaves but the sentence has "
                          f"{len(sentences[b])} words")
       gold_spans.append(parseval.tree_spans(tree))
-  batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
+  if layout == "packed":
+    planned = _device_start_pass_batches(tuple(tuple(int(w) for w in s) for s in sentences),
+                                         int(sos_id), int(batch_size))
+    batches = [b for b, _ in planned]
+  else:
+    batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
   per_chunk, charts, nodes, scores = [], [], [], []
   for params in _seed_chunks(params_S, seeds_per_call):
     total = None
     c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
     c_scores = None
-    for batch in batches:
-      n_max = batch.tokens.shape[1] - 1
+    for n_batch, batch in enumerate(batches):
+      if layout == "packed":
+        num_words = batch.passes.num_words
+        n_max = batch.passes.gather.shape[0]
+      else:
+        num_words = batch.num_words
+        n_max = batch.tokens.shape[1] - 1
       gold = None
       if gold_trees is not None:
-        gold = np.zeros((batch_size, n_max, n_max), bool)
+        gold = np.zeros((len(batch.indices), n_max, n_max), bool)
         for row, s in enumerate(batch.indices):
           if s >= 0:
             gold[row] = parseval.span_matrix(gold_spans[s], n_max)
         gold = jnp.asarray(gold)
-      stats = tree_projection.tree_projection_stats_over_seeds(
-          params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), gold, key,
-          jnp.asarray(batch.indices, jnp.int32), config=config, method=method,
-          normalisation=normalisation, details=details)
+      options = dict(config=config, method=method, normalisation=normalisation, details=details)
+      row_ids = jnp.asarray(batch.indices, jnp.int32)
+      if layout == "packed":
+        stats = tree_projection.packed_tree_projection_stats_over_seeds(
+            params, planned[n_batch][1], gold, key, row_ids, **options)
+      else:
+        stats = tree_projection.tree_projection_stats_over_seeds(
+            params, jnp.asarray(batch.tokens), jnp.asarray(num_words), gold, key, row_ids,
+            **options)
       if details:
         chart, nd, sc = (np.asarray(stats.pop(k)) for k in ("chart", "nodes", "tscore"))
         if c_scores is None:
           c_scores = np.zeros((sc.shape[0], len(sentences)), np.float32)
         for row, s in enumerate(batch.indices):
           if s >= 0:
-            n = int(batch.num_words[row])
+            n = int(num_words[row])
             c_charts[s] = chart[:, row, :n, :n]
             c_nodes[s] = nd[:, row, :max(n - 1, 0)]
             c_scores[:, s] = sc[:, row]

@@ -13,13 +13,23 @@ so word k sits at input position k + 1.
 * SCI chart[i, j] = cosine similarity of the two vectors, for all 0 <= i <= j < n.
 
 Causality makes the context-free state of word k in span (i, j) independent of j (it sees SOS and
-words i..k only). So ONE forward pass per start position i, with attention limited to SOS and
-positions >= i + 1, gives the context-free states of every span starting at i, and span sums are
-taken from it: n passes per sentence instead of the reference's n(n + 1) / 2, with identical
-results (`sci_chart`; the naive reference-style computation is `naive_sci_chart`). The pass with
-start 0 is the ordinary causal pass, i.e. it also gives the contextual vectors. All starts of a
-padded batch of sentences are run as one batch of forward passes, and `*_over_seeds` vmaps over
-a leading seed axis of the parameters.
+words i..k only). So ONE forward pass per start position i gives the context-free states of every
+span starting at i, and span sums are taken from it: n passes per sentence instead of the
+original code's n(n + 1) / 2, with identical results. The pass with start 0 is the ordinary
+causal pass, i.e. it also gives the contextual vectors. Two layouts compute the same charts:
+
+* packed (`pack_start_passes`, `packed_sci_chart`; what `pipeline` uses): the pass with start i
+  is run on the SHORTENED sequence `SOS w_i .. w_{n-1}` at its original positions
+  (0, i + 1, .., n), and the n passes of every sentence of a batch are packed into rows of a
+  fixed length (first fit decreasing) with a block-diagonal causal mask. SOS sees only itself,
+  so its states are the same in every pass: each row starts with ONE SOS that every segment
+  packed after it attends to. About n(n + 1) / 2 tokens per sentence;
+* masked (`sci_chart`, the earlier implementation, kept as a reference): every start runs the
+  whole padded batch row of length L under a mask hiding words < i, (L - 1) L tokens per
+  sentence whatever its length.
+The original code's layout (all n(n + 1) / 2 span-masked copies of one sentence in one batch) is
+`span_batch_sci_chart`, and `naive_sci_chart` runs one pass per span (the tests' ground truth).
+`*_over_seeds` vmaps over a leading seed axis of the parameters.
 
 Projected trees. The split score of span (i, j) at k (i <= k < j) is
 s(i, j, k) = chart[i, k] + chart[k + 1, j]; SCI(T) = sum over the internal nodes of T of their
@@ -47,7 +57,7 @@ tparseval = corpus bracketing F1 (with precision and recall) of projected vs gol
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,11 +88,15 @@ def _check_options(method: str, normalisation: str) -> None:
 
 
 def last_hidden(params: PyTree, tokens_BxL: Array, mask_BxLxL: Array | None, *,
-                config: ModelConfig) -> Array:
-  """Last-layer hidden states [B, L, d] of the dropout-free forward pass with an extra mask."""
+                config: ModelConfig, positions_BxL: Array | None = None) -> Array:
+  """Last-layer hidden states [B, L, d] of the dropout-free forward pass with an extra mask.
+
+  `positions_BxL` (int32 [B, L]) gives each token's position for the position table (default
+  0..L-1).
+  """
   _, internals = TransformerLM(config).apply(
       {"params": params}, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
-      return_internals=True)
+      positions_BxL=positions_BxL, return_internals=True)
   return internals["hidden"][-1].astype(jnp.float32)
 
 
@@ -104,12 +118,29 @@ def valid_spans(num_words_B: Array, max_words: int) -> Array:
   return (r[:, None] <= r[None, :])[None] & (r[None, None, :] < num_words_B[:, None, None])
 
 
+def _chart_from_start_states(h_NxBxNxD: Array, num_words_B: Array) -> Array:
+  """SCI charts [B, N, N] from h[i, b, k] = last-layer state of word k in the pass with start i
+  of sentence b (any finite value where k < i or k >= n: those never enter a valid span)."""
+  n_max = h_NxBxNxD.shape[0]
+  r = jnp.arange(n_max)
+  from_start = (r[None, :] >= r[:, None])[:, None, :, None]  # [i, 1, k, 1]: k >= i
+  # Running sums from each start i over words k = i..j: the context-free vector of (i, j) from
+  # the pass with start i, the contextual one from the pass with start 0 (cumulative sums are
+  # several times cheaper than span-indicator contractions on CPU).
+  free_NxBxNxD = jnp.cumsum(jnp.where(from_start, h_NxBxNxD, 0.0), axis=2)
+  ctx_NxBxNxD = jnp.cumsum(jnp.where(from_start, h_NxBxNxD[0][None], 0.0), axis=2)
+  chart = _cosine(free_NxBxNxD, ctx_NxBxNxD).transpose(1, 0, 2)  # [b, i, j]
+  return jnp.where(valid_spans(num_words_B, n_max), chart, 0.0)
+
+
 def sci_chart(params: PyTree, tokens_BxL: Array, num_words_B: Array, *,
               config: ModelConfig) -> Array:
-  """Batched SCI chart of ONE seed with one forward pass per start position (see module doc).
+  """Batched SCI chart of ONE seed in the masked layout (module docstring): one full-length
+  forward pass per start position, words before the start hidden by the attention mask.
 
-  Pure and jit-able (`config` static). Runs B * N sequences of length L in one forward batch, so
-  choose B with memory in mind (the drivers below chunk sentences).
+  The earlier implementation, kept as a reference for `packed_sci_chart` (same charts, about
+  2-3x the work). Pure and jit-able (`config` static). Runs B * N sequences of length L in one
+  forward batch, so choose B with memory in mind.
 
   Args:
     params: ONE seed's TransformerLM parameters.
@@ -132,12 +163,7 @@ def sci_chart(params: PyTree, tokens_BxL: Array, num_words_B: Array, *,
   h = last_hidden(params, toks.reshape(n_max * batch, length),
                   mask.reshape(n_max * batch, length, length), config=config)
   h_NxBxNxD = h.reshape(n_max, batch, length, -1)[:, :, 1:, :]  # [start, B, word, d]
-  span = _span_indicator(n_max)
-  # context-free vector of (i, j) uses the pass with start i; contextual uses start 0.
-  free_BxNxNxD = jnp.einsum("ijk,ibkd->bijd", span, h_NxBxNxD)
-  ctx_BxNxNxD = jnp.einsum("ijk,bkd->bijd", span, h_NxBxNxD[0])
-  chart = _cosine(free_BxNxNxD, ctx_BxNxNxD)
-  return jnp.where(valid_spans(num_words_B, n_max), chart, 0.0)
+  return _chart_from_start_states(h_NxBxNxD, num_words_B)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -146,6 +172,229 @@ def sci_chart_over_seeds(params_S: PyTree, tokens_BxL: Array, num_words_B: Array
   """`sci_chart` vmapped over seeds (jitted): params [S, ...] -> chart [S, B, N, N]."""
   fn = functools.partial(sci_chart, config=config)
   return jax.vmap(fn, in_axes=(0, None, None))(params_S, tokens_BxL, num_words_B)
+
+
+class StartPasses(NamedTuple):
+  """The context-free passes of a batch of sentences packed into rows (`pack_start_passes`).
+
+  A pytree of arrays, so it can be passed to jitted functions. P rows of R tokens; each row is
+  SOS then segments `w_i .. w_{n-1}`, one per (sentence, start i), that all attend to the row's
+  SOS; B sentences of at most N words.
+
+  Attributes:
+    tokens: int32 [P, R] SOS, the segments, then `<pad>`=0.
+    positions: int32 [P, R] original position of each token (SOS 0, word k at k + 1; padding 0).
+    segments: int32 [P, R] segment id of each word, -1 for SOS and padding; a word attends to the
+      words of its own segment (causally) and to the row's SOS.
+    gather: int32 [N, B, N] flat index r * R + c of the token of word k in the pass with start i
+      of sentence b, at [i, b, k]; 0 where k < i, k >= n or b is a padding row.
+    num_words: int32 [B] n per sentence (0 for padding rows).
+  """
+
+  tokens: Any
+  positions: Any
+  segments: Any
+  gather: Any
+  num_words: Any
+
+
+def start_pass_words(num_words: int) -> np.ndarray:
+  """int [n] words of the pass with start i = 0..n-1 of an n-word sentence: n - i (SOS, shared
+  within a packed row, not counted); n(n + 1) / 2 in all."""
+  return np.arange(num_words, 0, -1)
+
+
+def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int
+                         ) -> tuple[np.ndarray, np.ndarray, int]:
+  """Packs items of the given lengths into bins of `capacity` (first fit, longest first).
+
+  Returns:
+    (bin [M] and offset [M] of every item, number of bins used); items keep their input order.
+
+  Raises:
+    ValueError: an item longer than `capacity`.
+  """
+  lengths = np.asarray(lengths, np.int64)
+  if lengths.size and int(lengths.max()) > capacity:
+    raise ValueError(f"a segment of {int(lengths.max())} tokens does not fit in rows of "
+                     f"{capacity}")
+  bins = np.zeros(lengths.size, np.int64)
+  offsets = np.zeros(lengths.size, np.int64)
+  space = np.zeros(lengths.size, np.int64)
+  used = 0
+  for item in np.argsort(-lengths, kind="stable"):
+    m = lengths[item]
+    fits = np.flatnonzero(space[:used] >= m)
+    if fits.size:
+      row = int(fits[0])
+    else:
+      row, used = used, used + 1
+      space[row] = capacity
+    bins[item], offsets[item] = row, capacity - space[row]
+    space[row] -= m
+  return bins, offsets, used
+
+
+def pack_segments(segments: Sequence[tuple[Sequence[int], int]], *, sos_id: int,
+                  num_rows: int, row_length: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """Packs word segments into rows that each start with ONE SOS (host side, numpy).
+
+  A segment is a run of words at consecutive positions; packed after a row's SOS with
+  `first_fit_decreasing`, it can be run with the mask "same segment, or the row's SOS" (plus the
+  causal mask): each word then sees exactly what it sees in `SOS + segment` at those positions.
+
+  Args:
+    segments: (word ids [m >= 1], position of the first word) per segment.
+    sos_id: id of SOS (column 0 of every row, position 0).
+    num_rows: P.
+    row_length: R (at least the longest segment + 1).
+
+  Returns:
+    (tokens int32 [P, R] (`<pad>`=0 after the segments), positions int32 [P, R] (0 for SOS and
+    padding), segment ids int32 [P, R] (index into `segments`; -1 for SOS and padding), flat
+    index r * R + c of each segment's first word int64 [M]).
+
+  Raises:
+    ValueError: an empty segment, a segment longer than `row_length - 1` or more rows needed
+      than `num_rows`.
+  """
+  lens = np.array([len(w) for w, _ in segments], np.int64)
+  if np.any(lens == 0):
+    raise ValueError(f"empty segment at index {int(np.argmin(lens))}")
+  if lens.size and int(lens.max()) + 1 > row_length:
+    raise ValueError(f"rows of {row_length} tokens cannot hold SOS and a segment of "
+                     f"{int(lens.max())} words")
+  bins, offsets, used = first_fit_decreasing(lens, row_length - 1)  # after the row's SOS
+  if used > num_rows:
+    raise ValueError(f"{len(segments)} segments of {int(lens.sum())} words need {used} rows "
+                     f"of {row_length} tokens; only {num_rows} given")
+  tokens = np.zeros((num_rows, row_length), np.int32)
+  tokens[:, 0] = sos_id
+  positions = np.zeros((num_rows, row_length), np.int32)
+  seg_ids = np.full((num_rows, row_length), -1, np.int32)
+  first = bins * row_length + 1 + offsets
+  for index, ((words, position), m) in enumerate(zip(segments, lens)):
+    row, col = divmod(int(first[index]), row_length)
+    tokens[row, col:col + m] = np.asarray(words, np.int32)
+    positions[row, col:col + m] = np.arange(position, position + m)
+    seg_ids[row, col:col + m] = index
+  return tokens, positions, seg_ids, first
+
+
+def packed_mask(segments_PxR: Array) -> Array:
+  """bool [P, R, R] attention mask of rows from `pack_segments`: a token sees its own segment and
+  the row's SOS in column 0 (the model adds the causal mask, so SOS sees itself only, as in every
+  unpacked sequence)."""
+  seg = jnp.asarray(segments_PxR)
+  sos_key_R = jnp.arange(seg.shape[1]) == 0
+  return (seg[:, :, None] == seg[:, None, :]) | sos_key_R[None, None, :]
+
+
+def pack_start_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_rows: int,
+                      row_length: int, max_words: int | None = None,
+                      batch_rows: int | None = None) -> StartPasses:
+  """Packs the n context-free passes of each sentence into `num_rows` rows (host side, numpy).
+
+  The pass with start i is the segment `w_i .. w_{n-1}` at positions i + 1 .. n after the row's
+  SOS (`pack_segments`).
+
+  Args:
+    sentences: word ids of each declarative part, WITHOUT SOS (at least one word each).
+    sos_id: id of SOS.
+    num_rows: P, rows of the packed batch.
+    row_length: R, tokens per row: SOS, then segments (at least the longest sentence + 1).
+    max_words: N, words of the chart axes (default: the longest sentence).
+    batch_rows: B, sentence rows (default: len(sentences)); rows past the sentences are padding.
+
+  Returns:
+    a `StartPasses` of numpy arrays (`packed_sci_chart` takes it).
+
+  Raises:
+    ValueError: an empty sentence, a sentence longer than `max_words` or than `row_length - 1`
+      words, more sentences than `batch_rows`, or passes that need more than `num_rows` rows.
+  """
+  lens = np.array([len(s) for s in sentences], np.int64)
+  if np.any(lens == 0):
+    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
+  n_max = int(lens.max(initial=0)) if max_words is None else int(max_words)
+  batch = len(sentences) if batch_rows is None else int(batch_rows)
+  if lens.size and int(lens.max()) > n_max:
+    raise ValueError(f"a sentence of {int(lens.max())} words exceeds max_words={n_max}")
+  if len(sentences) > batch:
+    raise ValueError(f"{len(sentences)} sentences exceed batch_rows={batch}")
+  segments = [(list(words)[i:], i + 1) for words in sentences for i in range(len(words))]
+  tokens, positions, seg_ids, first = pack_segments(segments, sos_id=sos_id, num_rows=num_rows,
+                                                    row_length=row_length)
+  gather = np.zeros((n_max, batch, n_max), np.int32)
+  seg = 0
+  for b, n in enumerate(lens):
+    for i in range(n):
+      gather[i, b, i:n] = first[seg] + np.arange(n - i)
+      seg += 1
+  num_words = np.zeros(batch, np.int32)
+  num_words[:len(sentences)] = lens
+  return StartPasses(tokens, positions, seg_ids, gather, num_words)
+
+
+def packed_sci_chart(params: PyTree, passes: StartPasses, *, config: ModelConfig) -> Array:
+  """Batched SCI chart of ONE seed from the packed, shortened start passes (module docstring).
+
+  Same charts as `sci_chart` and `naive_sci_chart` (up to float rounding, ~1e-6). Pure and
+  jit-able (`config` static); runs P * R tokens in one forward batch.
+
+  Args:
+    params: ONE seed's TransformerLM parameters.
+    passes: from `pack_start_passes` (P rows of R tokens, B sentences of at most N words).
+
+  Returns:
+    float32 [B, N, N] chart: cosine similarity (unitless, in [-1, 1]) of the context-free and
+    contextual vectors of span (i, j); 0 where the span is invalid (i > j or j >= n).
+  """
+  h_PxRxD = last_hidden(params, jnp.asarray(passes.tokens), packed_mask(passes.segments),
+                        config=config, positions_BxL=jnp.asarray(passes.positions))
+  h_flat = h_PxRxD.reshape(-1, h_PxRxD.shape[-1])
+  return _chart_from_start_states(h_flat[jnp.asarray(passes.gather)],
+                                  jnp.asarray(passes.num_words))
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def packed_sci_chart_over_seeds(params_S: PyTree, passes: StartPasses, *,
+                                config: ModelConfig) -> Array:
+  """`packed_sci_chart` vmapped over seeds (jitted): params [S, ...] -> chart [S, B, N, N]."""
+  fn = functools.partial(packed_sci_chart, config=config)
+  return jax.vmap(fn, in_axes=(0, None))(params_S, passes)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def span_batch_sci_chart(params: PyTree, tokens_L: Array, *, config: ModelConfig) -> Array:
+  """SCI chart of ONE sentence in the original code's layout (`get_tree_projection`).
+
+  All n(n + 1) / 2 span-masked copies of the sentence (length n + 1, attention limited to SOS
+  and the span's words in every layer) go through the model as one batch, plus one ordinary
+  causal pass for the contextual vectors. The baseline of `benchmarks/analysis_throughput.py`;
+  jitted (one compilation per sentence length).
+
+  Args:
+    params: ONE seed's parameters.
+    tokens_L: int32 [n + 1] unpadded input `SOS w_0 .. w_{n-1}`.
+
+  Returns:
+    float32 [n, n] chart (0 below the diagonal).
+  """
+  length = tokens_L.shape[0]
+  n = length - 1
+  lo, hi = np.triu_indices(n)  # one copy per span (lo, hi), static
+  t = np.arange(length)
+  in_span_MxL = (t[None] >= lo[:, None] + 1) & (t[None] <= hi[:, None] + 1)
+  visible_MxL = jnp.asarray(in_span_MxL | (t[None] == 0))
+  mask = jnp.broadcast_to(visible_MxL[:, None, :], (lo.size, length, length))
+  h_free = last_hidden(params, jnp.broadcast_to(tokens_L, (lo.size, length)), mask,
+                       config=config)
+  weights_MxL = jnp.asarray(in_span_MxL, jnp.float32)
+  free_MxD = jnp.einsum("ml,mld->md", weights_MxL, h_free)
+  ctx_MxD = weights_MxL @ last_hidden(params, tokens_L[None], None, config=config)[0]
+  return jnp.zeros((n, n), jnp.float32).at[lo, hi].set(_cosine(free_MxD, ctx_MxD))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -360,16 +609,13 @@ def span_uniforms(key: Array, row_ids_B: Array, max_words: int) -> Array:
   return jax.vmap(one)(jnp.maximum(row_ids_B, 0).astype(jnp.uint32))
 
 
-def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
-                          gold_spans_BxNxN: Array | None, key: Array,
-                          row_ids_B: Array | None = None, *, config: ModelConfig,
-                          method: str = "greedy", normalisation: str = "random_split",
-                          details: bool = False) -> dict[str, Array]:
-  """Tree-projection sums of one padded batch for ONE seed (pure, jit-able; options static).
+def chart_stats(chart_BxNxN: Array, num_words_B: Array, gold_spans_BxNxN: Array | None,
+                key: Array, row_ids_B: Array | None = None, *, method: str = "greedy",
+                normalisation: str = "random_split", details: bool = False) -> dict[str, Array]:
+  """Tree-projection sums of a batch of SCI charts (pure, jit-able; options static).
 
   Args:
-    params: ONE seed's parameters.
-    tokens_BxL: int32 [B, L] `SOS w_0 .. w_{n-1}` + padding (declarative words).
+    chart_BxNxN: float32 [B, N, N] charts (`sci_chart`, `packed_sci_chart`).
     num_words_B: int32 [B] n per sentence; 0 marks batch-padding rows (ignored everywhere).
     gold_spans_BxNxN: bool [B, N, N] gold brackets (`parseval.gold_span_matrices`) or None.
     key: PRNG key for the random splits of 'random_split' (same draws for every seed when vmapped).
@@ -381,9 +627,12 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
   Returns:
     dict of sums over the batch: 'tscore_sum', 'num_sentences' and, with gold spans,
     'bracket_matched', 'bracket_predicted', 'bracket_gold' (float32 scalars); see `finalize_stats`.
+
+  Raises:
+    ValueError: unknown method or normalisation.
   """
   _check_options(method, normalisation)
-  chart = sci_chart(params, tokens_BxL, num_words_B, config=config)
+  chart = chart_BxNxN
   n_max = chart.shape[-1]
   nodes = jax.vmap(functools.partial(project_tree, method=method))(chart, num_words_B)
   if row_ids_B is None:
@@ -402,7 +651,53 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("config", "method", "normalisation", "details"))
+def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
+                          gold_spans_BxNxN: Array | None, key: Array,
+                          row_ids_B: Array | None = None, *, config: ModelConfig,
+                          method: str = "greedy", normalisation: str = "random_split",
+                          details: bool = False) -> dict[str, Array]:
+  """Tree-projection sums of one padded batch for ONE seed, masked layout (`sci_chart`).
+
+  Args:
+    params: ONE seed's parameters.
+    tokens_BxL: int32 [B, L] `SOS w_0 .. w_{n-1}` + padding (declarative words).
+    num_words_B, gold_spans_BxNxN, key, row_ids_B, method, normalisation, details: see
+      `chart_stats` (N = L - 1).
+
+  Returns:
+    `chart_stats`'s dict.
+  """
+  _check_options(method, normalisation)
+  chart = sci_chart(params, tokens_BxL, num_words_B, config=config)
+  return chart_stats(chart, num_words_B, gold_spans_BxNxN, key, row_ids_B, method=method,
+                     normalisation=normalisation, details=details)
+
+
+def packed_tree_projection_stats(params: PyTree, passes: StartPasses,
+                                 gold_spans_BxNxN: Array | None, key: Array,
+                                 row_ids_B: Array | None = None, *, config: ModelConfig,
+                                 method: str = "greedy", normalisation: str = "random_split",
+                                 details: bool = False) -> dict[str, Array]:
+  """Tree-projection sums of one packed batch for ONE seed (`packed_sci_chart`).
+
+  Args:
+    params: ONE seed's parameters.
+    passes: from `pack_start_passes` (B sentences of at most N words; `passes.num_words`).
+    gold_spans_BxNxN, key, row_ids_B, method, normalisation, details: see `chart_stats`.
+
+  Returns:
+    `chart_stats`'s dict.
+  """
+  _check_options(method, normalisation)
+  chart = packed_sci_chart(params, passes, config=config)
+  return chart_stats(chart, jnp.asarray(passes.num_words), gold_spans_BxNxN, key, row_ids_B,
+                     method=method, normalisation=normalisation, details=details)
+
+
+_STATIC = ("config", "method", "normalisation", "details")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def tree_projection_stats_over_seeds(params_S: PyTree, tokens_BxL: Array, num_words_B: Array,
                                      gold_spans_BxNxN: Array | None, key: Array,
                                      row_ids_B: Array | None = None, *,
@@ -414,6 +709,20 @@ def tree_projection_stats_over_seeds(params_S: PyTree, tokens_BxL: Array, num_wo
                          normalisation=normalisation, details=details)
   return jax.vmap(fn, in_axes=(0, None, None, None, None, None))(
       params_S, tokens_BxL, num_words_B, gold_spans_BxNxN, key, row_ids_B)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def packed_tree_projection_stats_over_seeds(params_S: PyTree, passes: StartPasses,
+                                            gold_spans_BxNxN: Array | None, key: Array,
+                                            row_ids_B: Array | None = None, *,
+                                            config: ModelConfig, method: str = "greedy",
+                                            normalisation: str = "random_split",
+                                            details: bool = False) -> dict[str, Array]:
+  """`packed_tree_projection_stats` vmapped over seeds (jitted): outputs gain a leading [S]."""
+  fn = functools.partial(packed_tree_projection_stats, config=config, method=method,
+                         normalisation=normalisation, details=details)
+  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
+      params_S, passes, gold_spans_BxNxN, key, row_ids_B)
 
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
