@@ -3,12 +3,14 @@ uninterrupted run.
 
   python scripts/fault_injection.py --cycles=20
 
-Each cycle trains the same tiny multi-seed config in a fresh workdir and kills it with SIGKILL at
-a random moment: either after a random delay (anywhere in start-up, compilation, training,
-evaluation or a checkpoint write) or, half of the time, exactly while a randomly chosen
-checkpoint is being written (`SG_JAX_FAULT_KILL_DURING_SAVE`). It then reruns the same command
-until the run completes and checks that metrics.csv and the final parameters are identical
-(bit for bit) to the uninterrupted run. Prints `cycles: N, identical: M` at the end.
+Each cycle trains the same tiny multi-seed config in a fresh workdir and interrupts it at a
+random moment, in one of three ways: SIGKILL after a random delay (anywhere in start-up,
+compilation, training, evaluation or a checkpoint write); SIGKILL exactly while a randomly chosen
+checkpoint is being written (`SG_JAX_FAULT_KILL_DURING_SAVE`); or a full disk from a randomly
+chosen checkpoint on (`SG_JAX_FAULT_DISK_FULL_AT_SAVE`: the run must stop with exit code 1 and one
+`error:` line, keeping the checkpoints before it). It then reruns the same command until the run
+completes and checks that metrics.csv and the final parameters are identical (bit for bit) to the
+uninterrupted run. Prints `cycles: N, identical: M` at the end.
 """
 
 from __future__ import annotations
@@ -81,11 +83,22 @@ def main() -> int:
   for cycle in range(args.cycles):
     workdir = os.path.join(tmp, f"cycle{cycle}")
     cmd = command(data_dir, workdir, args.steps)
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < 0.4:
       step = rng.choice(checkpoint_steps)
       how = f"SIGKILL while writing checkpoint {step}"
-      subprocess.run(cmd, cwd=ROOT, env=dict(env, **{checkpointing.KILL_DURING_SAVE_ENV: str(step)}),
-                     capture_output=True)
+      subprocess.run(cmd, cwd=ROOT, capture_output=True,
+                     env=dict(env, **{checkpointing.KILL_DURING_SAVE_ENV: str(step)}))
+    elif kind < 0.6:
+      # Early checkpoints only: the injected limit (16 KiB per file) must stop the checkpoint's
+      # files, not metrics.csv, which grows past it later in the run.
+      step = rng.choice([s for s in checkpoint_steps if s <= 60])
+      how = f"disk full at checkpoint {step}"
+      proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                            env=dict(env, **{checkpointing.DISK_FULL_AT_SAVE_ENV: str(step)}))
+      errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+      if proc.returncode != 1 or len(errors) != 1 or "Traceback" in proc.stderr:
+        how += f" (UNEXPECTED: exit {proc.returncode}, {len(errors)} error lines)"
     else:
       delay = rng.uniform(0.2, 0.95) * run_time
       how = f"SIGKILL after {delay:.1f}s"
@@ -102,7 +115,8 @@ def main() -> int:
       subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
       resumes += 1
     table, params = fingerprint(workdir)
-    same = table == ref_table and np.array_equal(params, ref_params)
+    same = (table == ref_table and np.array_equal(params, ref_params)
+            and "UNEXPECTED" not in how)
     identical += same
     print(f"cycle {cycle + 1:2d}: {how:38s} last checkpoint {killed_at}, resumed {resumes}x: "
           f"{'identical' if same else 'DIFFERENT'}", flush=True)
