@@ -40,6 +40,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sg_jax.analysis import attention_entropy, parseval, tree_projection
 from sg_jax.model import ModelConfig
@@ -328,14 +329,141 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   return out
 
 
+# ----------------------------------------------------------------------------------------------
+# Batches on several devices at once
+
+
+_BATCH_AXIS = "batches"
+
+
+def batch_mesh(num_devices: int = 0) -> Mesh | None:
+  """The devices the packed drivers spread their batches over, or None for one device.
+
+  On a CPU, XLA runs the small matrix multiplies of the analysis on about one thread, so several
+  CPU devices (`sg_jax.host_devices`, as training uses) run several batches at once.
+
+  Args:
+    num_devices: devices to use; 0 = every local device.
+  """
+  devices = jax.local_devices()
+  n = len(devices) if num_devices <= 0 else min(int(num_devices), len(devices))
+  return None if n <= 1 else Mesh(np.asarray(devices[:n]), (_BATCH_AXIS,))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+  """Up to D batches stacked on a leading axis, one per device.
+
+  Attributes:
+    batches: the batches (host side; the last group is filled up with copies of its last batch).
+    arrays: per-batch arrays stacked [D, ...], placed one slice per device.
+    real: float32 [D] 1 for a real batch, 0 for a filler copy.
+  """
+
+  batches: list
+  arrays: tuple
+  real: Any
+
+
+def _groups(batches: list, arrays_of, mesh: Mesh | None) -> list[_Group]:
+  """Stacks the arrays (`arrays_of(batch)` -> tuple of numpy arrays) of D batches at a time."""
+  size = 1 if mesh is None else mesh.devices.size
+  if mesh is None:
+    put = jnp.asarray
+  else:
+    split = NamedSharding(mesh, PartitionSpec(_BATCH_AXIS))
+    put = lambda x: jax.device_put(x, split)
+  out = []
+  for start in range(0, len(batches), size):
+    chunk = list(batches[start:start + size])
+    real = np.zeros(size, np.float32)
+    real[:len(chunk)] = 1.0
+    chunk += [chunk[-1]] * (size - len(chunk))
+    per_batch = [arrays_of(b) for b in chunk]
+    stacked = tuple(put(np.stack(xs)) for xs in zip(*per_batch))
+    out.append(_Group(chunk, stacked, put(real)))
+  return out
+
+
+_GROUP_FNS: dict = {}
+
+
+def _group_fn(fn, key: tuple, mesh: Mesh | None, num_replicated: int, num_arrays: int):
+  """Jitted `fn` over a group: each device computes `fn(*replicated, *its batch's arrays)`.
+
+  `fn` returns a pytree of arrays; the result gains a leading [D] axis. Cached on `key` (the
+  static options `fn` closes over) and the mesh, so each program compiles once.
+  """
+  cache_key = (key, mesh, num_replicated, num_arrays)
+  if cache_key not in _GROUP_FNS:
+
+    def local(*args):
+      replicated, arrays = args[:num_replicated], args[num_replicated:]
+      out = fn(*replicated, *(a[0] for a in arrays))
+      return jax.tree_util.tree_map(lambda x: x[None], out)
+
+    if mesh is None:
+      _GROUP_FNS[cache_key] = jax.jit(local)
+    else:
+      specs = ((PartitionSpec(),) * num_replicated + (PartitionSpec(_BATCH_AXIS),) * num_arrays)
+      # check_vma=False: the loops of the tree projection start from constants and would
+      # otherwise need every initial carry marked as varying over the batch axis.
+      _GROUP_FNS[cache_key] = jax.jit(jax.shard_map(
+          local, mesh=mesh, in_specs=specs, out_specs=PartitionSpec(_BATCH_AXIS),
+          check_vma=False))
+  return _GROUP_FNS[cache_key]
+
+
+def _replicate(tree: Any, mesh: Mesh | None) -> Any:
+  if mesh is None:
+    return tree
+  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def _real_only(stats: dict, real_D: Any) -> dict:
+  """The stats {k: [D, ...]} of a group with those of its filler copies zeroed.
+
+  Element-wise, so every device keeps its own running totals: a sum over the group axis on the
+  devices would be an all-reduce between CPU devices, which can stall on a busy host (XLA then
+  aborts the process). The totals are summed over devices on the host (`_host_total`).
+  """
+  return {k: v * real_D.reshape(real_D.shape + (1,) * (v.ndim - 1)) for k, v in stats.items()}
+
+
+def _host_total(total_D: dict) -> dict:
+  """Per-device running totals {k: [D, ...]} -> numpy sums {k: [...]}."""
+  return {k: np.sum(np.asarray(v), axis=0) for k, v in total_D.items()}
+
+
 @functools.lru_cache(maxsize=4)
-def _device_start_pass_batches(sentences: tuple[tuple[int, ...], ...], sos_id: int,
-                               batch_size: int):
-  """`make_start_pass_batches` with the passes on the device, cached: an analysis of several
-  checkpoints on the same sentences plans and transfers them once."""
+def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
+               gold: tuple | None, mesh: Mesh | None) -> list[_Group]:
+  """The packed batches of a sentence set with their gold span matrices, grouped per device,
+  cached: an analysis of several checkpoints on the same sentences plans them once."""
   batches = make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size)
-  return [(b, tree_projection.StartPasses(*(jnp.asarray(a) for a in b.passes)))
-          for b in batches]
+
+  def arrays_of(batch):
+    n_max = batch.passes.gather.shape[0]
+    out = tuple(batch.passes) + (np.asarray(batch.indices, np.int32),)
+    if gold is not None:
+      spans = np.zeros((len(batch.indices), n_max, n_max), bool)
+      for row, s in enumerate(batch.indices):
+        if s >= 0:
+          spans[row] = parseval.span_matrix(gold[s], n_max)
+      out += (spans,)
+    return out
+
+  return _groups(batches, arrays_of, mesh)
+
+
+@functools.lru_cache(maxsize=4)
+def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
+                  mesh: Mesh | None) -> list[_Group]:
+  """`make_packed_line_batches` grouped per device, cached as `_tree_plan`."""
+  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)
+  arrays_of = lambda b: (b.tokens, b.positions, b.segments,
+                         np.asarray(len(b.indices), np.int32))
+  return _groups(batches, arrays_of, mesh)
 
 
 def _seed_chunks(params_S: PyTree, seeds_per_call: int | None) -> Iterable[PyTree]:
@@ -349,24 +477,14 @@ def _sum_dicts(a, b):
   return b if a is None else {k: a[k] + b[k] for k in a}
 
 
-@functools.lru_cache(maxsize=4)
-def _device_line_batches(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int):
-  """`make_packed_line_batches` on the device with the number of inputs of each batch, cached
-  as `_device_start_pass_batches`."""
-  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)
-  return [(len(b.indices), (jnp.asarray(b.tokens), jnp.asarray(b.positions),
-                            jnp.asarray(b.segments), jnp.asarray(len(b.indices), jnp.int32)))
-          for b in batches]
-
-
 ENTROPY_LAYOUTS = ("packed", "padded")
 
 
 def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
                               config: ModelConfig, sos_id: int, batch_size: int = 64,
                               seeds_per_call: int | None = None,
-                              progress: Any = None, layout: str = "packed"
-                              ) -> dict[str, np.ndarray]:
+                              progress: Any = None, layout: str = "packed",
+                              num_devices: int = 0) -> dict[str, np.ndarray]:
   """Attention entropies over a set of model inputs for every seed.
 
   Args:
@@ -381,6 +499,8 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
     layout: 'packed' (inputs packed into rows with one SOS each, `make_packed_line_batches`;
       the default) or 'padded' (one input per row, sorted by length, `make_batches`); same
       values.
+    num_devices: packed layout: devices that each run one batch at a time (`batch_mesh`;
+      0 = every local device).
 
   Returns:
     numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
@@ -392,25 +512,48 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
   if layout not in ENTROPY_LAYOUTS:
     raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
                      f"{ENTROPY_LAYOUTS}")
-  if layout == "packed":
-    calls = _device_line_batches(tuple(tuple(int(w) for w in s) for s in sentences),
-                                 int(sos_id), int(batch_size))
-    fn = lambda params, arrays: attention_entropy.packed_attention_entropy_stats_over_seeds(
-        params, *arrays, config=config)
-  else:
-    calls = [(int(np.sum(b.indices >= 0)), (jnp.asarray(b.tokens), jnp.asarray(b.lengths)))
-             for b in make_batches(sentences, sos_id=sos_id, batch_size=batch_size)]
-    fn = lambda params, arrays: attention_entropy.attention_entropy_stats_over_seeds(
-        params, *arrays, config=config)
   per_chunk = []
-  for params in _seed_chunks(params_S, seeds_per_call):
-    total = None
-    for count, arrays in calls:
-      total = _sum_dicts(total, fn(params, arrays))
-      if progress is not None:
-        progress(count)
-    per_chunk.append(attention_entropy.finalize_stats(total))
+  if layout == "packed":
+    mesh = batch_mesh(num_devices)
+    groups = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
+                           int(batch_size), mesh)
+    fn = _group_fn(functools.partial(_packed_entropy_over_seeds, config=config),
+                   ("entropy", config), mesh, 1, 4)
+    for params in _seed_chunks(params_S, seeds_per_call):
+      params = _replicate(params, mesh)
+      total = None
+      for group in groups:
+        total = _sum_dicts(total, _real_only(fn(params, *group.arrays), group.real))
+        if progress is not None:
+          real = group.batches[:int(np.sum(np.asarray(group.real)))]
+          progress(int(sum(len(b.indices) for b in real)))
+      per_chunk.append(attention_entropy.finalize_stats(_host_total(total)))
+  else:
+    batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
+    for params in _seed_chunks(params_S, seeds_per_call):
+      total = None
+      for batch in batches:
+        stats = attention_entropy.attention_entropy_stats_over_seeds(
+            params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), config=config)
+        total = _sum_dicts(total, stats)
+        if progress is not None:
+          progress(int(np.sum(batch.indices >= 0)))
+      per_chunk.append(attention_entropy.finalize_stats(total))
   return {k: np.concatenate([np.asarray(c[k]) for c in per_chunk]) for k in per_chunk[0]}
+
+
+def _packed_entropy_over_seeds(params_S, tokens, positions, segments, num_lines, *, config):
+  fn = functools.partial(attention_entropy.packed_attention_entropy_stats, config=config)
+  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
+      params_S, tokens, positions, segments, num_lines)
+
+
+def _packed_tree_over_seeds(params_S, key, *arrays, config, method, normalisation, details):
+  passes = tree_projection.StartPasses(*arrays[:5])
+  row_ids, gold = arrays[5], (arrays[6] if len(arrays) > 6 else None)
+  fn = functools.partial(tree_projection.packed_tree_projection_stats, config=config,
+                         method=method, normalisation=normalisation, details=details)
+  return jax.vmap(fn, in_axes=(0, None, None, None, None))(params_S, passes, gold, key, row_ids)
 
 
 LAYOUTS = ("packed", "masked")
@@ -421,7 +564,8 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
                             gold_trees: Sequence[Any] | None = None, batch_size: int = 16,
                             method: str = "greedy", normalisation: str = "random_split",
                             seeds_per_call: int | None = None, details: bool = False,
-                            progress: Any = None, layout: str = "packed") -> dict[str, Any]:
+                            progress: Any = None, layout: str = "packed",
+                            num_devices: int = 0) -> dict[str, Any]:
   """tscore and tparseval over a set of declarative sentences for every seed.
 
   Args:
@@ -441,7 +585,9 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
       [S, n - 1, 3]) and 'tscore_per_sentence' [S, num_sentences], in input order.
     progress: optional callable(int) called with the number of sentences finished per batch.
     layout: 'packed' (shortened start passes packed into rows, the default) or 'masked' (the
-      earlier full-length masked passes, same values; kept as a reference).
+      earlier full-length masked passes on one device, same values; kept as a reference).
+    num_devices: packed layout: devices that each run one batch at a time (`batch_mesh`;
+      0 = every local device).
 
   Returns:
     dict: 'tscore' [S] and with gold trees 'tparseval_f1', 'tparseval_precision',
@@ -463,55 +609,64 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
         raise ValueError(f"gold tree {b} has {n_leaves} leaves but the sentence has "
                          f"{len(sentences[b])} words")
       gold_spans.append(parseval.tree_spans(tree))
+  options = dict(config=config, method=method, normalisation=normalisation, details=details)
+  per_chunk, charts, nodes, scores = [], [], [], []
   if layout == "packed":
-    planned = _device_start_pass_batches(tuple(tuple(int(w) for w in s) for s in sentences),
-                                         int(sos_id), int(batch_size))
-    batches = [b for b, _ in planned]
+    mesh = batch_mesh(num_devices)
+    gold_key = None if gold_trees is None else tuple(tuple(sorted(g)) for g in gold_spans)
+    groups = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
+                        int(batch_size), gold_key, mesh)
+    fn = _group_fn(functools.partial(_packed_tree_over_seeds, **options),
+                   ("tree",) + tuple(sorted(options.items())) + (gold_trees is None,), mesh, 2,
+                   len(groups[0].arrays))
+    # (stats with a leading [D] axis, the batches of the group)
+    calls = lambda params: ((fn(params, _replicate(key, mesh), *g.arrays), g) for g in groups)
   else:
     batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
-  per_chunk, charts, nodes, scores = [], [], [], []
-  for params in _seed_chunks(params_S, seeds_per_call):
-    total = None
-    c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
-    c_scores = None
-    for n_batch, batch in enumerate(batches):
-      if layout == "packed":
-        num_words = batch.passes.num_words
-        n_max = batch.passes.gather.shape[0]
-      else:
-        num_words = batch.num_words
+
+    def calls(params):
+      for batch in batches:
         n_max = batch.tokens.shape[1] - 1
-      gold = None
-      if gold_trees is not None:
-        gold = np.zeros((len(batch.indices), n_max, n_max), bool)
-        for row, s in enumerate(batch.indices):
-          if s >= 0:
-            gold[row] = parseval.span_matrix(gold_spans[s], n_max)
-        gold = jnp.asarray(gold)
-      options = dict(config=config, method=method, normalisation=normalisation, details=details)
-      row_ids = jnp.asarray(batch.indices, jnp.int32)
-      if layout == "packed":
-        stats = tree_projection.packed_tree_projection_stats_over_seeds(
-            params, planned[n_batch][1], gold, key, row_ids, **options)
-      else:
+        gold = None
+        if gold_trees is not None:
+          gold = np.zeros((len(batch.indices), n_max, n_max), bool)
+          for row, s in enumerate(batch.indices):
+            if s >= 0:
+              gold[row] = parseval.span_matrix(gold_spans[s], n_max)
+          gold = jnp.asarray(gold)
         stats = tree_projection.tree_projection_stats_over_seeds(
-            params, jnp.asarray(batch.tokens), jnp.asarray(num_words), gold, key, row_ids,
-            **options)
-      if details:
-        chart, nd, sc = (np.asarray(stats.pop(k)) for k in ("chart", "nodes", "tscore"))
-        if c_scores is None:
-          c_scores = np.zeros((sc.shape[0], len(sentences)), np.float32)
-        for row, s in enumerate(batch.indices):
-          if s >= 0:
-            n = int(num_words[row])
-            c_charts[s] = chart[:, row, :n, :n]
-            c_nodes[s] = nd[:, row, :max(n - 1, 0)]
-            c_scores[:, s] = sc[:, row]
-      total = _sum_dicts(total, stats)
+            params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), gold, key,
+            jnp.asarray(batch.indices, jnp.int32), **options)
+        yield jax.tree_util.tree_map(lambda x: x[None], stats), _Group(
+            [batch], (), jnp.ones(1, jnp.float32))
+
+  for params in _seed_chunks(params_S, seeds_per_call):
+    if layout == "packed":
+      params = _replicate(params, mesh)
+    total, kept = None, []
+    for stats, group in calls(params):
+      if details:  # fetched after the loop, so that the calls stay asynchronous
+        kept.append(({k: stats.pop(k) for k in ("chart", "nodes", "tscore")}, group))
+      total = _sum_dicts(total, _real_only(stats, group.real))
       if progress is not None:
-        progress(int(np.sum(batch.indices >= 0)))
-    per_chunk.append(tree_projection.finalize_stats(total))
+        real = group.batches[:int(np.sum(np.asarray(group.real)))]
+        progress(int(sum(np.sum(b.indices >= 0) for b in real)))
+    per_chunk.append(tree_projection.finalize_stats(_host_total(total)))
     if details:
+      c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
+      c_scores = None
+      for held, group in kept:
+        chart, nd, sc = (np.asarray(held[k]) for k in ("chart", "nodes", "tscore"))
+        if c_scores is None:
+          c_scores = np.zeros((sc.shape[1], len(sentences)), np.float32)
+        for slot, batch in enumerate(group.batches):
+          num_words = (batch.passes.num_words if layout == "packed" else batch.num_words)
+          for row, s in enumerate(batch.indices):
+            if s >= 0:
+              n = int(num_words[row])
+              c_charts[s] = chart[slot, :, row, :n, :n]
+              c_nodes[s] = nd[slot, :, row, :max(n - 1, 0)]
+              c_scores[:, s] = sc[slot, :, row]
       charts.append(c_charts)
       nodes.append(c_nodes)
       scores.append(c_scores)
