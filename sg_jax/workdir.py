@@ -298,6 +298,10 @@ class CallSizer:
     self.compiled: set[int] = set()
     self.current = self._fit(guess_seconds_per_step) if self.max_seconds > 0 else self.max_steps
     self.wanted = self.current
+    if self.current != self.max_steps:
+      log.info("steps per compiled call: %d at first (about %.2f s per step estimated; "
+               "train.max_call_seconds %g)", self.current, guess_seconds_per_step,
+               self.max_seconds)
 
   def _fit(self, seconds_per_step: float) -> int:
     fits = [d for d in self.sizes if d * seconds_per_step <= self.max_seconds]
@@ -319,7 +323,10 @@ class CallSizer:
     fit = self._fit(per_step)
     # Shrink as soon as the current size overruns by a fifth; grow only by 2x or more, so that
     # timing noise does not compile sizes back and forth.
-    if self.current * per_step > 1.2 * self.max_seconds or fit >= 2 * self.current:
+    if ((self.current * per_step > 1.2 * self.max_seconds or fit >= 2 * self.current)
+        and fit != self.wanted):
+      log.info("steps per compiled call: %d -> %d (%.3f s per step measured; "
+               "train.max_call_seconds %g)", self.current, fit, per_step, self.max_seconds)
       self.wanted = fit
 
 
