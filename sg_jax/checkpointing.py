@@ -192,10 +192,11 @@ class CheckpointWriter:
 
   orbax writes a checkpoint in a background thread, and an error there (e.g. a full disk)
   surfaces only when the manager is next waited on, which orbax does at the start of the next
-  save. Here `check()` (non-blocking, called after every compiled call), `save()` (which first
-  waits for the previous save) and `wait()` raise it as `CheckpointWriteError` naming the step
-  that failed, its folder and the cause. After a failure, `abandon()` closes the manager and
-  removes the failed save's temporary folder.
+  save. Here `check()` (non-blocking), `wait()` and `save()` (which first waits for the previous
+  save) raise it as `CheckpointWriteError` naming the step that failed, its folder and the
+  cause; the training loop calls `check()` after every compiled call and `wait()` before it
+  writes metric rows. After a failure, `abandon()` closes the manager and removes the failed
+  save's temporary folder.
 
   Attributes:
     manager: the run's CheckpointManager (also used for restoring).
