@@ -169,8 +169,8 @@ def make_batches(sentences: Sequence[Sequence[int]], *, sos_id: int, batch_size:
   return batches
 
 
-def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
-               ) -> tuple[list[list[int]], int]:
+def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int,
+               multiple: int = 1) -> tuple[list[list[int]], int]:
   """Groups sequences into batches of one shape for `tree_projection.pack_segments`.
 
   Args:
@@ -178,15 +178,38 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
     batch_size: sequences per batch on average (the rows hold this many sequences of the mean
       number of words).
     words_per_row: row length - 1 (one SOS per row).
+    multiple: the devices that run one batch each: a last group of fewer batches is completed
+      with copies, so slightly smaller batches whose number is a multiple of this are taken
+      when a few tries find some that compute fewer rows in all.
 
   Returns:
     (sequence indices of each batch, rows per batch).
   """
   words = np.array([int(np.sum(x)) for x in items], np.int64)
+  min_rows = tree_projection.first_fit_decreasing(items[int(np.argmax(words))],
+                                                  words_per_row)[2]
+  num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row), min_rows)
+  groups = _fill_batches(items, words, num_rows, words_per_row)
+  # rows computed, counting the filler copies that complete the last group of `multiple`.
+  cost = lambda g, rows: -(-len(g) // multiple) * multiple * rows
+  best = (cost(groups, num_rows), groups, num_rows)
+  if len(groups) % multiple:
+    # aim at the next multiple of batches, then step down a row at a time.
+    target = -(-len(groups) // multiple) * multiple
+    rows = max(min_rows, int(num_rows * len(groups) / target))
+    for _ in range(4):
+      candidate = _fill_batches(items, words, rows, words_per_row)
+      best = min(best, (cost(candidate, rows), candidate, rows), key=lambda x: x[0])
+      if len(candidate) % multiple == 0 or rows == min_rows:
+        break
+      rows -= 1
+  return best[1], best[2]
+
+
+def _fill_batches(items, words, num_rows: int, words_per_row: int) -> list[list[int]]:
+  """Sequence indices of each batch of `num_rows` rows (see `_plan_rows`)."""
   rows_of = lambda idx: tree_projection.first_fit_decreasing(
       np.concatenate([items[b] for b in idx]), words_per_row)[2]
-  num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row),
-                 rows_of([int(np.argmax(words))]))
   capacity = num_rows * words_per_row
   groups, queue = [], list(range(len(items)))
   while queue:
@@ -205,7 +228,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
       rest.insert(0, current.pop())
     groups.append(current)
     queue = sorted(rest)
-  return groups, num_rows
+  return groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +248,8 @@ class PackedLines:
 
 
 def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
-                             batch_size: int, row_length: int | None = None
-                             ) -> list[PackedLines]:
+                             batch_size: int, row_length: int | None = None,
+                             multiple: int = 1) -> list[PackedLines]:
   """Packs model inputs `SOS + words` into batches of one shape, one SOS per row.
 
   Args:
@@ -235,6 +258,8 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
     batch_size: inputs per batch on average.
     row_length: tokens per row (default: twice the longest input + 1, rounded up to a multiple
       of 8).
+    multiple: make the number of batches a multiple of this where a slightly smaller batch
+      does it (the devices of `batch_mesh`).
 
   Raises:
     ValueError: an empty input, no input, batch_size < 1 or rows shorter than the longest
@@ -242,7 +267,8 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
   """
   lens = _check_lengths(sequences, batch_size)
   row_length = _row_length(lens, row_length)
-  groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1)
+  groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1,
+                                multiple)
   out = []
   for group in groups:
     tokens, positions, seg_ids, _ = tree_projection.pack_segments(
@@ -290,8 +316,8 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
-                            batch_size: int, row_length: int | None = None
-                            ) -> list[StartPassBatch]:
+                            batch_size: int, row_length: int | None = None,
+                            multiple: int = 1) -> list[StartPassBatch]:
   """Packs the context-free passes of a sentence set into batches of one shape (module doc).
 
   Args:
@@ -302,6 +328,8 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
       row), so a batch of longer sentences holds fewer of them.
     row_length: tokens per packed row (default: twice the longest sentence + 1, rounded up to a
       multiple of 8).
+    multiple: make the number of batches a multiple of this where a slightly smaller batch
+      does it (the devices of `batch_mesh`).
 
   Returns:
     the batches (sentences in input order, except that a batch also takes later sentences that
@@ -316,7 +344,7 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   n_max = int(lens.max())
   row_length = _row_length(lens, row_length)
   items = [tree_projection.start_pass_words(n) for n in lens]
-  groups, num_rows = _plan_rows(items, batch_size, row_length - 1)
+  groups, num_rows = _plan_rows(items, batch_size, row_length - 1, multiple)
   batch_rows = max(len(g) for g in groups)
   out = []
   for group in groups:
@@ -440,7 +468,8 @@ def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: 
                gold: tuple | None, mesh: Mesh | None) -> list[_Group]:
   """The packed batches of a sentence set with their gold span matrices, grouped per device,
   cached: an analysis of several checkpoints on the same sentences plans them once."""
-  batches = make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size)
+  batches = make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size,
+                                    multiple=1 if mesh is None else mesh.devices.size)
 
   def arrays_of(batch):
     n_max = batch.passes.gather.shape[0]
@@ -460,7 +489,8 @@ def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: 
 def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
                   mesh: Mesh | None) -> list[_Group]:
   """`make_packed_line_batches` grouped per device, cached as `_tree_plan`."""
-  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)
+  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size,
+                                     multiple=1 if mesh is None else mesh.devices.size)
   arrays_of = lambda b: (b.tokens, b.positions, b.segments,
                          np.asarray(len(b.indices), np.int32))
   return _groups(batches, arrays_of, mesh)
