@@ -12,10 +12,12 @@ word ids with lengths drawn from the declarative lengths of the released `questi
 words, mean ~10; the output says which). Every figure is a greedy projection with the
 random-split tscore, after a warm-up run that compiles every shape (compilation reported apart):
 * packed (sg_jax's default): `pipeline.tree_projection_metrics`, the n shortened start passes of
-  every sentence (n(n + 1) / 2 words, one SOS per row) packed into rows of one shape;
-* masked (the earlier sg_jax layout, `layout='masked'`): the same driver with n_max full-length
-  masked passes per padded batch row. Timed alternately with packed, `--repeats` times, so their
-  ratio is measured under the same load;
+  every sentence (n(n + 1) / 2 words, one SOS per row) packed into rows of one shape, one batch
+  per CPU device at a time (`sg_jax.host_devices`: 2 devices per core, as `sg_jax.analyze`), and
+  the same on one device (what the layout alone gains);
+* masked (the earlier sg_jax implementation, `layout='masked'`, one device): the same driver
+  with n_max full-length masked passes per padded batch row. The three are timed alternately,
+  `--repeats` times, so their ratios are measured under the same load;
 * original layout: what the original code's `get_tree_projection` does, one sentence at a time:
   all n(n + 1) / 2 span-masked copies of the sentence in one batch plus one causal pass
   (`tree_projection.span_batch_sci_chart`, jitted), then a Python greedy projection with one
@@ -45,12 +47,17 @@ import platform
 import pstats
 import random
 import re
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sg_jax import host_devices  # noqa: E402
+
+host_devices.configure_cpu_devices()  # as `python -m sg_jax.analyze` does, before JAX starts
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -191,15 +198,21 @@ def throughput(args) -> dict[str, float]:
   key = jax.random.PRNGKey(0)
   mean_n = float(np.mean([len(s) for s in decl]))
 
-  def run(layout):
-    return pipeline.tree_projection_metrics(params_s, decl, config=config, sos_id=sos, key=key,
-                                            batch_size=args.batch_size, layout=layout)
+  devices = jax.local_device_count()
+  variants = {"masked": ("masked", 1), "packed, 1 device": ("packed", 1),
+              f"packed, {devices} devices": ("packed", 0)}
 
-  compile_s = {layout: _timed(lambda: run(layout))[1] for layout in ("masked", "packed")}
-  times = {"masked": [], "packed": []}
-  for _ in range(args.repeats):  # alternated, so that both see the same load
-    for layout in ("masked", "packed"):
-      times[layout].append(_timed(lambda: run(layout))[1])
+  def run(name):
+    layout, num_devices = variants[name]
+    return pipeline.tree_projection_metrics(params_s, decl, config=config, sos_id=sos, key=key,
+                                            batch_size=args.batch_size, layout=layout,
+                                            num_devices=num_devices)
+
+  compile_s = {name: _timed(lambda: run(name))[1] for name in variants}
+  times = {name: [] for name in variants}
+  for _ in range(args.repeats):  # alternated, so that all see the same load
+    for name in variants:
+      times[name].append(_timed(lambda: run(name))[1])
 
   original_set = decl[:num_original]
   t0 = time.perf_counter()
@@ -226,10 +239,11 @@ def throughput(args) -> dict[str, float]:
 
   rate = {k: [num / t for t in v] for k, v in times.items()}
   original_rate = num_original / original_s
-  ratios = [p / m for p, m in zip(rate["packed"], rate["masked"])]
+  packed = f"packed, {devices} devices"
+  ratios = [p / m for p, m in zip(rate[packed], rate["masked"])]
   fmt = lambda rs: " / ".join(f"{r:.2f}" for r in rs)
   lo, hi = _ORIGINAL_MEASURED
-  packed_best = max(rate["packed"])
+  packed_best = max(rate[packed])
   batches = pipeline.make_start_pass_batches(decl, sos_id=sos, batch_size=args.batch_size)
   shape = batches[0].passes.tokens.shape
   real = sum(int(np.sum(b.passes.segments >= 0)) for b in batches)
@@ -238,24 +252,27 @@ def throughput(args) -> dict[str, float]:
       ("model", f"depth {config.num_layers}, d_model 512, 8 heads, d_ff 2048, vocab {_VOCAB}, "
                 "random init, float32, 1 seed"),
       ("sentences", f"{source}; {num} sentences, mean {mean_n:.1f} declarative words"),
-      ("packed (sg_jax)", f"{fmt(rate['packed'])} sentences/s ({args.repeats} runs; batch "
-                          f"{args.batch_size} sentences on average = {len(batches)} batches of "
-                          f"{shape[0]} rows x {shape[1]} tokens, {fill:.1f}% of them real; "
-                          f"first run incl. compilation {compile_s['packed']:.1f} s)"),
-      ("masked (earlier sg_jax)", f"{fmt(rate['masked'])} sentences/s (same runs, alternated; "
-                                  f"first run incl. compilation {compile_s['masked']:.1f} s)"),
-      ("packed / masked", f"{fmt(ratios)} x (per alternated pair of runs)"),
+      ("packed batches", f"{args.batch_size} sentences on average = {len(batches)} batches of "
+                         f"{shape[0]} rows x {shape[1]} tokens, {fill:.1f}% of them words"),
+  ]
+  for name in variants:
+    rows.append((name, f"{fmt(rate[name])} sentences/s ({args.repeats} alternated runs; first "
+                       f"run incl. compilation {compile_s[name]:.1f} s)"))
+  rows += [
+      (f"{packed} / masked", f"{fmt(ratios)} x (per alternated round)"),
+      ("packed, 1 device / masked", fmt([p / m for p, m in zip(rate["packed, 1 device"],
+                                                               rate["masked"])]) + " x"),
       ("original layout", f"{original_rate:.2f} sentences/s (all n(n+1)/2 span-masked copies of "
-                          f"one sentence per call, {num_original} sentences of "
+                          f"one sentence per call, 1 device, {num_original} sentences of "
                           f"{np.mean([len(s) for s in original_set]):.1f} words, "
                           f"compilation of {len({len(s) for s in original_set})} lengths "
                           f"{original_compile_s:.1f} s apart)"),
-      ("packed / original layout", f"{packed_best / original_rate:.2f} x (best packed run)"),
-      ("packed / original code", f"{packed_best / hi:.1f}-{packed_best / lo:.1f} x against the "
-                                 f"original PyTorch code's {lo}-{hi} sentences/s (measured "
-                                 "earlier on a 2-core CPU, not in this run)"),
+      (f"{packed} / original layout", f"{packed_best / original_rate:.2f} x (best packed run)"),
+      (f"{packed} / original code", f"{packed_best / hi:.1f}-{packed_best / lo:.1f} x against "
+                                    f"the original PyTorch code's {lo}-{hi} sentences/s "
+                                    "(measured earlier on this 2-core CPU, not in this run)"),
       ("attention entropy", f"{num / entropy_s:.2f} sentences/s (SOS + declarative words, "
-                            "batch 64)"),
+                            f"packed, {devices} devices, batch 64)"),
   ] + [(f"max |chart difference| {k}", f"{v:.2e}") for k, v in diffs.items()]
   _print_rows("analysis throughput (tree projections: greedy, random-split tscore)", rows)
   if min(ratios) < 2:
@@ -263,6 +280,7 @@ def throughput(args) -> dict[str, float]:
   if max(diffs.values()) > 1e-5:
     print("WARNING: charts differ by more than 1e-5")
   return {"packed": packed_best, "masked": max(rate["masked"]), "original": original_rate,
+          "packed_1_device": max(rate["packed, 1 device"]),
           "max_chart_difference": max(diffs.values())}
 
 
@@ -378,6 +396,7 @@ def trajectory(args) -> dict[str, float]:
         [_REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     print("running: python -m sg_jax.analyze " + " ".join(cmd[6:]) + " (under cProfile)",
           flush=True)
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=_REPO, env=env, stderr=subprocess.STDOUT,
                             stdout=subprocess.PIPE, text=True)
@@ -390,6 +409,8 @@ def trajectory(args) -> dict[str, float]:
         print("  | " + line.rstrip()[-150:], flush=True)
     rc = proc.wait()
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     if rc:
       raise SystemExit(f"sg_jax.analyze failed with exit code {rc}")
     parts = profile_breakdown(profile)
@@ -402,6 +423,8 @@ def trajectory(args) -> dict[str, float]:
       tmp.cleanup()
   rows += [("analyze wall time", f"{wall:.1f} s for {len(step_times)} checkpoints (whole "
                                  "process under cProfile)"),
+           ("analyze CPU time", f"{cpu:.1f} s (all threads; on {os.cpu_count()} otherwise idle "
+                                f"cores the wall time is at least {cpu / os.cpu_count():.1f} s)"),
            ("  per checkpoint", f"first {step_times[0]:.1f} s (incl. compilation), then median "
                                 f"{np.median(step_times[1:]) if len(step_times) > 1 else 0:.1f}"
                                 " s" if step_times else "n/a")]
@@ -415,7 +438,7 @@ def trajectory(args) -> dict[str, float]:
   _print_rows("trajectory analysis (python -m sg_jax.analyze, all default quantities)", rows)
   if wall > 300:
     print("WARNING: the trajectory analysis took more than 5 minutes")
-  return {"wall": wall, **parts}
+  return {"wall": wall, "cpu": cpu, **parts}
 
 
 def main(argv=None):
