@@ -74,3 +74,62 @@ def test_decode_benchmark_extrapolation_and_arguments():
   config = decode_throughput.tense_config(8, quick=False)  # configs/tense.py:depth=8
   assert (config.model.num_layers, config.model.d_model, config.model.num_heads) == (8, 512, 8)
   assert config.num_seeds == 10 and config.eval.max_lines == 2000 and config.eval.kv_cache
+
+
+# ---------------------------------------------------------------------- analysis_throughput.py
+
+import analysis_throughput  # noqa: E402  (benchmarks/ is on sys.path above)
+
+
+class _FirstSplit:
+  """Stands in for `random.Random`: always draws the first split of a span."""
+
+  def randrange(self, lo, hi):
+    del hi
+    return lo
+
+
+def test_original_projection_is_the_greedy_tree_with_random_split_scores():
+  from sg_jax.analysis import tree_projection  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  assert analysis_throughput.original_projection(np.ones((1, 1)), _FirstSplit()) == ((), 0.0)
+  for n in (2, 5, 8):
+    chart = np.triu(rng.uniform(-1, 1, size=(n, n))).astype(np.float32)
+    nodes, score = analysis_throughput.original_projection(chart, _FirstSplit())
+    expect = tree_projection.project_tree(jnp.asarray(chart), n)
+    assert list(nodes) == [tuple(x) for x in np.asarray(expect).tolist() if x[0] >= 0]
+    # each node: its best split's score minus the score of the split drawn (here the first).
+    want = sum(chart[i, k] + chart[k + 1, j] - chart[i, i] - chart[i + 1, j] for i, k, j in nodes)
+    np.testing.assert_allclose(score, want, rtol=1e-6, atol=1e-6)
+
+
+def test_trajectory_workdir_is_read_by_the_analysis(tmp_path):
+  """A tiny workdir of the --trajectory kind: checkpoints of the whole train state at the given
+  steps, with parameters that differ between steps, that `sg_jax.analyze` analyses."""
+  from sg_jax import analyze, checkpointing  # pylint: disable=import-outside-toplevel
+  built = analysis_throughput.build_trajectory_workdir(
+      str(tmp_path), num_checkpoints=2, every=500, num_train=400, min_transformed=50,
+      overrides={"model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2,
+                 "model.d_ff": 64, "num_seeds": 2})
+  assert built["steps"] == [0, 500] and checkpointing.all_steps(str(tmp_path)) == [0, 500]
+  first, last = (checkpointing.restore(str(tmp_path), s) for s in (0, 500))
+  assert set(first.state) >= {"params", "opt_state", "step"} and first.seeds == [0, 1]
+  assert np.asarray(last.state["step"]).tolist() == [500, 500]
+  embed = lambda r: np.asarray(r.state["params"]["embedding"]["embedding"])
+  assert not np.allclose(embed(first), embed(last))
+  out = analyze.analyze(str(tmp_path), groups=("weight_norm", "tscore"), num_sentences=20)
+  assert out == {"rows_written": 2 * 2 * 3, "checkpoints_analysed": 2}
+  with pytest.raises(ValueError, match="transformed lines"):
+    analysis_throughput.build_trajectory_workdir(str(tmp_path / "small"), num_train=20,
+                                                 num_checkpoints=1)
+
+
+def test_profile_breakdown_reads_cumulative_times(tmp_path):
+  import cProfile  # pylint: disable=import-outside-toplevel
+  from sg_jax.analysis import pipeline  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "p.prof")
+  cProfile.runctx("pipeline.make_start_pass_batches([[3, 4, 5]] * 50, sos_id=9, batch_size=4)",
+                  globals(), {"pipeline": pipeline}, path)
+  parts = analysis_throughput.profile_breakdown(path)
+  assert parts["  of which packing the passes"] > 0
+  assert parts["tscore + tparseval"] == 0 and parts["analyze"] == 0
