@@ -45,12 +45,6 @@ import sys
 import time
 from typing import Any, Sequence
 
-from sg_jax import host_devices
-
-# before JAX starts: several CPU devices, over which the analysis spreads its batches
-host_devices.configure_cpu_devices()
-
-# pylint: disable=wrong-import-position
 import jax
 import numpy as np
 from absl import app

@@ -40,7 +40,6 @@ from typing import Any, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sg_jax.analysis import attention_entropy, parseval, tree_projection
 from sg_jax.model import ModelConfig
@@ -169,8 +168,8 @@ def make_batches(sentences: Sequence[Sequence[int]], *, sos_id: int, batch_size:
   return batches
 
 
-def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int,
-               multiple: int = 1) -> tuple[list[list[int]], int]:
+def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
+               ) -> tuple[list[list[int]], int]:
   """Groups sequences into batches of one shape for `tree_projection.pack_segments`.
 
   Args:
@@ -178,9 +177,6 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int,
     batch_size: sequences per batch on average (the rows hold this many sequences of the mean
       number of words).
     words_per_row: row length - 1 (one SOS per row).
-    multiple: the devices that run one batch each: a last group of fewer batches is completed
-      with copies, so slightly smaller batches whose number is a multiple of this are taken
-      when a few tries find some that compute fewer rows in all.
 
   Returns:
     (sequence indices of each batch, rows per batch).
@@ -189,21 +185,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int,
   min_rows = tree_projection.first_fit_decreasing(items[int(np.argmax(words))],
                                                   words_per_row)[2]
   num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row), min_rows)
-  groups = _fill_batches(items, words, num_rows, words_per_row)
-  # rows computed, counting the filler copies that complete the last group of `multiple`.
-  cost = lambda g, rows: -(-len(g) // multiple) * multiple * rows
-  best = (cost(groups, num_rows), groups, num_rows)
-  if len(groups) % multiple:
-    # aim at the next multiple of batches, then step down a row at a time.
-    target = -(-len(groups) // multiple) * multiple
-    rows = max(min_rows, int(num_rows * len(groups) / target))
-    for _ in range(4):
-      candidate = _fill_batches(items, words, rows, words_per_row)
-      best = min(best, (cost(candidate, rows), candidate, rows), key=lambda x: x[0])
-      if len(candidate) % multiple == 0 or rows == min_rows:
-        break
-      rows -= 1
-  return best[1], best[2]
+  return _fill_batches(items, words, num_rows, words_per_row), num_rows
 
 
 def _fill_batches(items, words, num_rows: int, words_per_row: int) -> list[list[int]]:
@@ -248,8 +230,8 @@ class PackedLines:
 
 
 def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
-                             batch_size: int, row_length: int | None = None,
-                             multiple: int = 1) -> list[PackedLines]:
+                             batch_size: int, row_length: int | None = None
+                             ) -> list[PackedLines]:
   """Packs model inputs `SOS + words` into batches of one shape, one SOS per row.
 
   Args:
@@ -258,8 +240,6 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
     batch_size: inputs per batch on average.
     row_length: tokens per row (default: twice the longest input + 1, rounded up to a multiple
       of 8).
-    multiple: make the number of batches a multiple of this where a slightly smaller batch
-      does it (the devices of `batch_mesh`).
 
   Raises:
     ValueError: an empty input, no input, batch_size < 1 or rows shorter than the longest
@@ -267,8 +247,7 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
   """
   lens = _check_lengths(sequences, batch_size)
   row_length = _row_length(lens, row_length)
-  groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1,
-                                multiple)
+  groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1)
   out = []
   for group in groups:
     tokens, positions, seg_ids, _ = tree_projection.pack_segments(
@@ -316,8 +295,8 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
-                            batch_size: int, row_length: int | None = None,
-                            multiple: int = 1) -> list[StartPassBatch]:
+                            batch_size: int, row_length: int | None = None
+                            ) -> list[StartPassBatch]:
   """Packs the context-free passes of a sentence set into batches of one shape (module doc).
 
   Args:
@@ -328,8 +307,6 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
       row), so a batch of longer sentences holds fewer of them.
     row_length: tokens per packed row (default: twice the longest sentence + 1, rounded up to a
       multiple of 8).
-    multiple: make the number of batches a multiple of this where a slightly smaller batch
-      does it (the devices of `batch_mesh`).
 
   Returns:
     the batches (sentences in input order, except that a batch also takes later sentences that
@@ -344,7 +321,7 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   n_max = int(lens.max())
   row_length = _row_length(lens, row_length)
   items = [tree_projection.start_pass_words(n) for n in lens]
-  groups, num_rows = _plan_rows(items, batch_size, row_length - 1, multiple)
+  groups, num_rows = _plan_rows(items, batch_size, row_length - 1)
   batch_rows = max(len(g) for g in groups)
   out = []
   for group in groups:
@@ -357,143 +334,34 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Batches on several devices at once
-
-
-_BATCH_AXIS = "batches"
-
-
-def batch_mesh(num_devices: int = 0) -> Mesh | None:
-  """The devices the packed drivers spread their batches over, or None for one device.
-
-  On a CPU, XLA runs the small matrix multiplies of the analysis on about one thread, so several
-  CPU devices (`sg_jax.host_devices`, as training uses) run several batches at once.
-
-  Args:
-    num_devices: devices to use; 0 = every local device.
-  """
-  devices = jax.local_devices()
-  n = len(devices) if num_devices <= 0 else min(int(num_devices), len(devices))
-  return None if n <= 1 else Mesh(np.asarray(devices[:n]), (_BATCH_AXIS,))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Group:
-  """Up to D batches stacked on a leading axis, one per device.
-
-  Attributes:
-    batches: the batches (host side; the last group is filled up with copies of its last batch).
-    arrays: per-batch arrays stacked [D, ...], placed one slice per device.
-    real: float32 [D] 1 for a real batch, 0 for a filler copy.
-  """
-
-  batches: list
-  arrays: tuple
-  real: Any
-
-
-def _groups(batches: list, arrays_of, mesh: Mesh | None) -> list[_Group]:
-  """Stacks the arrays (`arrays_of(batch)` -> tuple of numpy arrays) of D batches at a time."""
-  size = 1 if mesh is None else mesh.devices.size
-  if mesh is None:
-    put = jnp.asarray
-  else:
-    split = NamedSharding(mesh, PartitionSpec(_BATCH_AXIS))
-    put = lambda x: jax.device_put(x, split)
-  out = []
-  for start in range(0, len(batches), size):
-    chunk = list(batches[start:start + size])
-    real = np.zeros(size, np.float32)
-    real[:len(chunk)] = 1.0
-    chunk += [chunk[-1]] * (size - len(chunk))
-    per_batch = [arrays_of(b) for b in chunk]
-    stacked = tuple(put(np.stack(xs)) for xs in zip(*per_batch))
-    out.append(_Group(chunk, stacked, put(real)))
-  return out
-
-
-_GROUP_FNS: dict = {}
-
-
-def _group_fn(fn, key: tuple, mesh: Mesh | None, num_replicated: int, num_arrays: int):
-  """Jitted `fn` over a group: each device computes `fn(*replicated, *its batch's arrays)`.
-
-  `fn` returns a pytree of arrays; the result gains a leading [D] axis. Cached on `key` (the
-  static options `fn` closes over) and the mesh, so each program compiles once.
-  """
-  cache_key = (key, mesh, num_replicated, num_arrays)
-  if cache_key not in _GROUP_FNS:
-
-    def local(*args):
-      replicated, arrays = args[:num_replicated], args[num_replicated:]
-      out = fn(*replicated, *(a[0] for a in arrays))
-      return jax.tree_util.tree_map(lambda x: x[None], out)
-
-    if mesh is None:
-      _GROUP_FNS[cache_key] = jax.jit(local)
-    else:
-      specs = ((PartitionSpec(),) * num_replicated + (PartitionSpec(_BATCH_AXIS),) * num_arrays)
-      # check_vma=False: the loops of the tree projection start from constants and would
-      # otherwise need every initial carry marked as varying over the batch axis.
-      _GROUP_FNS[cache_key] = jax.jit(jax.shard_map(
-          local, mesh=mesh, in_specs=specs, out_specs=PartitionSpec(_BATCH_AXIS),
-          check_vma=False))
-  return _GROUP_FNS[cache_key]
-
-
-def _replicate(tree: Any, mesh: Mesh | None) -> Any:
-  if mesh is None:
-    return tree
-  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
-
-
-def _real_only(stats: dict, real_D: Any) -> dict:
-  """The stats {k: [D, ...]} of a group with those of its filler copies zeroed.
-
-  Element-wise, so every device keeps its own running totals: a sum over the group axis on the
-  devices would be an all-reduce between CPU devices, which can stall on a busy host (XLA then
-  aborts the process). The totals are summed over devices on the host (`_host_total`).
-  """
-  return {k: v * real_D.reshape(real_D.shape + (1,) * (v.ndim - 1)) for k, v in stats.items()}
-
-
-def _host_total(total_D: dict) -> dict:
-  """Per-device running totals {k: [D, ...]} -> numpy sums {k: [...]}."""
-  return {k: np.sum(np.asarray(v), axis=0) for k, v in total_D.items()}
-
-
 @functools.lru_cache(maxsize=4)
 def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
-               gold: tuple | None, mesh: Mesh | None) -> list[_Group]:
-  """The packed batches of a sentence set with their gold span matrices, grouped per device,
-  cached: an analysis of several checkpoints on the same sentences plans them once."""
-  batches = make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size,
-                                    multiple=1 if mesh is None else mesh.devices.size)
-
-  def arrays_of(batch):
+               gold: tuple | None) -> list[tuple[StartPassBatch, tuple]]:
+  """The packed batches of a sentence set with their device arrays (passes, row ids and gold
+  span matrices), cached: an analysis of several checkpoints on the same sentences plans and
+  transfers them once."""
+  out = []
+  for batch in make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size):
     n_max = batch.passes.gather.shape[0]
-    out = tuple(batch.passes) + (np.asarray(batch.indices, np.int32),)
+    spans = None
     if gold is not None:
       spans = np.zeros((len(batch.indices), n_max, n_max), bool)
       for row, s in enumerate(batch.indices):
         if s >= 0:
           spans[row] = parseval.span_matrix(gold[s], n_max)
-      out += (spans,)
-    return out
-
-  return _groups(batches, arrays_of, mesh)
+      spans = jnp.asarray(spans)
+    passes = tree_projection.StartPasses(*(jnp.asarray(a) for a in batch.passes))
+    out.append((batch, (passes, spans, jnp.asarray(batch.indices, jnp.int32))))
+  return out
 
 
 @functools.lru_cache(maxsize=4)
-def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
-                  mesh: Mesh | None) -> list[_Group]:
-  """`make_packed_line_batches` grouped per device, cached as `_tree_plan`."""
-  batches = make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size,
-                                     multiple=1 if mesh is None else mesh.devices.size)
-  arrays_of = lambda b: (b.tokens, b.positions, b.segments,
-                         np.asarray(len(b.indices), np.int32))
-  return _groups(batches, arrays_of, mesh)
+def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int
+                  ) -> list[tuple[int, tuple]]:
+  """(inputs, device arrays) of each `make_packed_line_batches` batch, cached as `_tree_plan`."""
+  return [(len(b.indices), (jnp.asarray(b.tokens), jnp.asarray(b.positions),
+                            jnp.asarray(b.segments), jnp.asarray(len(b.indices), jnp.int32)))
+          for b in make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)]
 
 
 def _seed_chunks(params_S: PyTree, seeds_per_call: int | None) -> Iterable[PyTree]:
@@ -513,8 +381,8 @@ ENTROPY_LAYOUTS = ("packed", "padded")
 def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
                               config: ModelConfig, sos_id: int, batch_size: int = 64,
                               seeds_per_call: int | None = None,
-                              progress: Any = None, layout: str = "packed",
-                              num_devices: int = 0) -> dict[str, np.ndarray]:
+                              progress: Any = None, layout: str = "packed"
+                              ) -> dict[str, np.ndarray]:
   """Attention entropies over a set of model inputs for every seed.
 
   Args:
@@ -529,8 +397,6 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
     layout: 'packed' (inputs packed into rows with one SOS each, `make_packed_line_batches`;
       the default) or 'padded' (one input per row, sorted by length, `make_batches`); same
       values.
-    num_devices: packed layout: devices that each run one batch at a time (`batch_mesh`;
-      0 = every local device).
 
   Returns:
     numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
@@ -542,48 +408,23 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
   if layout not in ENTROPY_LAYOUTS:
     raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
                      f"{ENTROPY_LAYOUTS}")
-  per_chunk = []
   if layout == "packed":
-    mesh = batch_mesh(num_devices)
-    groups = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
-                           int(batch_size), mesh)
-    fn = _group_fn(functools.partial(_packed_entropy_over_seeds, config=config),
-                   ("entropy", config), mesh, 1, 4)
-    for params in _seed_chunks(params_S, seeds_per_call):
-      params = _replicate(params, mesh)
-      total = None
-      for group in groups:
-        total = _sum_dicts(total, _real_only(fn(params, *group.arrays), group.real))
-        if progress is not None:
-          real = group.batches[:int(np.sum(np.asarray(group.real)))]
-          progress(int(sum(len(b.indices) for b in real)))
-      per_chunk.append(attention_entropy.finalize_stats(_host_total(total)))
+    calls = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
+                          int(batch_size))
+    fn = attention_entropy.packed_attention_entropy_stats_over_seeds
   else:
-    batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
-    for params in _seed_chunks(params_S, seeds_per_call):
-      total = None
-      for batch in batches:
-        stats = attention_entropy.attention_entropy_stats_over_seeds(
-            params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), config=config)
-        total = _sum_dicts(total, stats)
-        if progress is not None:
-          progress(int(np.sum(batch.indices >= 0)))
-      per_chunk.append(attention_entropy.finalize_stats(total))
+    calls = [(int(np.sum(b.indices >= 0)), (jnp.asarray(b.tokens), jnp.asarray(b.lengths)))
+             for b in make_batches(sentences, sos_id=sos_id, batch_size=batch_size)]
+    fn = attention_entropy.attention_entropy_stats_over_seeds
+  per_chunk = []
+  for params in _seed_chunks(params_S, seeds_per_call):
+    total = None
+    for count, arrays in calls:
+      total = _sum_dicts(total, fn(params, *arrays, config=config))
+      if progress is not None:
+        progress(count)
+    per_chunk.append(attention_entropy.finalize_stats(total))
   return {k: np.concatenate([np.asarray(c[k]) for c in per_chunk]) for k in per_chunk[0]}
-
-
-def _packed_entropy_over_seeds(params_S, tokens, positions, segments, num_lines, *, config):
-  fn = functools.partial(attention_entropy.packed_attention_entropy_stats, config=config)
-  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
-      params_S, tokens, positions, segments, num_lines)
-
-
-def _packed_tree_over_seeds(params_S, key, *arrays, config, method, normalisation, details):
-  passes = tree_projection.StartPasses(*arrays[:5])
-  row_ids, gold = arrays[5], (arrays[6] if len(arrays) > 6 else None)
-  fn = functools.partial(tree_projection.packed_tree_projection_stats, config=config,
-                         method=method, normalisation=normalisation, details=details)
-  return jax.vmap(fn, in_axes=(0, None, None, None, None))(params_S, passes, gold, key, row_ids)
 
 
 LAYOUTS = ("packed", "masked")
@@ -594,8 +435,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
                             gold_trees: Sequence[Any] | None = None, batch_size: int = 16,
                             method: str = "greedy", normalisation: str = "random_split",
                             seeds_per_call: int | None = None, details: bool = False,
-                            progress: Any = None, layout: str = "packed",
-                            num_devices: int = 0) -> dict[str, Any]:
+                            progress: Any = None, layout: str = "packed") -> dict[str, Any]:
   """tscore and tparseval over a set of declarative sentences for every seed.
 
   Args:
@@ -615,9 +455,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
       [S, n - 1, 3]) and 'tscore_per_sentence' [S, num_sentences], in input order.
     progress: optional callable(int) called with the number of sentences finished per batch.
     layout: 'packed' (shortened start passes packed into rows, the default) or 'masked' (the
-      earlier full-length masked passes on one device, same values; kept as a reference).
-    num_devices: packed layout: devices that each run one batch at a time (`batch_mesh`;
-      0 = every local device).
+      earlier full-length masked passes, same values; kept as a reference).
 
   Returns:
     dict: 'tscore' [S] and with gold trees 'tparseval_f1', 'tparseval_precision',
@@ -640,63 +478,57 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
                          f"{len(sentences[b])} words")
       gold_spans.append(parseval.tree_spans(tree))
   options = dict(config=config, method=method, normalisation=normalisation, details=details)
-  per_chunk, charts, nodes, scores = [], [], [], []
   if layout == "packed":
-    mesh = batch_mesh(num_devices)
     gold_key = None if gold_trees is None else tuple(tuple(sorted(g)) for g in gold_spans)
-    groups = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
-                        int(batch_size), gold_key, mesh)
-    fn = _group_fn(functools.partial(_packed_tree_over_seeds, **options),
-                   ("tree",) + tuple(sorted(options.items())) + (gold_trees is None,), mesh, 2,
-                   len(groups[0].arrays))
-    # (stats with a leading [D] axis, the batches of the group)
-    calls = lambda params: ((fn(params, _replicate(key, mesh), *g.arrays), g) for g in groups)
+    planned = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
+                         int(batch_size), gold_key)
+
+    def calls(params):
+      for batch, (passes, spans, row_ids) in planned:
+        stats = tree_projection.packed_tree_projection_stats_over_seeds(
+            params, passes, spans, key, row_ids, **options)
+        yield batch, batch.passes.num_words, stats
   else:
     batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
 
     def calls(params):
       for batch in batches:
         n_max = batch.tokens.shape[1] - 1
-        gold = None
+        spans = None
         if gold_trees is not None:
-          gold = np.zeros((len(batch.indices), n_max, n_max), bool)
+          spans = np.zeros((len(batch.indices), n_max, n_max), bool)
           for row, s in enumerate(batch.indices):
             if s >= 0:
-              gold[row] = parseval.span_matrix(gold_spans[s], n_max)
-          gold = jnp.asarray(gold)
-        stats = tree_projection.tree_projection_stats_over_seeds(
-            params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), gold, key,
+              spans[row] = parseval.span_matrix(gold_spans[s], n_max)
+          spans = jnp.asarray(spans)
+        yield batch, batch.num_words, tree_projection.tree_projection_stats_over_seeds(
+            params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), spans, key,
             jnp.asarray(batch.indices, jnp.int32), **options)
-        yield jax.tree_util.tree_map(lambda x: x[None], stats), _Group(
-            [batch], (), jnp.ones(1, jnp.float32))
 
+  per_chunk, charts, nodes, scores = [], [], [], []
   for params in _seed_chunks(params_S, seeds_per_call):
-    if layout == "packed":
-      params = _replicate(params, mesh)
     total, kept = None, []
-    for stats, group in calls(params):
+    for batch, num_words, stats in calls(params):
       if details:  # fetched after the loop, so that the calls stay asynchronous
-        kept.append(({k: stats.pop(k) for k in ("chart", "nodes", "tscore")}, group))
-      total = _sum_dicts(total, _real_only(stats, group.real))
+        kept.append((batch.indices, num_words,
+                     {k: stats.pop(k) for k in ("chart", "nodes", "tscore")}))
+      total = _sum_dicts(total, stats)
       if progress is not None:
-        real = group.batches[:int(np.sum(np.asarray(group.real)))]
-        progress(int(sum(np.sum(b.indices >= 0) for b in real)))
-    per_chunk.append(tree_projection.finalize_stats(_host_total(total)))
+        progress(int(np.sum(batch.indices >= 0)))
+    per_chunk.append(tree_projection.finalize_stats(total))
     if details:
       c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
       c_scores = None
-      for held, group in kept:
+      for indices, num_words, held in kept:
         chart, nd, sc = (np.asarray(held[k]) for k in ("chart", "nodes", "tscore"))
         if c_scores is None:
-          c_scores = np.zeros((sc.shape[1], len(sentences)), np.float32)
-        for slot, batch in enumerate(group.batches):
-          num_words = (batch.passes.num_words if layout == "packed" else batch.num_words)
-          for row, s in enumerate(batch.indices):
-            if s >= 0:
-              n = int(num_words[row])
-              c_charts[s] = chart[slot, :, row, :n, :n]
-              c_nodes[s] = nd[slot, :, row, :max(n - 1, 0)]
-              c_scores[:, s] = sc[slot, :, row]
+          c_scores = np.zeros((sc.shape[0], len(sentences)), np.float32)
+        for row, s in enumerate(indices):
+          if s >= 0:
+            n = int(num_words[row])
+            c_charts[s] = chart[:, row, :n, :n]
+            c_nodes[s] = nd[:, row, :max(n - 1, 0)]
+            c_scores[:, s] = sc[:, row]
       charts.append(c_charts)
       nodes.append(c_nodes)
       scores.append(c_scores)
