@@ -339,15 +339,17 @@ def build_trajectory_workdir(workdir: str, *, num_checkpoints: int = 31, every: 
   return {"config": config, "steps": steps, "seconds": time.perf_counter() - t0}
 
 
-# (label, file name ending, function): cumulative time of these functions in the profile.
+# (label, file name ending, function, only calls from this file or None): cumulative time of
+# these functions in the profile (`restore` lists the steps and reads the metadata itself).
 _PROFILED = (
-    ("restoring checkpoints", "sg_jax/checkpointing.py", "restore"),
-    ("reading checkpoint metadata", "sg_jax/checkpointing.py", "read_meta"),
-    ("listing checkpoints", "sg_jax/checkpointing.py", "all_steps"),
-    ("loading the sentences (data)", "sg_jax/analyze.py", "load_sentences"),
-    ("attention_entropy", "sg_jax/analysis/pipeline.py", "attention_entropy_metrics"),
-    ("tscore + tparseval", "sg_jax/analysis/pipeline.py", "tree_projection_metrics"),
-    ("  of which packing the passes", "sg_jax/analysis/pipeline.py", "make_start_pass_batches"),
+    ("restoring checkpoints", "sg_jax/checkpointing.py", "restore", None),
+    ("reading checkpoint metadata", "sg_jax/checkpointing.py", "read_meta", "sg_jax/analyze.py"),
+    ("listing checkpoints", "sg_jax/checkpointing.py", "all_steps", "sg_jax/analyze.py"),
+    ("loading the sentences (data)", "sg_jax/analyze.py", "load_sentences", None),
+    ("attention_entropy", "sg_jax/analysis/pipeline.py", "attention_entropy_metrics", None),
+    ("tscore + tparseval", "sg_jax/analysis/pipeline.py", "tree_projection_metrics", None),
+    ("  of which packing the passes", "sg_jax/analysis/pipeline.py", "make_start_pass_batches",
+     None),
 )
 _STEP_LINE = re.compile(r"\[(\d+)/(\d+)\] step (\d+): .* in ([0-9.]+)s")
 
@@ -355,11 +357,19 @@ _STEP_LINE = re.compile(r"\[(\d+)/(\d+)\] step (\d+): .* in ([0-9.]+)s")
 def profile_breakdown(profile_path: str) -> dict[str, float]:
   """Cumulative seconds of the `_PROFILED` functions, and of `analyze.analyze` ('analyze')."""
   stats = pstats.Stats(profile_path).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
-  wanted = _PROFILED + (("analyze", "sg_jax/analyze.py", "analyze"),)
+  ends = lambda f, end: f.replace(os.sep, "/").endswith(end)
+  wanted = _PROFILED + (("analyze", "sg_jax/analyze.py", "analyze", None),)
   out = {}
-  for label, file_end, name in wanted:
-    out[label] = sum(v[3] for (f, _, n), v in stats.items()
-                     if n == name and f.replace(os.sep, "/").endswith(file_end))
+  for label, file_end, name, caller_end in wanted:
+    total = 0.0
+    for (f, _, n), (_, _, _, ct, callers) in stats.items():
+      if n != name or not ends(f, file_end):
+        continue
+      if caller_end is None:
+        total += ct
+      else:  # callers: {(file, line, name): (cc, nc, tt, ct)}
+        total += sum(c[3] for k, c in callers.items() if ends(k[0], caller_end))
+    out[label] = total
   return out
 
 
@@ -423,7 +433,7 @@ def trajectory(args) -> dict[str, float]:
                                 f"{np.median(step_times[1:]) if len(step_times) > 1 else 0:.1f}"
                                 " s" if step_times else "n/a")]
   named = 0.0
-  for label, _, _ in _PROFILED:
+  for label, *_ in _PROFILED:
     rows.append((f"  {label}", f"{parts[label]:.1f} s"))
     if not label.startswith("  "):
       named += parts[label]
