@@ -1,20 +1,12 @@
-"""Per-seed metrics: a long-format CSV table plus clu (TensorBoard) summaries.
+"""Run logging: command-line log setup, clu (TensorBoard) summaries and the closing summary.
 
-`WORKDIR/metrics.csv` has the columns `step,seed,name,value`, one row per seed and metric. Every
-`write` appends its whole block of rows with a single `os.write` on a file opened with O_APPEND
-and then fsyncs, so a crash never leaves a torn line. On resume, `truncate_after(step)` drops rows
-logged after the checkpoint the run resumes from, so a resumed run's table equals an
-uninterrupted run's: rows are appended in step order, so those rows are the end of the file and
-are cut off in place (no space needed, so it works on a full disk); a table out of step order is
-rewritten through a temporary file and `os.replace`.
+The per-seed `step,seed,name,value` table (`WORKDIR/metrics.csv`) is `long_csv.LongCsv`, kept
+here as `MetricsTable` (and `read_table`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
-import math
 import os
 import shlex
 import sys
@@ -22,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-HEADER = "step,seed,name,value\n"
+from sg_jax import long_csv
 
 
 class _DropOrbaxErrors(logging.Filter):
@@ -68,124 +60,9 @@ def setup_cli_logging() -> logging.Logger:
   return sg_log
 
 
-class MetricsTable:
-  """Append-only `step,seed,name,value` CSV table (see module docstring)."""
-
-  def __init__(self, path: str, enabled: bool = True):
-    """Opens (creating if needed) the table; `enabled=False` (non-writer hosts) makes writes
-    no-ops."""
-    self.path = path
-    self.enabled = enabled
-    if enabled and (not os.path.exists(path) or os.path.getsize(path) == 0):
-      self._append(HEADER)
-
-  def _append(self, text: str) -> None:
-    """Appends `text` with one write; on any failure (e.g. disk full) the file is cut back to
-    its previous size, so no torn line remains, and OSError is raised naming the file."""
-    data = text.encode()
-    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-      size = os.fstat(fd).st_size
-      try:
-        written = os.write(fd, data)
-        if written != len(data):
-          raise OSError(f"short write ({written} of {len(data)} bytes)")
-        os.fsync(fd)
-      except OSError as e:
-        os.ftruncate(fd, size)
-        raise OSError(e.errno, f"cannot append to {self.path}: {e.strerror or e}") from e
-    finally:
-      os.close(fd)
-
-  def write(self, step: int, seeds: Sequence[int], metrics: Mapping[str, np.ndarray]) -> None:
-    """Appends one row per (seed, metric); each value array is [num_seeds]."""
-    if not self.enabled:
-      return
-    buf = io.StringIO()
-    for name in sorted(metrics):
-      values = np.asarray(metrics[name], dtype=np.float64).reshape(-1)
-      for seed, value in zip(seeds, values):
-        buf.write(f"{int(step)},{int(seed)},{name},{_fmt(value)}\n")
-    self._append(buf.getvalue())
-
-  def rows(self) -> list[dict]:
-    """All rows as dicts with int step/seed and float value."""
-    return read_table(self.path)
-
-  def truncate_after(self, step: int) -> int:
-    """Drops rows with step > `step`; returns how many were dropped.
-
-    When those rows are the end of the file (always, for a table this class wrote), the file is
-    cut there in place: one `ftruncate`, which needs no free space. Otherwise it is rewritten
-    atomically.
-    """
-    if not self.enabled or not os.path.exists(self.path):
-      return 0
-    with open(self.path, "rb") as f:
-      data = f.read()
-    lines = data.decode().splitlines(True)
-    cut = _suffix_after(lines, step)
-    if cut is not None:
-      offset, dropped = cut
-      if dropped:
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-          os.ftruncate(fd, offset)
-          os.fsync(fd)
-        finally:
-          os.close(fd)
-      return dropped
-    keep = [HEADER]
-    dropped = 0
-    for line in lines[1:]:
-      if not line.endswith("\n"):
-        dropped += 1  # a torn final line cannot happen with _append, but never keep one
-        continue
-      if int(line.split(",", 1)[0]) > step:
-        dropped += 1
-      else:
-        keep.append(line)
-    if dropped:
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(keep)
-        f.flush()
-        os.fsync(f.fileno())
-      os.replace(tmp, self.path)
-    return dropped
-
-
-def _suffix_after(lines: list[str], step: int) -> tuple[int, int] | None:
-  """(byte offset, row count) of the rows with step > `step` when they form the end of the
-  table and every line is whole; None otherwise."""
-  offset = 0
-  first_after = None
-  for i, line in enumerate(lines):
-    if i > 0:
-      if not line.endswith("\n"):
-        return None
-      after = int(line.split(",", 1)[0]) > step
-      if after and first_after is None:
-        first_after = (offset, i)
-      elif not after and first_after is not None:
-        return None
-    offset += len(line.encode())
-  if first_after is None:
-    return offset, 0
-  return first_after[0], len(lines) - first_after[1]
-
-
-def _fmt(value: float) -> str:
-  if math.isnan(value):
-    return "nan"
-  return repr(float(value))
-
-
-def read_table(path: str) -> list[dict]:
-  """Reads a `step,seed,name,value` CSV into a list of dicts (values as float)."""
-  with open(path, newline="") as f:
-    return [{"step": int(r["step"]), "seed": int(r["seed"]), "name": r["name"],
-             "value": float(r["value"])} for r in csv.DictReader(f)]
+# The `step,seed,name,value` table lives in `long_csv`; these names are kept for callers.
+MetricsTable = long_csv.LongCsv
+read_table = long_csv.read_table
 
 
 class SummaryWriter:

@@ -47,6 +47,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from sg_jax import fileio
+
 EXIT_PREEMPTED = 75  # same as sg_jax.train.EXIT_PREEMPTED (not imported: keeps start-up light)
 SWEEP_FILE = "sweep.json"
 
@@ -167,11 +169,7 @@ class SweepIndex:
       self._write_locked()
 
   def _write_locked(self) -> None:
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(self.data, f, indent=1, sort_keys=False)
-      f.write("\n")
-    os.replace(tmp, self.path)
+    fileio.write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
 
 
 class Runner:

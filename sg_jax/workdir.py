@@ -21,6 +21,7 @@ import ml_collections
 
 from sg_jax import checkpointing
 from sg_jax import configlib
+from sg_jax import fileio
 
 log = logging.getLogger("sg_jax")
 EXIT_PREEMPTED = 75  # exit code after a SIGTERM/SIGINT-triggered checkpoint (EX_TEMPFAIL)
@@ -142,14 +143,8 @@ def check_writable(workdir: str) -> None:
     raise checkpointing.WorkdirError(f"workdir {workdir} is not writable: {e}") from e
 
 
-def write_json_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` so that a reader sees the old file or the whole new one."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+# config.json and vocab.json: a reader sees the old file or the whole new one.
+write_json_atomic = fileio.write_atomic
 
 
 class StopNow(BaseException):

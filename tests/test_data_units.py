@@ -299,6 +299,9 @@ def test_write_error_names_the_file_being_written(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
       return self.f.write(text)
 
+    def __getattr__(self, name):  # flush, fileno: the real file's
+      return getattr(self.f, name)
+
   def fdopen(fd, *args, **kwargs):
     calls.append(fd)
     return FullDisk(real_fdopen(fd, *args, **kwargs))

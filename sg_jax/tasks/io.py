@@ -21,10 +21,10 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 import urllib.request
 from typing import Iterable, Mapping, Optional, Sequence
 
+from sg_jax import fileio
 from sg_jax.tasks import trees
 from sg_jax.tasks.base import DataError, Example
 
@@ -191,40 +191,9 @@ def write_mccoy_file(path: os.PathLike | str, examples: Sequence[Example], *,
   return write_text_atomic(path, "".join(out))
 
 
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
-def write_text_atomic(path: os.PathLike | str, text: str) -> pathlib.Path:
-  """Writes `text` to `path` through a temporary file in the same folder and a rename.
-
-  Raises:
-    OSError: the folder or file cannot be written (e.g. the disk is full); the message names
-      `path` and the cause, and no temporary file is left behind. Same subclass and errno as
-      the underlying error.
-  """
-  path = pathlib.Path(path)
-  tmp = None
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
-  except BaseException as err:
-    if tmp is not None and os.path.exists(tmp):
-      os.unlink(tmp)
-    if isinstance(err, OSError):
-      # The bare error of a failed write (e.g. "[Errno 28] No space left on device") does not
-      # say which file; name it.
-      if err.errno is None:
-        raise type(err)(f"cannot write {path}: {err}") from err
-      raise type(err)(err.errno, f"cannot write {path}: {err.strerror or err}") from err
-    raise
-  return path
+# Data files and the hash record: a reader sees the old file or the whole new one (the
+# `pathlib.Path` written is returned).
+write_text_atomic = fileio.write_atomic
 
 
 def read_dyck_file(path: os.PathLike | str, *, num_types: Optional[int] = None,
@@ -318,21 +287,20 @@ def download_released(data_dir: os.PathLike | str, names: Iterable[str] = RELEAS
       out[name] = dest
       continue
     url = base_url + name
-    fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=name + ".", suffix=".part")
     try:
-      with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout_s) as resp:
+      # A failed download or a hash mismatch leaves `dest` as it was and no partial file.
+      with fileio.open_atomic(dest, binary=True) as f, \
+          urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        hasher = hashlib.sha256()
         for chunk in iter(lambda: resp.read(1 << 20), b""):
           f.write(chunk)
-      digest = sha256_of(tmp)
-      if expected is not None and digest != expected:
-        raise DataError(dest, None, f"SHA-256 mismatch for {url}: got {digest}, "
-                        f"expected {expected}")
-      os.replace(tmp, dest)
+          hasher.update(chunk)
+        digest = hasher.hexdigest()
+        if expected is not None and digest != expected:
+          raise DataError(dest, None, f"SHA-256 mismatch for {url}: got {digest}, "
+                          f"expected {expected}")
     except OSError as err:
       raise DataError(dest, None, f"download of {url} failed: {err}") from err
-    finally:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
     if expected is None:
       recorded[name] = digest
       write_text_atomic(record_path, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
