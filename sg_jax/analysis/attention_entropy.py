@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
-from sg_jax.model import ModelConfig, MultiHeadAttention, TransformerLM, causal_mask
+from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
+from sg_jax.model import ModelConfig, TransformerLM, causal_mask
 
 Array = jax.Array
 PyTree = Any
@@ -95,8 +96,8 @@ def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths
   valid_BxL = _query_mask(lengths_B, length)
   per_layer = []
   for layer in range(config.num_layers):
-    _, weights_BxHxLxL = MultiHeadAttention(config).apply(
-        {"params": params[f"layer_{layer}"]["attention"]}, hidden0_BxLxD, mask, True)
+    weights_BxHxLxL = attention_probabilities(
+        config, params[f"layer_{layer}"]["attention"], hidden0_BxLxD, mask)
     ent_BxL = entropy(jnp.mean(weights_BxHxLxL.astype(jnp.float32), axis=1))
     per_layer.append(jnp.sum(jnp.where(valid_BxL, ent_BxL, 0.0), axis=-1))
   return jnp.mean(jnp.stack(per_layer), axis=0)
@@ -121,8 +122,8 @@ def attention_entropy_stats(params: PyTree, tokens_BxL: Array, lengths_B: Array,
       'head_entropy_sum' [layers, heads] nats, 'head_entropy_count' scalar (query positions),
       'reference_entropy_sum' scalar (sum over sentences), 'num_sentences' scalar.
   """
-  _, internals = TransformerLM(config).apply(
-      {"params": params}, tokens_BxL, deterministic=True, return_internals=True)
+  _, internals = apply_with_intermediates(
+      TransformerLM(config), params, tokens_BxL, deterministic=True)
   sums, count = head_entropy_sums(internals["attention"], lengths_B)
   ref_B = reference_entropy_per_sentence(params, internals["hidden"][0], lengths_B, config=config)
   return {
@@ -167,18 +168,18 @@ def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_
   seg = jnp.asarray(segments_PxR)
   # a word sees its own sequence and the row's SOS (the model adds the causal mask).
   mask_PxRxR = (seg[:, :, None] == seg[:, None, :]) | (jnp.arange(seg.shape[1]) == 0)[None, None]
-  _, internals = TransformerLM(config).apply(
-      {"params": params}, tokens_PxR, deterministic=True, attention_mask=mask_PxRxR,
-      positions_BxL=positions_PxR, return_internals=True)
+  _, internals = apply_with_intermediates(
+      TransformerLM(config), params, tokens_PxR, deterministic=True, attention_mask=mask_PxRxR,
+      positions_BxL=positions_PxR)
   word_PxR = seg >= 0
   ent_NxPxHxR = entropy(internals["attention"].astype(jnp.float32))
   sums = jnp.sum(jnp.where(word_PxR[None, :, None, :], ent_NxPxHxR, 0.0), axis=(1, 3))
   lines = jnp.asarray(num_lines, jnp.float32)
   per_layer = []
   for layer in range(config.num_layers):  # the released variant: every layer on the embeddings
-    _, weights_PxHxRxR = MultiHeadAttention(config).apply(
-        {"params": params[f"layer_{layer}"]["attention"]}, internals["hidden"][0],
-        mask_PxRxR[:, None] & causal_mask(seg.shape[1])[None, None], True)
+    weights_PxHxRxR = attention_probabilities(
+        config, params[f"layer_{layer}"]["attention"], internals["hidden"][0],
+        mask_PxRxR[:, None] & causal_mask(seg.shape[1])[None, None])
     ent_PxR = entropy(jnp.mean(weights_PxHxRxR.astype(jnp.float32), axis=1))
     per_layer.append(jnp.sum(jnp.where(word_PxR, ent_PxR, 0.0)))
   return {

@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax.analysis import parseval
+from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
 
 Array = jax.Array
@@ -94,9 +95,9 @@ def last_hidden(params: PyTree, tokens_BxL: Array, mask_BxLxL: Array | None, *,
   `positions_BxL` (int32 [B, L]) gives each token's position for the position table (default
   0..L-1).
   """
-  _, internals = TransformerLM(config).apply(
-      {"params": params}, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
-      positions_BxL=positions_BxL, return_internals=True)
+  _, internals = apply_with_intermediates(
+      TransformerLM(config), params, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
+      positions_BxL=positions_BxL)
   return internals["hidden"][-1].astype(jnp.float32)
 
 
