@@ -1,0 +1,135 @@
+"""Where a run's checkpoints live and what each holds; the errors of checkpoint operations.
+
+`WORKDIR/checkpoints/<step>/{state,meta}`: `state` holds the stacked per-seed `TrainState` (every
+array with a leading seed axis `[seed, ...]`), `meta` (JSON) the resolved config, the vocabulary
+and the seed ids (`make_meta`). Written by `checkpointing.writer`, read by
+`checkpointing.reader`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint directory is missing, unreadable or inconsistent."""
+
+
+class CheckpointMismatch(CheckpointError):
+  """A checkpoint holds arrays of other shapes or another structure than the config gives: it was
+  written with another config (model, seeds, vocabulary), which is not corruption."""
+
+
+class WorkdirError(RuntimeError):
+  """The workdir cannot be written (unwritable, disk full); earlier results are intact."""
+
+
+class CheckpointWriteError(WorkdirError):
+  """Writing one checkpoint failed (e.g. disk full).
+
+  Attributes:
+    step: the step whose checkpoint failed.
+    path: the step's checkpoint folder.
+    cause: one line on why (e.g. 'No space left on device [errno 28]').
+  """
+
+  def __init__(self, step: int, path: str, cause: str):
+    super().__init__(f"cannot write checkpoint step {step} to {path}: {cause}")
+    self.step, self.path, self.cause = int(step), path, cause
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """Drops the 'Event loop is closed' RuntimeErrors of tensorstore callbacks.
+
+  When an orbax read or write fails, tensorstore still completes its other pending operations and
+  their done-callbacks try to wake the asyncio loop orbax ran them on, which is closed by then;
+  each such callback prints a traceback through `sys.unraisablehook`. The failure itself is
+  raised and reported by the caller, so these (one per array) carry no information. Any other
+  unraisable exception is passed to the previous hook.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_sg_jax_quiet", False):
+    return
+
+  def hook(unraisable):
+    if (isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    previous(unraisable)
+
+  hook._sg_jax_quiet = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
+def checkpoint_dir(workdir: str) -> str:
+  """Absolute path of the checkpoint folder of `workdir` (orbax needs absolute paths)."""
+  return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+
+
+def make_manager(workdir: str, *, max_to_keep: int = 0, create: bool = True,
+                 asynchronous: bool = True, cleanup_tmp: bool = False) -> ocp.CheckpointManager:
+  """CheckpointManager for `workdir` (max_to_keep 0 = keep all); close it after use.
+
+  `cleanup_tmp` removes the temporary folders of saves that never finished (a process killed
+  while writing): only for the run that writes the workdir, never for a reader such as the
+  analysis, which could otherwise delete a save in progress.
+  """
+  _quiet_closed_loop_callbacks()
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep or None, create=create,
+      enable_async_checkpointing=asynchronous, cleanup_tmp_directories=cleanup_tmp)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                               item_names=("state", "meta"))
+
+
+def make_meta(config: ml_collections.ConfigDict, vocab_json: str, seeds: list[int]) -> dict:
+  """The JSON metadata stored beside every checkpoint."""
+  return {"config": json.loads(config.to_json()), "vocab": json.loads(vocab_json),
+          "seeds": [int(s) for s in seeds]}
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The JSON metadata (config, vocab, seeds) stored with checkpoint `step`."""
+  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
+def error_cause(e: BaseException) -> str:
+  """One line on why an orbax/tensorstore/OS operation failed.
+
+  tensorstore wraps the OS error in a long message naming every layer (e.g. '...Failed to write
+  69478 bytes to file 4: No space left on device [os_error_code='28']'); the OS error is kept.
+  """
+  if isinstance(e, OSError) and e.strerror:
+    return f"{e.strerror} [errno {e.errno}]"
+  text = " ".join(str(e).split()) or type(e).__name__
+  match = re.search(r"([^:]+)\[os_error_code='?(\d+)'?\]", text)
+  if match:
+    return f"{match.group(1).strip()} [errno {match.group(2)}]"
+  return text if len(text) <= 300 else text[:297] + "..."
+
+
+def temporary_folders(workdir: str) -> list[str]:
+  """Folders of checkpoint saves that never finished (orbax's `*.orbax-checkpoint-tmp*`)."""
+  return sorted(glob.glob(os.path.join(checkpoint_dir(workdir), "*.orbax-checkpoint-tmp*")))
+
+
+def all_steps(workdir: str) -> list[int]:
+  """Sorted steps with a committed checkpoint (empty if there is none)."""
+  if not os.path.isdir(checkpoint_dir(workdir)):
+    return []
+  mngr = make_manager(workdir, create=False, asynchronous=False)
+  try:
+    return sorted(int(s) for s in mngr.all_steps())
+  finally:
+    mngr.close()
+
+
