@@ -33,6 +33,8 @@ Metric groups and the names they write:
   tparseval          tparseval_f1, tparseval_precision, tparseval_recall (same sentences; needs
                      gold trees)
 The reference computes these on 10k training sentences every 3k steps (`--num_sentences=10000`).
+The groups are those of `sg_jax.analysis.registry`: a quantity registered there is computed and
+written like these (docs/analysis.md, "Adding a quantity").
 """
 
 from __future__ import annotations
@@ -52,25 +54,22 @@ from absl import flags
 from absl import logging
 
 from sg_jax import checkpointing
+from sg_jax import long_csv
 from sg_jax import metric_logging
-from sg_jax.analysis import pipeline, weight_norm
+from sg_jax.analysis import pipeline, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
 from sg_jax.model import ModelConfig
 
-GROUPS = ("weight_norm", "attention_entropy", "tscore", "tparseval")
-# a (step, seed) is done for a group when this name is in the output file.
-_MARKER = {"weight_norm": "weight_norm", "attention_entropy": "attention_sparsity_paper",
-           "tscore": "tscore", "tparseval": "tparseval_f1"}
 HEADER = ("step", "seed", "name", "value")
 # options files written before an option existed used these values.
-_LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line"}
+LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line"}
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_string("steps", "all", "'all' or comma-separated checkpoint steps.")
 _SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated seed ids.")
-_METRICS = flags.DEFINE_string("metrics", ",".join(GROUPS),
-                               f"Comma-separated metric groups out of {GROUPS}.")
+_METRICS = flags.DEFINE_string("metrics", ",".join(registry.group_names()),
+                               f"Comma-separated metric groups out of {registry.group_names()}.")
 _NUM_SENTENCES = flags.DEFINE_integer(
     "num_sentences", 1000, "Lines to analyse: the first N of the sentence set (reference: 10000).")
 _SPLIT = flags.DEFINE_string("split", "train", "Data split the sentences come from.")
@@ -107,35 +106,20 @@ def parse_list(text: str, what: str) -> list[int] | None:
 
 
 def parse_metrics(text: str) -> list[str]:
+  """'tscore,tparseval' -> ['tscore', 'tparseval']. Raises ValueError for an unknown group."""
   groups = [m.strip() for m in text.split(",") if m.strip()]
-  unknown = [m for m in groups if m not in GROUPS]
+  known = registry.group_names()
+  unknown = [m for m in groups if m not in known]
   if unknown or not groups:
-    raise ValueError(f"unknown metric group(s) {unknown} in --metrics; choose from {GROUPS}")
+    raise ValueError(f"unknown metric group(s) {unknown} in --metrics; choose from {known}")
   return groups
-
-
-def read_done(path: str) -> set[tuple[int, int, str]]:
-  """(step, seed, name) triples already in the CSV (malformed lines, e.g. crash-cut, skipped)."""
-  done = set()
-  if not os.path.exists(path):
-    return done
-  with open(path, newline="") as f:
-    for row in csv.reader(f):
-      if len(row) != 4 or row[0] == "step":
-        continue
-      try:
-        float(row[3])
-        done.add((int(row[0]), int(row[1]), row[2]))
-      except ValueError:
-        continue
-  return done
 
 
 def check_options(path: str, options: dict) -> None:
   """Records the value-changing options beside the CSV; refuses different ones.
 
   An options file that predates an option is read with the value used before the option existed
-  (`_LEGACY_OPTIONS`). Other entries of the file (e.g. `sentences_used`) are kept.
+  (`LEGACY_OPTIONS`). Other entries of the file (e.g. `sentences_used`) are kept.
 
   Raises:
     ValueError: the CSV was written with other options.
@@ -145,7 +129,7 @@ def check_options(path: str, options: dict) -> None:
   if os.path.exists(opt_path):
     with open(opt_path) as f:
       old = json.load(f)
-    was = lambda k: old.get(k, _LEGACY_OPTIONS.get(k))
+    was = lambda k: old.get(k, LEGACY_OPTIONS.get(k))
     diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
     if diff:
       raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
@@ -165,8 +149,8 @@ def record_sentences(path: str, data: dict) -> None:
   opt_path = path + ".options.json"
   with open(opt_path) as f:
     options = json.load(f)
-  options["sentences_used"] = {"attention_entropy": len(data["entropy"]),
-                               "tree_projection": len(data["declarative"]),
+  options["sentences_used"] = {**{key: len(data[kind])
+                                  for kind, key in registry.SENTENCE_INPUTS.items()},
                                "label": data["label"]}
   with open(opt_path, "w") as f:
     json.dump(options, f, indent=1)
@@ -199,6 +183,7 @@ class CsvAppender:
     self._f.close()
 
 
+
 def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab, *,
                    sentence_set: str = "transformed",
                    entropy_input: str = "declarative") -> dict[str, Any]:
@@ -215,9 +200,10 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     entropy_input: `pipeline.ENTROPY_INPUTS` ('declarative' or 'line').
 
   Returns:
-    dict with 'entropy' (word ids of the entropy inputs, without SOS), 'declarative' (word ids of
-    the non-empty declarative parts), 'trees' (their gold trees, or None when not needed) and
-    'label' (which lines, e.g. "`quest` lines of train").
+    dict with the `registry.Inputs` fields 'entropy_inputs' (word ids of the entropy inputs,
+    without SOS), 'declaratives' (word ids of the non-empty declarative parts) and 'gold_trees'
+    (their gold trees, or None when not needed), and 'label' (which lines, e.g. "`quest` lines
+    of train").
 
   Raises:
     ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
@@ -246,8 +232,10 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     except ValueError as e:
       raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
                        f"has none ({e})") from None
-  return {"entropy": [vocab.encode(w) for w in pipeline.entropy_inputs(selected, entropy_input)],
-          "declarative": [vocab.encode(w) for w in decl_words], "trees": gold, "label": label}
+  return {"entropy_inputs": [vocab.encode(w)
+                             for w in pipeline.entropy_inputs(selected, entropy_input)],
+          "declaratives": [vocab.encode(w) for w in decl_words], "gold_trees": gold,
+          "label": label}
 
 
 def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[int]:
@@ -259,8 +247,58 @@ def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[i
   return wanted
 
 
+def _check_groups(groups: Sequence[str] | None) -> list[registry.Group]:
+  """The registered groups named by `groups` (None: all), in registry order."""
+  known = {g.name: g for q in registry.quantities() for g in q.groups}
+  if groups is None:
+    return list(known.values())
+  unknown = [g for g in groups if g not in known]
+  if unknown or not groups:
+    raise ValueError(f"unknown metric group(s) {unknown}; choose from {list(known)}")
+  return [known[g] for g in groups]
+
+
+# Inputs read from the sentence set (loaded once, with the first checkpoint analysed).
+_SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees"}
+
+
+def _reads(groups: Sequence[registry.Group]) -> set[str]:
+  return {i for g in groups for i in g.inputs}
+
+
+def _compute_rows(step: int, chosen: list[int], pending: dict[str, list[int]], params_of,
+                  data: dict | None, meta: dict, *, config: ModelConfig, sos_id: int,
+                  options: registry.Options) -> list[tuple[int, int, str, float]]:
+  """The rows of every registered quantity with a pending group at `step`, in registry order:
+  per quantity, per seed, its columns in the order `compute` returns them."""
+  rows = []
+  for quantity in registry.quantities():
+    wanted = [g for g in quantity.groups if pending.get(g.name)]
+    if not wanted:
+      continue
+    ids = sorted({s for g in wanted for s in pending[g.name]}, key=chosen.index)
+    reads = {i for g in wanted for i in g.inputs}
+    sentences = {k: (data or {}).get(k) for k in ("entropy_inputs", "declaratives", "gold_trees")
+                 if k in reads}
+    inputs = registry.Inputs(
+        params=params_of(ids), seeds=tuple(ids), groups=frozenset(g.name for g in wanted),
+        config=config, sos_id=sos_id, options=options,
+        meta=meta if "meta" in reads else {}, **sentences)
+    columns = quantity.compute(inputs)
+    todo = {}
+    for column, values in columns.items():
+      if len(values) != len(ids):
+        raise ValueError(f"quantity {quantity.name!r} returned {len(values)} values of "
+                         f"{column!r} for {len(ids)} seeds")
+      todo[column] = set(pending.get(quantity.group_of(column).name, ()))
+    for n, s in enumerate(ids):
+      rows += [(step, s, column, values[n]) for column, values in columns.items()
+               if s in todo[column] and values[n] is not None]
+  return rows
+
+
 def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | None = None,
-            groups: Sequence[str] = GROUPS, num_sentences: int = 1000, split: str = "train",
+            groups: Sequence[str] | None = None, num_sentences: int = 1000, split: str = "train",
             sentence_set: str = "transformed", entropy_input: str = "declarative",
             output: str = "analysis.csv", method: str = "greedy",
             normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
@@ -268,8 +306,10 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             strict_groups: bool = False) -> dict[str, int]:
   """Computes the missing metrics of every selected checkpoint and seed (see module docstring).
 
-  Args: as the command-line flags; `strict_groups` makes a group the task cannot compute
-  (tparseval on dyck) an error instead of a warning (the CLI sets it when --metrics is given).
+  Args: as the command-line flags; `groups` names metric groups of `registry.group_names()`
+  (None: every registered group); `strict_groups` makes a group the task cannot compute
+  (tparseval on dyck: no gold trees) an error instead of a warning (the CLI sets it when
+  --metrics is given).
 
   Returns:
     {'rows_written': n, 'checkpoints_analysed': m}.
@@ -277,13 +317,15 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   Raises:
     checkpointing.CheckpointError: no checkpoints, a requested step is missing, or a checkpoint
       is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
-    ValueError: bad options, unknown seeds, missing gold trees, options differing from the file.
+    ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
+      from the file.
   """
   from sg_jax import tasks  # pylint: disable=import-outside-toplevel
   from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
 
   if num_sentences < 1:
     raise ValueError(f"--num_sentences must be >= 1, got {num_sentences}")
+  requested = _check_groups(groups)
   available = checkpointing.all_steps(workdir)
   if not available:
     raise checkpointing.CheckpointError(
@@ -294,7 +336,6 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
       raise checkpointing.CheckpointError(
           f"no checkpoint for steps {missing} in {workdir}; available: {available}")
   todo_steps = sorted(available if steps is None else steps)
-  groups = list(groups)
   path = os.path.join(workdir, output)
   if sentence_set not in SENTENCE_SETS or entropy_input not in ENTROPY_INPUTS:
     raise ValueError(f"sentence_set must be one of {SENTENCE_SETS} and entropy_input one of "
@@ -302,7 +343,10 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   check_options(path, {"split": split, "sentence_set": sentence_set,
                        "entropy_input": entropy_input, "num_sentences": num_sentences,
                        "method": method, "normalisation": normalisation, "rng_seed": rng_seed})
-  done = read_done(path)
+  options = registry.Options(method=method, normalisation=normalisation, rng_seed=rng_seed,
+                             batch_size=batch_size, entropy_batch_size=entropy_batch_size,
+                             seeds_per_call=seeds_per_call or None)
+  done = long_csv.read_keys(path)
   writer = CsvAppender(path)
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   data = None
@@ -320,7 +364,8 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         unreadable.append((step, f"unreadable metadata: {checkpointing.error_cause(e)}"))
         continue
       chosen = _select_seeds(run_seeds, seeds)
-      pending = {g: [s for s in chosen if (step, s, _MARKER[g]) not in done] for g in groups}
+      pending = {g.name: [s for s in chosen if (step, s, g.marker) not in done]
+                 for g in requested}
       if not any(pending.values()):
         continue
       try:
@@ -331,20 +376,23 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         continue
       vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
       config = restored.config
-      if data is None and set(groups) - {"weight_norm"}:
-        if "tparseval" in groups and not tasks.task_class(config.task).has_gold_trees:
-          if not strict_groups:
-            log.warning("%s has no gold trees: skipping tparseval", config.task)
-            groups = [g for g in groups if g != "tparseval"]
-            pending.pop("tparseval", None)
-          else:
-            raise ValueError(f"tparseval needs gold trees; the {config.task} task has none")
-        data = load_sentences(config, workdir, split, num_sentences, "tparseval" in groups, vocab,
+      if data is None and _reads(requested) & _SENTENCE_READS:
+        treeless = [g for g in requested if "gold_trees" in g.inputs]
+        if treeless and not tasks.task_class(config.task).has_gold_trees:
+          if strict_groups:
+            raise ValueError(f"{treeless[0].name} needs gold trees; the {config.task} task has "
+                             "none")
+          for g in treeless:
+            log.warning("%s has no gold trees: skipping %s", config.task, g.name)
+            pending.pop(g.name, None)
+          requested = [g for g in requested if g not in treeless]
+        data = load_sentences(config, workdir, split, num_sentences,
+                              "gold_trees" in _reads(requested), vocab,
                               sentence_set=sentence_set, entropy_input=entropy_input)
-        if not data["declarative"] and ({"tscore", "tparseval"} & set(groups)):
+        if not data["declaratives"] and "declaratives" in _reads(requested):
           raise ValueError(f"no sentence of {split} has a declarative part")
         record_sentences(path, data)
-      longest = max((len(s) for s in data["entropy"]), default=0) + 1 if data else 0
+      longest = max((len(s) for s in data["entropy_inputs"]), default=0) + 1 if data else 0
       model_config = ModelConfig.from_config(config.model, vocab.size,
                                              max_len=max(512, longest))
       params_all = restored.state["params"]
@@ -355,48 +403,14 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         return jax.tree_util.tree_map(lambda x: np.asarray(x)[idx], params_all)
 
       t0 = time.time()
-      rows = []
-      if pending.get("weight_norm"):
-        ids = pending["weight_norm"]
-        norms = np.asarray(weight_norm.weight_norm_over_seeds(params_of(ids)))
-        decoder = meta.get(weight_norm.DECODER_NORM_META_KEY, {})  # converted checkpoints only
-        for s, v in zip(ids, norms):
-          rows += [(step, s, "weight_norm", v),
-                   (step, s, "weight_norm_per_layer", v / model_config.num_layers)]
-          if str(s) in decoder:
-            rows.append((step, s, "weight_norm_released",
-                         weight_norm.released_weight_norm(v, decoder[str(s)])))
-      if pending.get("attention_entropy"):
-        ids = pending["attention_entropy"]
-        ent = pipeline.attention_entropy_metrics(
-            params_of(ids), data["entropy"], config=model_config, sos_id=vocab.sos_id,
-            batch_size=entropy_batch_size, seeds_per_call=seeds_per_call or None)
-        for n, s in enumerate(ids):
-          rows += [(step, s, "attention_sparsity_paper", ent["paper_sparsity"][n]),
-                   (step, s, "attention_entropy_reference", ent["reference_entropy"][n]),
-                   (step, s, "attention_entropy_mean", float(np.mean(ent["head_entropy"][n])))]
-          for layer, heads in enumerate(ent["head_entropy"][n]):
-            rows += [(step, s, f"attention_entropy_l{layer}_h{h}", v) for h, v in enumerate(heads)]
-      tree_ids = sorted(set(pending.get("tscore", [])) | set(pending.get("tparseval", [])),
-                        key=chosen.index)
-      if tree_ids:
-        out = pipeline.tree_projection_metrics(
-            params_of(tree_ids), data["declarative"], config=model_config, sos_id=vocab.sos_id,
-            key=jax.random.PRNGKey(rng_seed), gold_trees=data["trees"], batch_size=batch_size,
-            method=method, normalisation=normalisation,
-            seeds_per_call=seeds_per_call or None)
-        for n, s in enumerate(tree_ids):
-          if s in pending.get("tscore", []):
-            rows.append((step, s, "tscore", out["tscore"][n]))
-          if s in pending.get("tparseval", []):
-            rows += [(step, s, f"tparseval_{k}", out[f"tparseval_{k}"][n])
-                     for k in ("f1", "precision", "recall")]
+      rows = _compute_rows(step, chosen, pending, params_of, data, meta, config=model_config,
+                           sos_id=vocab.sos_id, options=options)
       writer.write(rows)
       done.update((r[0], r[1], r[2]) for r in rows)
       rows_written += len(rows)
       analysed += 1
-      summary = {r[2]: round(float(r[3]), 4) for r in rows
-                 if r[2] in ("weight_norm", "attention_sparsity_paper", "tscore", "tparseval_f1")}
+      markers = {g.marker for g in requested}
+      summary = {r[2]: round(float(r[3]), 4) for r in rows if r[2] in markers}
       log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
                len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
   finally:

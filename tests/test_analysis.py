@@ -262,12 +262,14 @@ def test_packed_entropy_equals_padded_entropy():
   sentences = [list(rng.integers(1, VOCAB - 2, size=n)) for n in rng.integers(1, 15, size=40)]
   params_s = _stack(_params(0), _params(1))
   common = dict(config=CFG, sos_id=SOS, batch_size=8)
-  padded = pipeline.attention_entropy_metrics(params_s, sentences, layout="padded", **common)
-  packed = pipeline.attention_entropy_metrics(params_s, sentences, layout="packed", **common)
+  padded = attention_entropy.attention_entropy_metrics(params_s, sentences, layout="padded",
+                                                       **common)
+  packed = attention_entropy.attention_entropy_metrics(params_s, sentences, layout="packed",
+                                                       **common)
   for k in padded:
     np.testing.assert_allclose(packed[k], padded[k], rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="layout"):
-    pipeline.attention_entropy_metrics(params_s, sentences, layout="bogus", **common)
+    attention_entropy.attention_entropy_metrics(params_s, sentences, layout="bogus", **common)
 
 
 def test_packed_and_masked_pipelines_agree():
@@ -276,14 +278,14 @@ def test_packed_and_masked_pipelines_agree():
   common = dict(config=CFG, sos_id=SOS, key=jax.random.PRNGKey(1), gold_trees=gold,
                 batch_size=2, details=True)
   params_s = _stack(_params(0), _params(1))
-  packed = pipeline.tree_projection_metrics(params_s, sentences, layout="packed", **common)
-  masked = pipeline.tree_projection_metrics(params_s, sentences, layout="masked", **common)
+  packed = tree_projection.tree_projection_metrics(params_s, sentences, layout="packed", **common)
+  masked = tree_projection.tree_projection_metrics(params_s, sentences, layout="masked", **common)
   for k in ("tscore", "tparseval_f1", "tscore_per_sentence"):
     np.testing.assert_allclose(packed[k], masked[k], rtol=1e-5, atol=1e-6)
   for a, b in zip(packed["charts"], masked["charts"]):
     np.testing.assert_allclose(a, b, atol=1e-5)
   with pytest.raises(ValueError, match="layout"):
-    pipeline.tree_projection_metrics(params_s, sentences, layout="bogus", **common)
+    tree_projection.tree_projection_metrics(params_s, sentences, layout="bogus", **common)
 
 
 # ------------------------------------------------------------------------------ projected trees
@@ -417,10 +419,11 @@ def test_pipeline_over_seeds_matches_per_sentence_computation():
   params_s = _stack(_params(0), _params(1))
   key = jax.random.PRNGKey(0)
   common = dict(config=CFG, sos_id=SOS, key=key, gold_trees=gold)
-  out = pipeline.tree_projection_metrics(params_s, sentences, batch_size=2, details=True, **common)
+  out = tree_projection.tree_projection_metrics(params_s, sentences, batch_size=2, details=True,
+                                                **common)
   # random-split draws depend on the sentence, not on batching or seed chunking.
-  out3 = pipeline.tree_projection_metrics(params_s, sentences, batch_size=3, seeds_per_call=1,
-                                          **common)
+  out3 = tree_projection.tree_projection_metrics(params_s, sentences, batch_size=3,
+                                                 seeds_per_call=1, **common)
   for k in ("tscore", "tparseval_f1", "tparseval_precision", "tparseval_recall"):
     assert out[k].shape == (2,)
     np.testing.assert_allclose(out[k], out3[k], rtol=1e-5)
@@ -444,7 +447,7 @@ def test_pipeline_over_seeds_matches_per_sentence_computation():
     np.testing.assert_allclose(out["tparseval_f1"][seed], ref["f1"], rtol=1e-6)
     np.testing.assert_allclose(out["tparseval_recall"][seed], ref["recall"], rtol=1e-6)
 
-  ent = pipeline.attention_entropy_metrics(params_s, sentences, config=CFG, sos_id=SOS,
+  ent = attention_entropy.attention_entropy_metrics(params_s, sentences, config=CFG, sos_id=SOS,
                                            batch_size=2)
   assert ent["head_entropy"].shape == (2, 2, 4) and ent["paper_sparsity"].shape == (2,)
 

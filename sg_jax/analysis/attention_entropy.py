@@ -23,27 +23,31 @@ passes SOS + whole LM lines instead (`pipeline.ENTROPY_INPUTS`). The choice matt
 as their declarative part, and the sum grows faster than the length (about 3x on the same lines).
 
 Layouts. `attention_entropy_stats` takes a padded batch (one sequence per row). The packed one,
-`packed_attention_entropy_stats` (what `pipeline` uses), takes rows that each start with ONE SOS
-followed by the words of several sequences (`tree_projection.pack_segments`), every word seeing
-its own sequence and the row's SOS: since SOS sees only itself, every attention distribution of
-a word is the one of its unpacked sequence, and each sequence's own SOS query (entropy 0) is
-counted without being computed. Same values, fewer tokens (no per-sequence SOS, no padding to the
-longest line of a batch) and one shape for a whole sentence set.
+`packed_attention_entropy_stats` (what `attention_entropy_metrics` uses), takes rows that each
+start with ONE SOS followed by the words of several sequences (`packing.pack_segments`), every
+word seeing its own sequence and the row's SOS: since SOS sees only itself, every attention
+distribution of a word is the one of its unpacked sequence, and each sequence's own SOS query
+(entropy 0) is counted without being computed. Same values, fewer tokens (no per-sequence SOS, no
+padding to the longest line of a batch) and one shape for a whole sentence set.
 
-All functions are written for one seed; the `*_over_seeds` versions add the seed axis.
-Batch functions return *sums and counts* so that several batches can be combined exactly with
-`combine_stats` and then turned into means with `finalize_stats`.
+All functions are written for one seed; the `*_over_seeds` versions add the seed axis
+(`registry.over_seeds`). Batch functions return *sums and counts* so that several batches can be
+combined exactly with `combine_stats` and then turned into means with `finalize_stats`;
+`attention_entropy_metrics` does so over a whole set of inputs for every seed. The module
+registers the `attention_entropy` metric group of `sg_jax.analyze`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
+import numpy as np
 
+from sg_jax.analysis import pipeline, registry
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
 from sg_jax.model import ModelConfig, TransformerLM, causal_mask
 
@@ -134,15 +138,8 @@ def attention_entropy_stats(params: PyTree, tokens_BxL: Array, lengths_B: Array,
   }
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def attention_entropy_stats_over_seeds(params_S: PyTree, tokens_BxL: Array, lengths_B: Array, *,
-                                       config: ModelConfig) -> dict[str, Array]:
-  """`attention_entropy_stats` vmapped over seeds: params [seed, ...] -> every value [seed, ...].
-
-  Jitted (config static). The batch is shared by all seeds.
-  """
-  fn = functools.partial(attention_entropy_stats, config=config)
-  return jax.vmap(fn, in_axes=(0, None, None))(params_S, tokens_BxL, lengths_B)
+# params [S, ...] -> every value with a leading [S] axis; the batch is shared by all seeds.
+attention_entropy_stats_over_seeds = registry.over_seeds(attention_entropy_stats)
 
 
 def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_PxR: Array,
@@ -190,22 +187,13 @@ def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_
   }
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def packed_attention_entropy_stats_over_seeds(params_S: PyTree, tokens_PxR: Array,
-                                              positions_PxR: Array, segments_PxR: Array,
-                                              num_lines: Array, *,
-                                              config: ModelConfig) -> dict[str, Array]:
-  """`packed_attention_entropy_stats` vmapped over seeds (jitted): every value gains [seed]."""
-  fn = functools.partial(packed_attention_entropy_stats, config=config)
-  return jax.vmap(fn, in_axes=(0, None, None, None, None))(
-      params_S, tokens_PxR, positions_PxR, segments_PxR, num_lines)
+# params [S, ...] -> every value with a leading [S] axis.
+packed_attention_entropy_stats_over_seeds = registry.over_seeds(packed_attention_entropy_stats)
 
 
 def combine_stats(a: dict[str, Array] | None, b: dict[str, Array]) -> dict[str, Array]:
   """Adds two stats dicts entry by entry (`a=None` returns `b`)."""
-  if a is None:
-    return b
-  return jax.tree_util.tree_map(lambda x, y: x + y, a, b)
+  return registry.accumulate(a, b)
 
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
@@ -222,3 +210,96 @@ def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
       "paper_sparsity": -jnp.mean(head, axis=(-2, -1)),
       "reference_entropy": stats["reference_entropy_sum"] / stats["num_sentences"],
   }
+
+
+@functools.lru_cache(maxsize=4)
+def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int
+                  ) -> list[tuple[int, tuple]]:
+  """(inputs, device arrays) of each `pipeline.make_packed_line_batches` batch, cached: an
+  analysis of several checkpoints on the same inputs plans and transfers them once."""
+  return [(len(b.indices), (jnp.asarray(b.tokens), jnp.asarray(b.positions),
+                            jnp.asarray(b.segments), jnp.asarray(len(b.indices), jnp.int32)))
+          for b in pipeline.make_packed_line_batches(sequences, sos_id=sos_id,
+                                                     batch_size=batch_size)]
+
+
+ENTROPY_LAYOUTS = ("packed", "padded")
+
+
+def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
+                              config: ModelConfig, sos_id: int, batch_size: int = 64,
+                              seeds_per_call: int | None = None,
+                              progress: Any = None, layout: str = "packed"
+                              ) -> dict[str, np.ndarray]:
+  """Attention entropies over a set of model inputs for every seed.
+
+  Args:
+    params_S: parameters with a leading seed axis [S, ...].
+    sentences: word ids of each input without SOS (`pipeline.entropy_inputs`: the declarative
+      part, the released input, or the whole LM line); every quantity is computed on exactly
+      these inputs.
+    config: model config.
+    sos_id: SOS id.
+    batch_size: inputs per batch (on average with the packed layout).
+    seeds_per_call: process this many seeds per compiled call (None = all).
+    progress: optional callable(int) called with the number of lines finished per batch.
+    layout: 'packed' (inputs packed into rows with one SOS each,
+      `pipeline.make_packed_line_batches`; the default) or 'padded' (one input per row, sorted
+      by length, `pipeline.make_batches`); same values.
+
+  Returns:
+    numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
+    (module docstring).
+
+  Raises:
+    ValueError: an unknown layout or an empty input.
+  """
+  if layout not in ENTROPY_LAYOUTS:
+    raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
+                     f"{ENTROPY_LAYOUTS}")
+  if layout == "packed":
+    calls = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
+                          int(batch_size))
+    fn = packed_attention_entropy_stats_over_seeds
+  else:
+    calls = [(int(np.sum(b.indices >= 0)), (jnp.asarray(b.tokens), jnp.asarray(b.lengths)))
+             for b in pipeline.make_batches(sentences, sos_id=sos_id, batch_size=batch_size)]
+    fn = attention_entropy_stats_over_seeds
+  def chunk(params):
+    total = None
+    for count, arrays in calls:
+      total = combine_stats(total, fn(params, *arrays, config=config))
+      if progress is not None:
+        progress(count)
+    return finalize_stats(total)
+
+  return registry.in_seed_chunks(chunk, params_S, seeds_per_call)
+
+
+def _compute(inputs: registry.Inputs) -> dict[str, Any]:
+  """attention_sparsity_paper, attention_entropy_reference, attention_entropy_mean and
+  attention_entropy_l{layer}_h{head} [S]."""
+  ent = attention_entropy_metrics(
+      inputs.params, inputs.entropy_inputs, config=inputs.config, sos_id=inputs.sos_id,
+      batch_size=inputs.options.entropy_batch_size, seeds_per_call=inputs.options.seeds_per_call)
+  head_SxNxH = ent["head_entropy"]
+  columns = {"attention_sparsity_paper": ent["paper_sparsity"],
+             "attention_entropy_reference": ent["reference_entropy"],
+             "attention_entropy_mean": [float(np.mean(h)) for h in head_SxNxH]}
+  for layer in range(head_SxNxH.shape[1]):
+    for h in range(head_SxNxH.shape[2]):
+      columns[f"attention_entropy_l{layer}_h{h}"] = head_SxNxH[:, layer, h]
+  return columns
+
+
+registry.register_quantity(registry.Quantity(
+    name="attention_entropy",
+    groups=(registry.Group("attention_entropy", (
+        "attention_sparsity_paper", "attention_entropy_reference", "attention_entropy_mean",
+        "attention_entropy_l{layer}_h{head}"), inputs=("entropy_inputs",)),),
+    compute=_compute,
+    dynamics=(registry.Dynamic(
+        "attention_sparsity_paper", axis="attention sparsity (negative mean entropy, nats)",
+        title="Attention sparsity (paper: higher = sparser)", label="attention sparsity",
+        trajectory_row=2, trajectory_axis="sparsity (-entropy, nats)"),),
+))

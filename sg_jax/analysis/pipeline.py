@@ -1,25 +1,6 @@
-"""Drivers: run the analysis quantities over a whole set of sentences for every seed.
+"""The inputs of the analysis: which lines and words it reads, and the batches they go in.
 
-The per-batch functions in `attention_entropy` and `tree_projection` are pure, jitted and vmapped
-over seeds; this module feeds them.
-
-* Tree projections (`make_start_pass_batches`): the n shortened context-free passes of each
-  sentence (`tree_projection.pack_start_passes`: `SOS w_i .. w_{n-1}` at the original
-  positions, one SOS per row shared by its passes) are packed, first fit decreasing, into
-  batches of a fixed number of rows of a fixed length, a batch taking sentences in input order
-  while they fit (and later ones that fill its last rows). Every
-  batch of a sentence set has the same shapes, so the whole set compiles once, and about 2-3% of
-  the computed tokens are padding. `layout='masked'` runs the earlier layout instead (full-length
-  passes under a mask, `make_batches`), kept as a reference.
-* Attention entropies (`make_packed_line_batches`): the inputs `SOS + words` are packed the same
-  way, one SOS per row shared by the inputs after it (`attention_entropy`, "Layouts"), into
-  batches of one shape. `layout='padded'` runs the earlier layout (`make_batches`: inputs sorted
-  by length, cut into batches of a fixed number of rows, each padded to a length rounded up to
-  a multiple of `length_multiple`).
-Short final batches are filled with empty rows that every statistic ignores. Seeds are processed
-`seeds_per_call` at a time (all at once by default) to bound memory.
-
-Also here: which lines and which part of each line the quantities read (docs/REFERENCE.md §1):
+Which lines and which part of each line the quantities read (docs/REFERENCE.md §1):
 
 * the sentence set (`select_lines`, `SENTENCE_SETS`): 'transformed' (default) keeps only the
   transformed lines, `quest` for question formation and `PRESENT` for tense reinflection, as the
@@ -29,22 +10,33 @@ Also here: which lines and which part of each line the quantities read (docs/REF
   words (`declarative_words`: the source words before the task token, final "." removed), the
   released input of the attention entropies and the only input of tree projections; 'line' =
   SOS + the whole LM line (source + target).
+
+Batches (fed to the drivers `attention_entropy.attention_entropy_metrics` and
+`tree_projection.tree_projection_metrics`):
+
+* Tree projections (`make_start_pass_batches`): the n shortened context-free passes of each
+  sentence (`packing.pack_start_passes`: `SOS w_i .. w_{n-1}` at the original positions, one
+  SOS per row shared by its passes) are packed, first fit decreasing, into batches of a fixed
+  number of rows of a fixed length, a batch taking sentences in input order while they fit (and
+  later ones that fill its last rows). Every batch of a sentence set has the same shapes, so the
+  whole set compiles once, and about 2-3% of the computed tokens are padding. The earlier layout
+  (full-length passes under a mask, `make_batches`) is kept as a reference.
+* Attention entropies (`make_packed_line_batches`): the inputs `SOS + words` are packed the same
+  way, one SOS per row shared by the inputs after it (`attention_entropy`, "Layouts"), into
+  batches of one shape. The earlier layout (`make_batches`: inputs sorted by length, cut into
+  batches of a fixed number of rows, each padded to a length rounded up to a multiple of
+  `length_multiple`) is kept as a reference.
+Short final batches are filled with empty rows that every statistic ignores.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from sg_jax.analysis import attention_entropy, parseval, tree_projection
-from sg_jax.model import ModelConfig
-
-PyTree = Any
+from sg_jax.analysis import packing
 
 
 def declarative_words(example: Any) -> tuple[str, ...]:
@@ -170,7 +162,7 @@ def make_batches(sentences: Sequence[Sequence[int]], *, sos_id: int, batch_size:
 
 def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
                ) -> tuple[list[list[int]], int]:
-  """Groups sequences into batches of one shape for `tree_projection.pack_segments`.
+  """Groups sequences into batches of one shape for `packing.pack_segments`.
 
   Args:
     items: per sequence, the word counts of its segments.
@@ -182,7 +174,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
     (sequence indices of each batch, rows per batch).
   """
   words = np.array([int(np.sum(x)) for x in items], np.int64)
-  min_rows = tree_projection.first_fit_decreasing(items[int(np.argmax(words))],
+  min_rows = packing.first_fit_decreasing(items[int(np.argmax(words))],
                                                   words_per_row)[2]
   num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row), min_rows)
   return _fill_batches(items, words, num_rows, words_per_row), num_rows
@@ -190,7 +182,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
 
 def _fill_batches(items, words, num_rows: int, words_per_row: int) -> list[list[int]]:
   """Sequence indices of each batch of `num_rows` rows (see `_plan_rows`)."""
-  rows_of = lambda idx: tree_projection.first_fit_decreasing(
+  rows_of = lambda idx: packing.first_fit_decreasing(
       np.concatenate([items[b] for b in idx]), words_per_row)[2]
   capacity = num_rows * words_per_row
   groups, queue = [], list(range(len(items)))
@@ -219,7 +211,7 @@ class PackedLines:
 
   Attributes:
     indices: int [M] positions of the sequences in the caller's list.
-    tokens, positions, segments: int32 [P, R] rows of `tree_projection.pack_segments` (segment
+    tokens, positions, segments: int32 [P, R] rows of `packing.pack_segments` (segment
       id = row of `indices`).
   """
 
@@ -250,7 +242,7 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
   groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1)
   out = []
   for group in groups:
-    tokens, positions, seg_ids, _ = tree_projection.pack_segments(
+    tokens, positions, seg_ids, _ = packing.pack_segments(
         [(sequences[b], 1) for b in group], sos_id=sos_id, num_rows=num_rows,
         row_length=row_length)
     out.append(PackedLines(np.asarray(group, np.int64), tokens, positions, seg_ids))
@@ -283,11 +275,11 @@ class StartPassBatch:
 
   Attributes:
     indices: int [B] position of each sentence row in the caller's list, -1 for padding rows.
-    passes: the packed passes (`tree_projection.StartPasses`, numpy arrays).
+    passes: the packed passes (`packing.StartPasses`, numpy arrays).
   """
 
   indices: np.ndarray
-  passes: tree_projection.StartPasses
+  passes: packing.StartPasses
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -320,222 +312,15 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   lens = _check_lengths(sentences, batch_size)
   n_max = int(lens.max())
   row_length = _row_length(lens, row_length)
-  items = [tree_projection.start_pass_words(n) for n in lens]
+  items = [packing.start_pass_words(n) for n in lens]
   groups, num_rows = _plan_rows(items, batch_size, row_length - 1)
   batch_rows = max(len(g) for g in groups)
   out = []
   for group in groups:
-    passes = tree_projection.pack_start_passes(
+    passes = packing.pack_start_passes(
         [sentences[b] for b in group], sos_id=sos_id, num_rows=num_rows, row_length=row_length,
         max_words=n_max, batch_rows=batch_rows)
     indices = np.full(batch_rows, -1, np.int64)
     indices[:len(group)] = group
     out.append(StartPassBatch(indices, passes))
-  return out
-
-
-@functools.lru_cache(maxsize=4)
-def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
-               gold: tuple | None) -> list[tuple[StartPassBatch, tuple]]:
-  """The packed batches of a sentence set with their device arrays (passes, row ids and gold
-  span matrices), cached: an analysis of several checkpoints on the same sentences plans and
-  transfers them once."""
-  out = []
-  for batch in make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size):
-    n_max = batch.passes.gather.shape[0]
-    spans = None
-    if gold is not None:
-      spans = np.zeros((len(batch.indices), n_max, n_max), bool)
-      for row, s in enumerate(batch.indices):
-        if s >= 0:
-          spans[row] = parseval.span_matrix(gold[s], n_max)
-      spans = jnp.asarray(spans)
-    passes = tree_projection.StartPasses(*(jnp.asarray(a) for a in batch.passes))
-    out.append((batch, (passes, spans, jnp.asarray(batch.indices, jnp.int32))))
-  return out
-
-
-@functools.lru_cache(maxsize=4)
-def _entropy_plan(sequences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int
-                  ) -> list[tuple[int, tuple]]:
-  """(inputs, device arrays) of each `make_packed_line_batches` batch, cached as `_tree_plan`."""
-  return [(len(b.indices), (jnp.asarray(b.tokens), jnp.asarray(b.positions),
-                            jnp.asarray(b.segments), jnp.asarray(len(b.indices), jnp.int32)))
-          for b in make_packed_line_batches(sequences, sos_id=sos_id, batch_size=batch_size)]
-
-
-def _seed_chunks(params_S: PyTree, seeds_per_call: int | None) -> Iterable[PyTree]:
-  num_seeds = jax.tree_util.tree_leaves(params_S)[0].shape[0]
-  step = num_seeds if not seeds_per_call else seeds_per_call
-  for s in range(0, num_seeds, step):
-    yield jax.tree_util.tree_map(lambda x: x[s:s + step], params_S)
-
-
-def _sum_dicts(a, b):
-  return b if a is None else {k: a[k] + b[k] for k in a}
-
-
-ENTROPY_LAYOUTS = ("packed", "padded")
-
-
-def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
-                              config: ModelConfig, sos_id: int, batch_size: int = 64,
-                              seeds_per_call: int | None = None,
-                              progress: Any = None, layout: str = "packed"
-                              ) -> dict[str, np.ndarray]:
-  """Attention entropies over a set of model inputs for every seed.
-
-  Args:
-    params_S: parameters with a leading seed axis [S, ...].
-    sentences: word ids of each input without SOS (`entropy_inputs`: the declarative part, the
-      released input, or the whole LM line); every quantity is computed on exactly these inputs.
-    config: model config.
-    sos_id: SOS id.
-    batch_size: inputs per batch (on average with the packed layout).
-    seeds_per_call: process this many seeds per compiled call (None = all).
-    progress: optional callable(int) called with the number of lines finished per batch.
-    layout: 'packed' (inputs packed into rows with one SOS each, `make_packed_line_batches`;
-      the default) or 'padded' (one input per row, sorted by length, `make_batches`); same
-      values.
-
-  Returns:
-    numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
-    (see `attention_entropy`).
-
-  Raises:
-    ValueError: an unknown layout or an empty input.
-  """
-  if layout not in ENTROPY_LAYOUTS:
-    raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
-                     f"{ENTROPY_LAYOUTS}")
-  if layout == "packed":
-    calls = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
-                          int(batch_size))
-    fn = attention_entropy.packed_attention_entropy_stats_over_seeds
-  else:
-    calls = [(int(np.sum(b.indices >= 0)), (jnp.asarray(b.tokens), jnp.asarray(b.lengths)))
-             for b in make_batches(sentences, sos_id=sos_id, batch_size=batch_size)]
-    fn = attention_entropy.attention_entropy_stats_over_seeds
-  per_chunk = []
-  for params in _seed_chunks(params_S, seeds_per_call):
-    total = None
-    for count, arrays in calls:
-      total = _sum_dicts(total, fn(params, *arrays, config=config))
-      if progress is not None:
-        progress(count)
-    per_chunk.append(attention_entropy.finalize_stats(total))
-  return {k: np.concatenate([np.asarray(c[k]) for c in per_chunk]) for k in per_chunk[0]}
-
-
-LAYOUTS = ("packed", "masked")
-
-
-def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
-                            config: ModelConfig, sos_id: int, key: jax.Array,
-                            gold_trees: Sequence[Any] | None = None, batch_size: int = 16,
-                            method: str = "greedy", normalisation: str = "random_split",
-                            seeds_per_call: int | None = None, details: bool = False,
-                            progress: Any = None, layout: str = "packed") -> dict[str, Any]:
-  """tscore and tparseval over a set of declarative sentences for every seed.
-
-  Args:
-    params_S: parameters with a leading seed axis [S, ...].
-    sentences: word ids of each declarative part (`declarative_words`), without SOS.
-    config: model config.
-    sos_id: SOS id.
-    key: PRNG key for the random-split normalisation (shared by all seeds; each sentence's draws
-      depend only on the key and its index, so results do not depend on `batch_size`).
-    gold_trees: optional nested-tuple gold trees, one per sentence (leaf count must equal the
-      sentence length); enables tparseval.
-    batch_size: sentences per compiled call (on average with the packed layout, whose batches
-      hold a fixed number of tokens: `make_start_pass_batches`), vmapped over seeds.
-    method, normalisation: see `tree_projection`.
-    seeds_per_call: process this many seeds per compiled call (None = all).
-    details: also return per-sentence 'charts' (list of [S, n, n]), 'trees_nodes' (list of
-      [S, n - 1, 3]) and 'tscore_per_sentence' [S, num_sentences], in input order.
-    progress: optional callable(int) called with the number of sentences finished per batch.
-    layout: 'packed' (shortened start passes packed into rows, the default) or 'masked' (the
-      earlier full-length masked passes, same values; kept as a reference).
-
-  Returns:
-    dict: 'tscore' [S] and with gold trees 'tparseval_f1', 'tparseval_precision',
-    'tparseval_recall' [S] (numpy float32), plus the details.
-
-  Raises:
-    ValueError: a gold tree's leaf count differs from its sentence length, an unknown layout,
-      or an empty sentence.
-  """
-  if layout not in LAYOUTS:
-    raise ValueError(f"unknown tree-projection layout {layout!r}; expected one of {LAYOUTS}")
-  if gold_trees is not None:
-    if len(gold_trees) != len(sentences):
-      raise ValueError(f"{len(gold_trees)} gold trees for {len(sentences)} sentences")
-    gold_spans = []
-    for b, tree in enumerate(gold_trees):
-      n_leaves = len(parseval.tree_leaves(tree))
-      if n_leaves != len(sentences[b]):
-        raise ValueError(f"gold tree {b} has {n_leaves} leaves but the sentence has "
-                         f"{len(sentences[b])} words")
-      gold_spans.append(parseval.tree_spans(tree))
-  options = dict(config=config, method=method, normalisation=normalisation, details=details)
-  if layout == "packed":
-    gold_key = None if gold_trees is None else tuple(tuple(sorted(g)) for g in gold_spans)
-    planned = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
-                         int(batch_size), gold_key)
-
-    def calls(params):
-      for batch, (passes, spans, row_ids) in planned:
-        stats = tree_projection.packed_tree_projection_stats_over_seeds(
-            params, passes, spans, key, row_ids, **options)
-        yield batch, batch.passes.num_words, stats
-  else:
-    batches = make_batches(sentences, sos_id=sos_id, batch_size=batch_size)
-
-    def calls(params):
-      for batch in batches:
-        n_max = batch.tokens.shape[1] - 1
-        spans = None
-        if gold_trees is not None:
-          spans = np.zeros((len(batch.indices), n_max, n_max), bool)
-          for row, s in enumerate(batch.indices):
-            if s >= 0:
-              spans[row] = parseval.span_matrix(gold_spans[s], n_max)
-          spans = jnp.asarray(spans)
-        yield batch, batch.num_words, tree_projection.tree_projection_stats_over_seeds(
-            params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), spans, key,
-            jnp.asarray(batch.indices, jnp.int32), **options)
-
-  per_chunk, charts, nodes, scores = [], [], [], []
-  for params in _seed_chunks(params_S, seeds_per_call):
-    total, kept = None, []
-    for batch, num_words, stats in calls(params):
-      if details:  # fetched after the loop, so that the calls stay asynchronous
-        kept.append((batch.indices, num_words,
-                     {k: stats.pop(k) for k in ("chart", "nodes", "tscore")}))
-      total = _sum_dicts(total, stats)
-      if progress is not None:
-        progress(int(np.sum(batch.indices >= 0)))
-    per_chunk.append(tree_projection.finalize_stats(total))
-    if details:
-      c_charts, c_nodes = [None] * len(sentences), [None] * len(sentences)
-      c_scores = None
-      for indices, num_words, held in kept:
-        chart, nd, sc = (np.asarray(held[k]) for k in ("chart", "nodes", "tscore"))
-        if c_scores is None:
-          c_scores = np.zeros((sc.shape[0], len(sentences)), np.float32)
-        for row, s in enumerate(indices):
-          if s >= 0:
-            n = int(num_words[row])
-            c_charts[s] = chart[:, row, :n, :n]
-            c_nodes[s] = nd[:, row, :max(n - 1, 0)]
-            c_scores[:, s] = sc[:, row]
-      charts.append(c_charts)
-      nodes.append(c_nodes)
-      scores.append(c_scores)
-  out: dict[str, Any] = {
-      k: np.concatenate([np.asarray(c[k]) for c in per_chunk]) for k in per_chunk[0]}
-  if details:
-    out["charts"] = [np.concatenate([c[s] for c in charts]) for s in range(len(sentences))]
-    out["trees_nodes"] = [np.concatenate([c[s] for c in nodes]) for s in range(len(sentences))]
-    out["tscore_per_sentence"] = np.concatenate(scores)
   return out

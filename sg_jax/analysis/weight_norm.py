@@ -16,7 +16,8 @@ released code differ"):
   Because the decoder is constant, the two norms differ by a constant in squared norm and have
   the same trends over training.
 
-Norms are computed for one seed and vmapped over the seed axis.
+Norms are computed for one seed and vmapped over the seed axis (`registry.over_seeds`). The
+module registers the `weight_norm` metric group of `sg_jax.analyze`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sg_jax.analysis import registry
 
 Array = jax.Array
 PyTree = Any
@@ -93,7 +96,28 @@ def released_weight_norm(model_norm: Any, decoder_norm: Any) -> np.ndarray:
   return np.sqrt(model_norm ** 2 + decoder_norm ** 2)
 
 
-@jax.jit
-def weight_norm_over_seeds(params_S: PyTree) -> Array:
-  """`weight_norm` vmapped over a leading seed axis: params [seed, ...] -> [seed] float32."""
-  return jax.vmap(weight_norm)(params_S)
+# params [seed, ...] -> [seed] float32.
+weight_norm_over_seeds = registry.over_seeds(weight_norm)
+
+
+def _compute(inputs: registry.Inputs) -> dict[str, Any]:
+  """weight_norm, weight_norm_per_layer and (converted checkpoints) weight_norm_released [S]."""
+  norms = np.asarray(weight_norm_over_seeds(inputs.params))
+  decoder = inputs.meta.get(DECODER_NORM_META_KEY, {})  # converted checkpoints only
+  return {"weight_norm": norms,
+          "weight_norm_per_layer": [v / inputs.config.num_layers for v in norms],
+          "weight_norm_released": [released_weight_norm(v, decoder[str(s)])
+                                   if str(s) in decoder else None
+                                   for s, v in zip(inputs.seeds, norms)]}
+
+
+registry.register_quantity(registry.Quantity(
+    name="weight_norm",
+    groups=(registry.Group("weight_norm", ("weight_norm", "weight_norm_per_layer",
+                                           "weight_norm_released"), inputs=("meta",)),),
+    compute=_compute,
+    dynamics=(registry.Dynamic(
+        "weight_norm", axis="weight norm (global L2 norm of sg_jax's parameters)",
+        title="Weight norm (the model sg_jax trains; no unused decoder)", label="weight norm",
+        in_summary=True),),
+))

@@ -1,0 +1,140 @@
+r"""Report: the structural-grokking figures and summary tables of a sweep or a single run.
+
+  python -m sg_jax.report --root=runs/qf              # a sweep root (sg_jax.sweep)
+  python -m sg_jax.report --root=runs/quick           # a single workdir
+  python -m sg_jax.report --root=runs/qf --out_dir=figures/qf --threshold=0.8
+
+Reads `metrics.csv` (training and evaluation, `step,seed,name,value`) and, where present,
+`analysis.csv` (`sg_jax.analyze`) of every run below `--root`: the root itself when it holds a
+`metrics.csv`, else the workdirs listed in `root/sweep.json`, else every direct subfolder holding
+a `metrics.csv`. Runs are grouped by depth (`model.num_layers` of each workdir's `config.json`).
+Writes into `--out_dir` (default `<root>/report`), one figure per PNG file (Murty et al., ACL 2023,
+figures 1-5 for one's own runs):
+
+  grokking_depth<D>.png      (a) in-domain and generalisation (out-of-domain) accuracy vs step,
+                             one line per seed; a dotted line marks the first step where a seed's
+                             in-domain accuracy reaches --saturation (default 0.99).
+  early_stopping.png         (b) generalisation accuracy at the checkpoint chosen by early
+                             stopping on in-domain accuracy (first best and last best) vs at the
+                             end of training: bars = mean over seeds, dots = seeds.
+  inverted_u.png             (c) fraction of seeds whose final generalisation accuracy exceeds
+                             --threshold (default 0.8), per depth.
+  trajectories_depth<D>.png  (a') where analysis.csv exists: one column per seed, accuracy (top)
+                             with tscore / tparseval F1 (middle) and attention sparsity (bottom)
+                             beside it on the same step axis, saturation step marked (rows:
+                             `Dynamic.trajectory_row` of the registered quantities).
+  rules_depth<D>.png         (a'') question formation, where metrics.csv has the rule agreements:
+                             per seed, generalisation accuracy beside agreement with the
+                             move-first and skip-relative rules on gen lines.
+  dynamics_<metric>.png      (d) weight_norm, attention_sparsity_paper, tscore, tparseval_f1 (the
+                             `Dynamic`s of `sg_jax.analysis.registry`) vs step: mean over seeds
+                             per depth (thick) and each seed (thin). A metric with no data is
+                             skipped and the skip noted in summary.md.
+  summary.csv / summary.md   (e) one row per depth; summary_seeds.csv one row per seed.
+
+Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is
+selected; ties (common: in-domain accuracy sits at 1.0 for most of training) are broken two
+ways, both reported: "first best" takes the earliest tied evaluation, "last best" the latest.
+Values within --tie_tolerance of the maximum count as tied. Steps where a seed's value is not
+finite (a diverged seed logs NaN) are ignored. "Final" = a seed's last evaluated step.
+
+Figures never hide data behind a legend (legends sit outside the axes), fractions are plotted on
+[0, 1] plus a small margin, and the analysis figures (a', d) give in their title how many
+sentences the analysis read (from `analysis.csv.options.json`, written by `sg_jax.analyze`).
+
+Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`;
+`python -m sg_jax.report` runs `__main__`.
+"""
+
+
+from __future__ import annotations
+
+import collections
+import os
+
+from sg_jax.analysis import registry
+from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_dynamics, plot_early_stopping,
+                                   plot_grokking, plot_inverted_u, plot_rules, plot_trajectories,
+                                   trajectory_rows, _task_prefix)
+from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
+                                   find_runs, load_run, log)
+from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
+                                  saturation_step, seed_summary, write_csv, write_markdown)
+
+__all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "Run",
+           "analysis_sentences", "build_report", "depth_summary", "early_stopping",
+           "final_value", "find_runs", "first_reaching", "load_run", "plot_dynamics",
+           "plot_early_stopping", "plot_grokking", "plot_inverted_u", "plot_rules",
+           "plot_trajectories", "saturation_step", "seed_summary", "trajectory_rows",
+           "write_csv", "write_markdown"]
+
+
+def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
+                 saturation: float = 0.99, tie_tolerance: float = 0.0) -> dict:
+  """Writes every figure and table of the report (see module docstring).
+
+  Args:
+    root: a workdir or a sweep root.
+    out_dir: output folder (created); default `<root>/report`.
+    threshold: final generalisation accuracy above which a seed "generalises" (c).
+    saturation: in-domain accuracy level whose first step is marked in (a).
+    tie_tolerance: in-domain accuracies within this of the best count as tied (b).
+
+  Returns:
+    {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]}.
+
+  Raises:
+    ReportError: no run under `root`, or no accuracy metrics in any run.
+  """
+  out_dir = out_dir or os.path.join(root, "report")
+  runs = [load_run(w) for w in find_runs(root)]
+  if not any(run.series.get(IN_ACC) or run.series.get(GEN_ACC) for run in runs):
+    raise ReportError(f"no {IN_ACC} or {GEN_ACC} rows in the metrics.csv files under {root}")
+  os.makedirs(out_dir, exist_ok=True)
+  by_depth = collections.defaultdict(list)
+  for run in runs:
+    by_depth[run.depth].append(run)
+  prefix = _task_prefix(runs)
+  figures, skipped = [], []
+
+  for depth in sorted(by_depth, key=lambda d: (d is None, d)):
+    path = os.path.join(out_dir, f"grokking_depth{depth if depth is not None else 'unknown'}.png")
+    plot_grokking(by_depth[depth], depth, path, saturation)
+    figures.append(path)
+    path = os.path.join(out_dir,
+                        f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_trajectories(by_depth[depth], depth, path, saturation) is not None:
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
+    path = os.path.join(out_dir, f"rules_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_rules(by_depth[depth], depth, path, saturation) is not None:
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
+
+  seed_rows = seed_summary(runs, threshold, saturation, tie_tolerance)
+  depth_rows = depth_summary(seed_rows)
+  path = os.path.join(out_dir, "early_stopping.png")
+  plot_early_stopping(seed_rows, path, prefix)
+  figures.append(path)
+  path = os.path.join(out_dir, "inverted_u.png")
+  plot_inverted_u(depth_rows, path, threshold, prefix)
+  figures.append(path)
+  for metric in registry.dynamics():
+    path = os.path.join(out_dir, f"dynamics_{metric}.png")
+    if plot_dynamics(by_depth, metric, path, prefix) is not None:
+      figures.append(path)
+    else:
+      if os.path.exists(path):
+        os.remove(path)  # a stale figure from an earlier report would mislead
+      skipped.append(f"dynamics_{metric}.png skipped: no `{metric}` rows in any analysis.csv "
+                     f"(run `python -m sg_jax.analyze --workdir=<run>`)")
+
+  write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
+  write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
+  write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
+                  threshold, saturation, tie_tolerance)
+  for note in skipped:
+    log.warning("%s", note)
+  return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

@@ -1,0 +1,175 @@
+"""The runs of a report: the workdirs below a root, their metric series, what their analysis read.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging as py_logging
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from sg_jax import long_csv
+from sg_jax.analysis import registry
+
+IN_ACC = "in_domain/accuracy"
+GEN_ACC = "out_of_domain/accuracy"
+
+log = py_logging.getLogger("sg_jax.report")
+
+
+class ReportError(ValueError):
+  """No usable runs or metrics under the given root."""
+
+
+@dataclasses.dataclass
+class Run:
+  """One workdir: its depth and metric series.
+
+  Attributes:
+    workdir: path of the run directory.
+    name: short label (folder name).
+    depth: model.num_layers from config.json (None when unknown).
+    task: task name from config.json ('' when unknown).
+    num_steps: requested train.num_steps (None when unknown).
+    series: {name: {seed: (steps int [T], values float [T])}} sorted by step, metrics.csv and
+      analysis.csv merged.
+    analysis_options: contents of `analysis.csv.options.json` (`sg_jax.analyze`: split, sentence
+      set, `sentences_used`, ...), {} when absent.
+  """
+
+  workdir: str
+  name: str
+  depth: int | None
+  task: str
+  num_steps: int | None
+  series: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]
+  analysis_options: dict = dataclasses.field(default_factory=dict)
+
+
+def _to_series(rows: Iterable[tuple[int, int, str, float]]):
+  acc = collections.defaultdict(lambda: collections.defaultdict(dict))
+  for step, seed, name, value in rows:
+    acc[name][seed][step] = value  # a repeated (step, seed, name) keeps the last row
+  out = {}
+  for name, by_seed in acc.items():
+    out[name] = {}
+    for seed, by_step in by_seed.items():
+      steps = np.array(sorted(by_step), dtype=np.int64)
+      out[name][seed] = (steps, np.array([by_step[s] for s in steps], dtype=np.float64))
+  return out
+
+
+def load_run(workdir: str) -> Run:
+  """Reads one workdir's metrics.csv, analysis.csv (optional) and config.json (optional).
+
+  Raises:
+    ReportError: no metrics.csv in `workdir`.
+  """
+  path = os.path.join(workdir, "metrics.csv")
+  if not os.path.exists(path):
+    raise ReportError(f"no metrics.csv in {workdir}")
+  rows = long_csv.read_rows(path)
+  analysis = os.path.join(workdir, "analysis.csv")
+  analysis_options = {}
+  if os.path.exists(analysis):
+    rows += long_csv.read_rows(analysis)
+    if os.path.exists(analysis + ".options.json"):
+      try:
+        with open(analysis + ".options.json") as f:
+          analysis_options = json.load(f)
+      except (OSError, ValueError) as e:
+        log.warning("ignoring unreadable %s.options.json: %s", analysis, e)
+  depth = task = num_steps = None
+  config_path = os.path.join(workdir, "config.json")
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      config = json.load(f)
+    depth = config.get("model", {}).get("num_layers")
+    task = config.get("task")
+    num_steps = config.get("train", {}).get("num_steps")
+  name = os.path.basename(os.path.normpath(workdir))
+  if depth is None and name.startswith("depth") and name[5:].isdigit():
+    depth = int(name[5:])
+  return Run(workdir=workdir, name=name, depth=depth, task=task or "", num_steps=num_steps,
+             series=_to_series(rows), analysis_options=analysis_options)
+
+
+def find_runs(root: str) -> list[str]:
+  """Workdirs to report on (see module docstring), sorted.
+
+  Raises:
+    ReportError: `root` does not exist or holds no metrics.csv (naming the folder).
+  """
+  if not os.path.isdir(root):
+    raise ReportError(f"--root {root} is not a folder")
+  if os.path.exists(os.path.join(root, "metrics.csv")):
+    return [root]
+  sweep = os.path.join(root, "sweep.json")
+  found = []
+  if os.path.exists(sweep):
+    with open(sweep) as f:
+      jobs = json.load(f).get("jobs", {})
+    for job in jobs.values():
+      workdir = os.path.join(root, job.get("workdir", ""))
+      if os.path.exists(os.path.join(workdir, "metrics.csv")):
+        found.append(workdir)
+  if not found:
+    for entry in sorted(os.listdir(root)):
+      workdir = os.path.join(root, entry)
+      if os.path.isdir(workdir) and os.path.exists(os.path.join(workdir, "metrics.csv")):
+        found.append(workdir)
+  if not found:
+    raise ReportError(f"no metrics.csv in {root} or its subfolders (expected a sg_jax workdir "
+                      "or a sweep root)")
+  return sorted(set(found))
+
+
+# `sentences_used` entry (`registry.SENTENCE_INPUTS`) -> how a figure title names it.
+_SENTENCE_KIND_LABEL = {"attention_entropy": "entropy", "tree_projection": "tree projections"}
+
+
+def sentence_kinds(column: str) -> list[str]:
+  """The `sentences_used` entries of the sentences read by the group writing `column`."""
+  return [registry.SENTENCE_INPUTS[i] for i in registry.group_inputs(column)
+          if i in registry.SENTENCE_INPUTS]
+
+
+def analysis_sentences(runs: Sequence[Run], metrics: Sequence[str]) -> str:
+  """How many sentences the analysis behind `metrics` read, for a figure title.
+
+  Read from each run's `analysis.csv.options.json` (`sentences_used`, written by
+  `sg_jax.analyze`); older files give the requested number ("at most N lines of SPLIT").
+
+  Args:
+    runs: the runs shown in the figure.
+    metrics: analysis metric names shown (weight_norm reads no sentences).
+
+  Returns:
+    e.g. "analysis on 1000 'quest' lines of train" (runs that differ are joined with "; ",
+    entropy and tree-projection counts that differ are both given); "" when no shown metric
+    reads sentences.
+  """
+  notes = []
+  for run in runs:
+    kinds = sorted({kind for m in metrics if run.series.get(m) for kind in sentence_kinds(m)})
+    if not kinds:
+      continue
+    options = run.analysis_options
+    used = options.get("sentences_used") or {}
+    if all(k in used for k in kinds):
+      counts = {k: int(used[k]) for k in kinds}
+      if len(set(counts.values())) == 1:
+        number = str(counts[kinds[0]])
+      else:
+        number = " / ".join(f"{counts[k]} ({_SENTENCE_KIND_LABEL[k]})" for k in kinds)
+      notes.append(f"{number} {used.get('label', 'lines')}".replace("`", "'"))
+    elif "num_sentences" in options:
+      notes.append(f"at most {options['num_sentences']} lines of {options.get('split', '?')}")
+    else:
+      notes.append("an unknown number of sentences (no analysis.csv.options.json)")
+  notes = list(dict.fromkeys(notes))
+  return f"analysis on {'; '.join(notes)}" if notes else ""

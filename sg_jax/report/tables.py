@@ -1,0 +1,215 @@
+"""The report's tables: early stopping, per-seed and per-depth summaries, summary.csv / .md."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from sg_jax.analysis import registry
+from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
+
+
+def _finite(steps: np.ndarray, values: np.ndarray):
+  ok = np.isfinite(values)
+  return steps[ok], values[ok]
+
+
+def first_reaching(steps: np.ndarray, values: np.ndarray, level: float) -> int | None:
+  """First step whose value is >= `level` (None if never)."""
+  hit = np.nonzero(np.isfinite(values) & (values >= level))[0]
+  return int(steps[hit[0]]) if hit.size else None
+
+
+def saturation_step(run: "Run", seed: int, saturation: float) -> int | None:
+  """First step where `seed`'s in-domain accuracy reaches `saturation` (None: never / no rows)."""
+  if seed not in run.series.get(IN_ACC, {}):
+    return None
+  return first_reaching(*run.series[IN_ACC][seed], saturation)
+
+
+def early_stopping(in_steps: np.ndarray, in_acc: np.ndarray, gen_steps: np.ndarray,
+                   gen_acc: np.ndarray, tie: str, tolerance: float = 0.0):
+  """Generalisation accuracy at the early-stopping checkpoint chosen on in-domain accuracy.
+
+  Args:
+    in_steps, in_acc: [T] evaluation steps and in-domain accuracy (fraction) of one seed.
+    gen_steps, gen_acc: [T'] steps and generalisation accuracy of the same seed.
+    tie: 'first' (earliest step with the best in-domain accuracy) or 'last' (latest).
+    tolerance: values >= max - tolerance count as best.
+
+  Returns:
+    (selected step, generalisation accuracy there), or (None, nan) when there is no finite
+    in-domain value at a step that also has a finite generalisation value.
+
+  Raises:
+    ValueError: unknown `tie`.
+  """
+  if tie not in ("first", "last"):
+    raise ValueError(f"tie must be 'first' or 'last', got {tie!r}")
+  gen = dict(zip(_finite(gen_steps, gen_acc)[0].tolist(), _finite(gen_steps, gen_acc)[1]))
+  steps, acc = _finite(in_steps, in_acc)
+  keep = np.array([s in gen for s in steps.tolist()], dtype=bool)
+  steps, acc = steps[keep], acc[keep]
+  if steps.size == 0:
+    return None, math.nan
+  best = np.nonzero(acc >= acc.max() - tolerance)[0]
+  step = int(steps[best[0] if tie == "first" else best[-1]])
+  return step, float(gen[step])
+
+
+def final_value(steps: np.ndarray, values: np.ndarray) -> tuple[int | None, float]:
+  """(last step with a finite value, that value); (None, nan) when there is none."""
+  steps, values = _finite(steps, values)
+  if steps.size == 0:
+    return None, math.nan
+  return int(steps[-1]), float(values[-1])
+
+
+def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
+                 tie_tolerance: float) -> list[dict]:
+  """One dict per (run, seed) with final / early-stopping accuracies and final analysis values."""
+  out = []
+  for run in runs:
+    in_series = run.series.get(IN_ACC, {})
+    gen_series = run.series.get(GEN_ACC, {})
+    for seed in sorted(set(in_series) | set(gen_series)):
+      in_s, in_v = in_series.get(seed, (np.zeros(0, int), np.zeros(0)))
+      gen_s, gen_v = gen_series.get(seed, (np.zeros(0, int), np.zeros(0)))
+      final_step, final_gen = final_value(gen_s, gen_v)
+      _, final_in = final_value(in_s, in_v)
+      first_step, first_gen = early_stopping(in_s, in_v, gen_s, gen_v, "first", tie_tolerance)
+      last_step, last_gen = early_stopping(in_s, in_v, gen_s, gen_v, "last", tie_tolerance)
+      row = {"run": run.name, "depth": run.depth, "seed": seed, "final_step": final_step,
+             "final_in_domain": final_in, "final_generalisation": final_gen,
+             "generalises": (bool(final_gen > threshold) if math.isfinite(final_gen) else None),
+             "in_domain_saturation_step": first_reaching(in_s, in_v, saturation),
+             "early_stop_first_step": first_step, "early_stop_first_generalisation": first_gen,
+             "early_stop_last_step": last_step, "early_stop_last_generalisation": last_gen}
+      for metric in registry.dynamics():
+        if seed in run.series.get(metric, {}):
+          row[f"final_{metric}"] = final_value(*run.series[metric][seed])[1]
+      out.append(row)
+  return out
+
+
+def _mean(values) -> float:
+  v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+  return float(v.mean()) if v.size else math.nan
+
+
+def _median(values) -> float:
+  v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+  return float(np.median(v)) if v.size else math.nan
+
+
+def depth_summary(seed_rows: Sequence[dict]) -> list[dict]:
+  """One dict per depth aggregating `seed_summary` rows (means over seeds with finite values)."""
+  by_depth = collections.defaultdict(list)
+  for r in seed_rows:
+    by_depth[r["depth"]].append(r)
+  out = []
+  for depth in sorted(by_depth, key=lambda d: (d is None, d)):
+    rows = by_depth[depth]
+    counted = [r for r in rows if r["generalises"] is not None]
+    row = {"depth": depth, "num_seeds": len(rows),
+           "final_step": max((r["final_step"] or 0) for r in rows),
+           "final_in_domain_mean": _mean(r["final_in_domain"] for r in rows),
+           "final_generalisation_mean": _mean(r["final_generalisation"] for r in rows),
+           "final_generalisation_median": _median(r["final_generalisation"] for r in rows),
+           "seeds_above_threshold": sum(bool(r["generalises"]) for r in counted),
+           "fraction_above_threshold": (sum(bool(r["generalises"]) for r in counted)
+                                        / len(counted) if counted else math.nan),
+           "early_stop_first_generalisation_mean": _mean(
+               r["early_stop_first_generalisation"] for r in rows),
+           "early_stop_last_generalisation_mean": _mean(
+               r["early_stop_last_generalisation"] for r in rows),
+           "in_domain_saturation_step_median": _median(
+               r["in_domain_saturation_step"] for r in rows),
+           "seeds_saturated": sum(r["in_domain_saturation_step"] is not None for r in rows)}
+    for metric in registry.dynamics():
+      row[f"final_{metric}_mean"] = _mean(r.get(f"final_{metric}") for r in rows)
+    out.append(row)
+  return out
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return ""
+  if isinstance(v, bool):
+    return str(v)
+  if isinstance(v, float):
+    return "" if math.isnan(v) else f"{v:.4g}"
+  return str(v)
+
+
+def write_csv(path: str, rows: Sequence[dict]) -> None:
+  """Writes dict rows (keys of the first row as header; missing values empty)."""
+  keys = []
+  for r in rows:
+    keys += [k for k in r if k not in keys]
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(keys)
+    for r in rows:
+      w.writerow([_fmt(r.get(k)) for k in keys])
+
+
+def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, saturation,
+                   tie_tolerance) -> None:
+  """Writes summary.md: the runs, the per-depth table, the rules used, the figures and notes."""
+  columns = [
+      ("depth", "depth"), ("num_seeds", "seeds"), ("final_step", "last step"),
+      ("final_in_domain_mean", "in-domain acc. (final, mean)"),
+      ("final_generalisation_mean", "gen. acc. (final, mean)"),
+      ("final_generalisation_median", "gen. acc. (final, median)"),
+      ("seeds_above_threshold", f"seeds gen. > {threshold:g}"),
+      ("early_stop_first_generalisation_mean", "gen. acc. early stop (first best)"),
+      ("early_stop_last_generalisation_mean", "gen. acc. early stop (last best)"),
+      ("in_domain_saturation_step_median", f"median step in-domain >= {saturation:g}")] + [
+      (f"final_{column}_mean", f"{d.short} (final)")
+      for column, d in registry.dynamics().items() if d.in_summary]
+  run_list = ", ".join(f"`{r.name}` (depth {r.depth}, {r.task or 'task ?'})" for r in runs)
+  analysed = [f"`{r.name}`: {note}" for r in runs
+              if (note := analysis_sentences([r], list(registry.dynamics())))]
+  lines = [f"# Report for `{os.path.basename(os.path.normpath(root))}`", "",
+           f"Runs: {run_list}."]
+  if analysed:
+    lines += ["", "Sentences the analysis read (tscore, tparseval, attention entropy): "
+              f"{'; '.join(analysed)}."]
+  lines += ["", "| " + " | ".join(c[1] for c in columns) + " |", "|" + "---|" * len(columns)]
+  for row in depth_rows:
+    cells = []
+    for key, _ in columns:
+      value = row.get(key)
+      if key == "seeds_above_threshold":
+        value = f"{value}/{row['num_seeds']}"
+      cells.append(_fmt(value))
+    lines.append("| " + " | ".join(cells) + " |")
+  ties = ("exact ties" if tie_tolerance == 0 else
+          f"values within {tie_tolerance:g} of the best count as tied")
+  incomplete = [r for r in runs if r.num_steps and r.series.get(GEN_ACC) and
+                max(int(s[0][-1]) for s in r.series[GEN_ACC].values() if len(s[0])) < r.num_steps]
+  lines += [
+      "", "Means are over seeds with a finite value; accuracies are fractions of lines correct.",
+      "", "**Early stopping rule.** For each seed the evaluation with the highest in-domain "
+      f"accuracy is selected ({ties}). Because "
+      "in-domain accuracy usually sits at its maximum for most of training, the tie-breaking "
+      "rule decides the result: *first best* takes the earliest tied evaluation (what early "
+      "stopping with patience does), *last best* the latest (close to the end of training). "
+      "Both are reported (docs/REFERENCE.md §1: on the released question-formation curves first "
+      "best gives ~7% generalisation, last best the final value).",
+      "", f"**Generalising seed**: final generalisation accuracy > {threshold:g} (final = the "
+      "seed's last evaluated step).", "", "## Figures", ""]
+  lines += [f"* `{os.path.basename(f)}`" for f in figures]
+  if skipped or incomplete:
+    lines += ["", "## Notes", ""]
+    lines += [f"* {note}" for note in skipped]
+    lines += [f"* `{r.name}` is unfinished: last evaluation before train.num_steps={r.num_steps}"
+              for r in incomplete]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
