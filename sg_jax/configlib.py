@@ -285,7 +285,9 @@ def apply_config_string(config: ml_collections.ConfigDict, arg: str | None,
       for field, value in presets[item].items():
         set_field(config, field, value)
     else:
-      raise ValueError(f"unknown preset {item!r} in config string {arg!r}; "
+      near = difflib.get_close_matches(item, list(presets) + list(ALIASES), n=1, cutoff=0.6)
+      hint = f"did you mean {near[0]}{'=...' if near[0] in ALIASES else ''}? " if near else ""
+      raise ValueError(f"unknown preset {item!r} in config string {arg!r}; {hint}"
                        f"presets: {sorted(presets)}")
   for key, value in pairs:
     if key not in ALIASES and not has_field(config, key):
@@ -409,8 +411,10 @@ def check_command_line(args: list[str]) -> str | None:
   path, _, arg = value.partition(":")
   if not os.path.isfile(path):
     return f"config file {path!r} not found (--config={value})"
-  if not overrides:
+  if not arg and not overrides:
     return None
+  # The config string is checked even without overrides: config_flags would report its
+  # ValueError (a misspelled preset or alias) as a traceback ending in "ValueError: ...".
   try:
     spec = importlib.util.spec_from_file_location("_sg_jax_config", path)
     module = importlib.util.module_from_spec(spec)

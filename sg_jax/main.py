@@ -17,6 +17,7 @@ unsaved then; during training after the current compiled call (at most about
 
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -120,7 +121,9 @@ def parse_flags(argv):
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, ValueError) as e:
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-    sys.exit(f"error: {lines[-1] if lines else e}")
+    # The last line of a traceback config_flags embeds reads "SomeError: message".
+    last = re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", lines[-1]) if lines else str(e)
+    sys.exit(f"error: {last}")
 
 
 if __name__ == "__main__":

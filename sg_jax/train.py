@@ -184,14 +184,19 @@ def _save(loop: _Loop, step: int, state: TrainState) -> None:
 def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_change, state_hook,
                         tensorboard) -> dict:
   configlib.validate(config)
-  check_writable(workdir)
-  check_workdir_config(workdir, config, allow_config_change)
-  task, vocab, splits = load_data(config, workdir)
-
-  seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
-  mesh = sharding.seed_mesh(len(seeds), config.num_devices)
-  per_device = len(seeds) // mesh.devices.size
-  host_data, capacities = make_train_data(config, splits["train"], per_device)
+  created = check_writable(workdir)
+  try:
+    check_workdir_config(workdir, config, allow_config_change)
+    task, vocab, splits = load_data(config, workdir)
+    seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
+    mesh = sharding.seed_mesh(len(seeds), config.num_devices)
+    per_device = len(seeds) // mesh.devices.size
+    host_data, capacities = make_train_data(config, splits["train"], per_device)
+  except Exception:
+    # Bad data or config: a workdir this run created (with any data generated into it) is
+    # removed, so that a failed first attempt leaves nothing behind.
+    workdir_lib.remove_created(created)
+    raise
   fns = make_train_fns(config, vocab.size, capacities, mesh)
   train_data = sharding.put_replicated(host_data, mesh)
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])

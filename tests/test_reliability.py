@@ -298,11 +298,64 @@ def test_unknown_word_in_data_names_file_and_line(data_dir, tmp_path):
   for name in os.listdir(bad):
     if name.endswith(".meta.json"):
       os.remove(bad / name)
-  dev = bad / "question_bracket.dev"
-  lines = dev.read_text().splitlines(True)
-  lines[2] = lines[2].replace(" . ]", " blorp . ]", 1)
-  dev.write_text("".join(lines))
+  # The same word in both files of the split, so that they agree and the vocabulary check (not
+  # the plain/bracketed agreement check) is the one that fails.
+  for name, old, new in (("question_bracket.dev", " . ]", " blorp . ]"),
+                         ("question.dev", " . decl", " blorp . decl")):
+    lines = (bad / name).read_text().splitlines(True)
+    assert old in lines[2], lines[2]
+    lines[2] = lines[2].replace(old, new, 1)
+    (bad / name).write_text("".join(lines))
   config = configlib.base_config("question")
   config.data.dir = str(bad)
-  with pytest.raises(tasks.DataError, match=r"question_bracket.dev:3: .*'blorp'"):
+  with pytest.raises(tasks.DataError) as error:
     train.load_data(config, str(tmp_path))
+  message = str(error.value)
+  assert message.startswith(f"{bad / 'question_bracket.dev'}:3: "), message
+  assert "word 'blorp' is not in the question vocabulary" in message, message
+
+
+@pytest.mark.parametrize("config_arg, wanted", [
+    ("configs/tense.py:depht=8", "error: unknown config field 'depht'; did you mean depth?"),
+    ("configs/tense.py:quik", "error: unknown preset 'quik' in config string 'quik'; did you "
+                              "mean quick?"),
+])
+def test_misspelled_alias_or_preset_is_one_clean_line(tmp_path, config_arg, wanted):
+  proc = subprocess.run([sys.executable, "-m", "sg_jax.main", f"--config={config_arg}",
+                         f"--workdir={tmp_path}/w"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(wanted), proc.stderr[-2000:]
+  assert "Error:" not in lines[0], lines  # no exception class name such as "ValueError:"
+  assert not os.path.exists(tmp_path / "w")
+
+
+def _malformed_data_dir(data_dir, path):
+  shutil.copytree(data_dir, path)
+  for name in os.listdir(path):
+    if name.endswith(".meta.json"):
+      os.remove(path / name)  # else files of another size would be generated over them
+  for name in ("question.train", "question_bracket.train"):
+    lines = (path / name).read_text().splitlines(True)
+    lines[4] = lines[4].replace("\t", " ", 1)  # a missing tab
+    (path / name).write_text("".join(lines))
+  return str(path)
+
+
+def test_data_error_leaves_no_workdir_behind(data_dir, tmp_path):
+  config = configlib.apply_config_string(configlib.base_config("question"), "quick",
+                                         configlib.PRESETS)
+  config.data.dir = _malformed_data_dir(data_dir, tmp_path / "bad")
+  fresh = tmp_path / "runs" / "new" / "run"  # its parents are created by the run too
+  with pytest.raises(tasks.DataError, match=r"question_bracket.train:5: "):
+    train.train_and_evaluate(config, str(fresh), tensorboard=False)
+  assert not os.path.exists(tmp_path / "runs"), list((tmp_path / "runs").rglob("*"))
+  # A workdir that existed before the run keeps exactly what it held.
+  existing = tmp_path / "existing"
+  existing.mkdir()
+  (existing / "notes.txt").write_text("mine")
+  with pytest.raises(tasks.DataError):
+    train.train_and_evaluate(config, str(existing), tensorboard=False)
+  assert sorted(os.listdir(existing)) == ["notes.txt"]
+  assert (existing / "notes.txt").read_text() == "mine"
