@@ -13,10 +13,18 @@ bracket tokens (the released trailing `END` dropped) and `target` is empty.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import time
 from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
 
+import tqdm
+
 from sg_jax.tasks import trees
+
+log = logging.getLogger("sg_jax")
+# Least seconds between two progress lines of a generation logged with progress="log".
+LOG_PROGRESS_EVERY_S = 15.0
 
 
 class DataError(ValueError):
@@ -163,14 +171,18 @@ class Task(Protocol):
     ...
 
   def generate_examples(self, *, seed: int = 0, sizes: Optional[dict] = None,
-                        progress: bool = False) -> dict:
-    """`{split: list[Example]}`, a deterministic function of `seed`."""
+                        progress: bool | str = False) -> dict:
+    """`{split: list[Example]}`, a deterministic function of `seed` (`progress`: see
+    `progress_bar`)."""
     ...
 
   def generate(self, out_dir: os.PathLike | str, *, seed: int = 0,
-               num_train: Optional[int] = None, progress: bool = False,
+               num_train: Optional[int] = None, progress: bool | str = False,
                sizes: Optional[dict] = None) -> dict:
-    """Writes every split (and `{name}.meta.json`) to `out_dir`; returns `{split: path}`."""
+    """Writes every split (and `{name}.meta.json`) to `out_dir`; returns `{split: path}`.
+
+    `progress`: see `progress_bar` (training passes "log").
+    """
     ...
 
   def ensure_data(self, data_dir: os.PathLike | str, *, seed: int = 0,
@@ -249,5 +261,53 @@ def ensure_generated(task, data_dir: os.PathLike | str, *, seed: int = 0,
     want_train = task.default_sizes["train"] if num_train is None else int(num_train)
     regenerate = meta.get("seed") != seed or meta.get("sizes", {}).get("train") != want_train
   if regenerate:
-    return task.generate(data_dir, seed=seed, num_train=num_train)
+    sizes = dict(task.default_sizes)
+    if num_train is not None:
+      sizes["train"] = int(num_train)
+    # Generation takes minutes at the default sizes (about 1 min for 121k tense lines on a
+    # 2-core CPU, then as long again to read them back): say what is being done.
+    log.info("generating %s data (seed %d) into %s: %s lines", task.name, seed, data_dir,
+             ", ".join(f"{split} {n:,}" for split, n in sizes.items()))
+    start = time.monotonic()
+    paths = task.generate(data_dir, seed=seed, num_train=num_train, progress="log")
+    log.info("generated %s data in %.0f s", task.name, time.monotonic() - start)
   return paths
+
+
+class _LogLines:
+  """A file for tqdm that logs each status it writes as one line (no carriage returns)."""
+
+  def __init__(self, log_fn: Callable[[str], None]):
+    self.log_fn = log_fn
+
+  def write(self, text: str) -> None:
+    text = text.strip("\r\n ")
+    if text:
+      self.log_fn(text)
+
+  def flush(self) -> None:
+    pass
+
+
+def progress_bar(total: int, desc: str, unit: str, progress: bool | str) -> tqdm.tqdm:
+  """The tqdm bar of a generation.
+
+  Args:
+    total: items to generate.
+    desc, unit: tqdm's label and unit (e.g. "tense lines", "line").
+    progress: False: none; True: a bar on stderr (refreshed every 0.5 s); "log": lines on the
+      `sg_jax` logger at most every `LOG_PROGRESS_EVERY_S` seconds (items done, rate, time
+      left; none for a generation that ends sooner), for runs whose output goes to a log file.
+
+  Raises:
+    ValueError: another value of `progress`.
+  """
+  if progress == "log":
+    return tqdm.tqdm(total=total, desc=desc, unit=unit, file=_LogLines(log.info),
+                     mininterval=LOG_PROGRESS_EVERY_S, maxinterval=LOG_PROGRESS_EVERY_S,
+                     delay=LOG_PROGRESS_EVERY_S,
+                     bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s, {rate_fmt}, "
+                                "{elapsed} elapsed, {remaining} left")
+  if progress not in (True, False):
+    raise ValueError(f"progress must be True, False or 'log', got {progress!r}")
+  return tqdm.tqdm(total=total, desc=desc, unit=unit, disable=not progress, mininterval=0.5)

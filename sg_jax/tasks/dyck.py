@@ -27,7 +27,6 @@ import pathlib
 from typing import Optional, Sequence
 
 import numpy as np
-import tqdm
 
 from sg_jax.tasks import base
 from sg_jax.tasks import io as io_lib
@@ -118,7 +117,7 @@ def ids_to_tokens(ids: Sequence[int], num_types: int = NUM_TYPES) -> tuple:
 
 def generate_ids(*, seed: int = 0, sizes: Optional[dict] = None, num_types: int = NUM_TYPES,
                  max_depth: int = MAX_DEPTH, max_length: Optional[int] = None,
-                 progress: bool = False, chunk: int = 20_000) -> dict:
+                 progress: bool | str = False, chunk: int = 20_000) -> dict:
   """Generates the three splits as id arrays (see the module docstring).
 
   Args:
@@ -128,7 +127,7 @@ def generate_ids(*, seed: int = 0, sizes: Optional[dict] = None, num_types: int 
     max_length: if set, strings longer than this many tokens are rejected (resampled) in every
       split; default None: no limit (the automaton's own distribution; train lengths then reach
       ~1,000 tokens, 99th percentile ~350).
-    progress: tqdm progress bar.
+    progress: True: a tqdm progress bar; "log": progress lines (`base.progress_bar`).
     chunk: strings sampled per vectorised batch.
 
   Returns:
@@ -140,8 +139,7 @@ def generate_ids(*, seed: int = 0, sizes: Optional[dict] = None, num_types: int 
   sizes = {**DEFAULT_SIZES, **(sizes or {})}
   rng = np.random.default_rng(np.random.SeedSequence(seed))
   total = sum(sizes.values())
-  bar = tqdm.tqdm(total=total, desc="dyck strings", unit="str", disable=not progress,
-                  mininterval=0.5)
+  bar = base.progress_bar(total, "dyck strings", "string", progress)
   train: list = []
   while len(train) < sizes["train"]:
     batch = sample_ids(min(chunk, sizes["train"] - len(train)), rng, num_types=num_types,
@@ -217,7 +215,7 @@ class DyckTask(base.Task):
     return f"{self.name}.{split}", None
 
   def generate_examples(self, *, seed: int = 0, sizes: Optional[dict] = None,
-                        progress: bool = False) -> dict:
+                        progress: bool | str = False) -> dict:
     """`{split: list[Example]}` (see `generate_ids`)."""
     data = generate_ids(seed=seed, sizes=sizes, num_types=self.num_types,
                         max_depth=self.max_depth, max_length=self.max_length,
@@ -226,7 +224,7 @@ class DyckTask(base.Task):
             for s, xs in data.items()}
 
   def generate(self, out_dir: os.PathLike | str, *, seed: int = 0,
-               num_train: Optional[int] = None, progress: bool = False,
+               num_train: Optional[int] = None, progress: bool | str = False,
                sizes: Optional[dict] = None) -> dict:
     """Generates and writes `dyck.train`, `dyck.val`, `dyck.test` (+ `dyck.meta.json`).
 

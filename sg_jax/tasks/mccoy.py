@@ -1,7 +1,7 @@
 """Shared machinery of the two McCoy et al. (2020) tasks: split generation, files, shapes.
 
-Generation (docs/REFERENCE.md §1 "Tasks"; the README of the released data (McCoy et al. 2020)): distinct sentences are sampled
-from the packaged grammar. Each sentence has two candidate lines, the identity line (`decl`/`PAST`)
+Generation (docs/REFERENCE.md §1 "Tasks"; the README of the released data, McCoy et al. 2020):
+distinct sentences are sampled from the packaged grammar. Each sentence has two candidate lines, the identity line (`decl`/`PAST`)
 and the transformed line (`quest`/`PRESENT`). A transformed line where the two candidate rules
 (linear vs hierarchical) give different outputs is *ambiguous*: it never goes to train/dev/test,
 only to `gen`. By default (`pair_variants=False`, as in the released dev/test files, which never
@@ -31,7 +31,6 @@ import pathlib
 from typing import Optional, Sequence
 
 import numpy as np
-import tqdm
 
 from sg_jax.tasks import io as io_lib
 from sg_jax.tasks import pcfg
@@ -147,7 +146,7 @@ class McCoyTask(base.Task):
 
   def generate_examples(self, *, seed: int = 0, sizes: Optional[dict] = None,
                         pair_variants: bool = False, shapes: str = "released",
-                        progress: bool = False) -> dict:
+                        progress: bool | str = False) -> dict:
     """Generates all splits in memory (see the module docstring for the design).
 
     Args:
@@ -158,7 +157,7 @@ class McCoyTask(base.Task):
       shapes: `"released"`: sentence shapes drawn from the distributions measured on the released
         files (`in_domain_shape_counts` for train/dev/test, `gen_shape_counts` for gen), words
         from the PCFG given the shape; `"grammar"`: plain PCFG samples for every split.
-      progress: show a tqdm progress bar.
+      progress: True: a tqdm progress bar; "log": progress lines (`base.progress_bar`).
 
     Returns:
       `{split: list[Example]}` for train, dev, test, gen.
@@ -185,8 +184,7 @@ class McCoyTask(base.Task):
     seen: set = set()
     out = {s: [] for s in self.split_names}
     total = sum(sizes.values())
-    bar = tqdm.tqdm(total=total, desc=f"{self.name} lines", unit="line", disable=not progress,
-                    mininterval=0.5)
+    bar = base.progress_bar(total, f"{self.name} lines", "line", progress)
     max_draws = 50 * total + 10_000
     draws = 0
 
@@ -244,7 +242,7 @@ class McCoyTask(base.Task):
     return f"{self.name}.{split}", f"{self.name}_bracket.{split}"
 
   def generate(self, out_dir: os.PathLike | str, *, seed: int = 0,
-               num_train: Optional[int] = None, progress: bool = False,
+               num_train: Optional[int] = None, progress: bool | str = False,
                sizes: Optional[dict] = None, pair_variants: bool = False,
                shapes: str = "released") -> dict:
     """Generates the splits and writes them in the released formats.
@@ -256,7 +254,7 @@ class McCoyTask(base.Task):
       out_dir: output folder (created).
       seed: generation seed.
       num_train: train lines (default 100,000); overrides `sizes["train"]`.
-      progress: tqdm progress bar.
+      progress: see `generate_examples`.
       sizes: other split sizes (default dev 1,000, test 10,000, gen 10,000).
       pair_variants, shapes: see `generate_examples`.
 
