@@ -321,9 +321,28 @@ PAPER = {
     "optim.grad_clip_norm": 10.0,
 }
 
+TINY = {
+    # The quick preset shrunk until a whole run (training, evaluations, checkpoints, resume)
+    # takes seconds: what tests and scripts use to exercise the loop, not to learn anything.
+    **QUICK,
+    "num_seeds": 2,
+    "data.num_train": 400,
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.d_ff": 64,
+    "optim.warmup_steps": 10,
+    "train.num_steps": 40,
+    "train.steps_per_call": 10,
+    "train.log_every": 10,
+    "eval.every": 20,
+    "eval.max_lines": 64,
+    "checkpoint.every": 20,
+}
+
 # Presets every task's config file accepts; a task's own presets live in its config file
 # (configs/question.py: grok_cpu).
-PRESETS = {"quick": QUICK, "paper": PAPER}
+PRESETS = {"quick": QUICK, "paper": PAPER, "tiny": TINY}
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -93,8 +93,8 @@ def parse_override(text: str) -> tuple[str, str]:
 def job_command(config_arg: str, depth: int, seeds: int, workdir: str,
                 overrides: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
   """argv of depth `depth`'s training job (see module docstring)."""
-  cmd = [sys.executable, "-m", "sg_jax.main", f"--config={job_config_arg(config_arg, depth, seeds)}",
-         f"--workdir={workdir}"]
+  cmd = [sys.executable, "-m", "sg_jax.main",
+         f"--config={job_config_arg(config_arg, depth, seeds)}", f"--workdir={workdir}"]
   cmd += [f"--config.{f}={v}" for f, v in map(parse_override, overrides)]
   return cmd + list(extra)
 
@@ -118,7 +118,8 @@ def resolve_config(config_arg: str, depth: int, seeds: int, overrides: Sequence[
   config = module.get_config(split_config_arg(job_config_arg(config_arg, depth, seeds))[1])
   for text in overrides:
     field, value = parse_override(text)
-    configlib.set_field(config, field, configlib._parse_value(value))  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    configlib.set_field(config, field, configlib._parse_value(value))
   return config
 
 

@@ -2,7 +2,6 @@
 and the presets of each task."""
 
 import dataclasses
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,18 +13,11 @@ from sg_jax import configlib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(task, arg=None):
-  spec = importlib.util.spec_from_file_location(task, os.path.join(ROOT, "configs", f"{task}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 @pytest.mark.parametrize("task", ["dyck", "tense"])
-def test_a_task_preset_is_refused_by_the_other_tasks_config_files(task, tmp_path):
-  assert load("question", "grok_cpu").optim.schedule == "wsd"
-  with pytest.raises(ValueError, match=r"unknown preset 'grok_cpu'.*\['paper', 'quick'\]"):
-    load(task, "grok_cpu")
+def test_a_task_preset_is_refused_by_the_other_tasks_config_files(task, tmp_path, load_config):
+  assert load_config("question", "grok_cpu").optim.schedule == "wsd"
+  with pytest.raises(ValueError, match=r"unknown preset 'grok_cpu'.*\['paper', 'quick', 'tiny'\]"):
+    load_config(task, "grok_cpu")
   proc = subprocess.run([sys.executable, "-m", "sg_jax.main", f"--workdir={tmp_path}/w",
                          f"--config=configs/{task}.py:grok_cpu"], cwd=ROOT, capture_output=True,
                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
@@ -33,12 +25,12 @@ def test_a_task_preset_is_refused_by_the_other_tasks_config_files(task, tmp_path
   assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
   assert "unknown preset 'grok_cpu'" in lines[0], lines
   assert not os.path.exists(tmp_path / "w")
-  assert load(task, "quick").model.num_layers == 2  # the shared presets still apply
+  assert load_config(task, "quick").model.num_layers == 2  # the shared presets still apply
 
 
-def test_model_config_takes_every_field_of_the_model_section():
+def test_model_config_takes_every_field_of_the_model_section(load_config):
   from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel  (imports jax)
-  c = load("question", "quick")
+  c = load_config("question", "quick")
   c.model.layer_norm_eps = 1e-6  # a ModelConfig field the base config does not set
   cfg = model_lib.ModelConfig.from_config(c.model, vocab_size=17, max_len=99)
   for name, value in c.model.items():
@@ -55,9 +47,9 @@ def test_model_config_takes_every_field_of_the_model_section():
 @pytest.mark.parametrize("arg,field", [("dropout=1.0", "model.dropout"),
                                        ("d_model=100,heads=8", "model.d_model"),
                                        ("model.d_ff=0", "model.d_ff")])
-def test_validation_of_the_model_section_is_the_model_configs(arg, field):
+def test_validation_of_the_model_section_is_the_model_configs(arg, field, load_config):
   from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel  (imports jax)
-  c = load("question", arg)
+  c = load_config("question", arg)
   with pytest.raises(ValueError) as from_validate:
     configlib.validate(c)
   with pytest.raises(ValueError) as from_model:
@@ -66,9 +58,9 @@ def test_validation_of_the_model_section_is_the_model_configs(arg, field):
   assert str(from_validate.value).startswith(f"invalid config: {field} "), from_validate.value
 
 
-def test_compiled_functions_are_cached_on_all_but_the_resumable_fields():
+def test_compiled_functions_are_cached_on_all_but_the_resumable_fields(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel  (imports jax)
-  base = lambda: load("question", "quick,optim.decay_steps=5000")
+  base = lambda: load_config("question", "quick,optim.decay_steps=5000")
   fns = train.make_train_fns(base(), 20)
   for field, value in (("train.log_every", 7), ("eval.every", 9), ("checkpoint.every", 11),
                        ("train.steps_per_call", 3), ("train.num_steps", 123), ("num_devices", 1)):
@@ -84,6 +76,6 @@ def test_compiled_functions_are_cached_on_all_but_the_resumable_fields():
   c.train.new_step_option = 1  # a field read inside the step tomorrow: never a stale function
   assert train.make_train_fns(c, 20) is not fns
   # The step count shapes the functions when the learning-rate schedule ends at it.
-  c, d = (load("question", "quick,optim.decay_steps=0") for _ in range(2))
+  c, d = (load_config("question", "quick,optim.decay_steps=0") for _ in range(2))
   d.train.num_steps = 999
   assert train.make_train_fns(c, 20) is not train.make_train_fns(d, 20)

@@ -1,6 +1,6 @@
 """Config files, the config-string parser and validation errors."""
 
-import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -15,17 +15,10 @@ from sg_jax import metric_logging
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(task, arg=None):
-  spec = importlib.util.spec_from_file_location(task, os.path.join(ROOT, "configs", f"{task}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 @pytest.mark.parametrize("task,steps", [("question", 300_000), ("tense", 300_000),
                                         ("dyck", 400_000)])
-def test_defaults_reproduce_the_released_code(task, steps):
-  c = load(task)
+def test_defaults_reproduce_the_released_code(task, steps, load_config):
+  c = load_config(task)
   configlib.validate(c)
   assert c.task == task
   assert (c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff) == (6, 512, 8, 2048)
@@ -36,17 +29,31 @@ def test_defaults_reproduce_the_released_code(task, steps):
   assert c.checkpoint.every == 3_000 and c.checkpoint.max_to_keep == 0
 
 
-def test_config_string_aliases_presets_and_types():
-  c = load("tense", "depth=8,seeds=3,lr=3e-4,tied=True")
+def test_config_string_aliases_presets_and_types(load_config):
+  c = load_config("tense", "depth=8,seeds=3,lr=3e-4,tied=True")
   assert c.model.num_layers == 8 and c.num_seeds == 3 and c.optim.learning_rate == 3e-4
   assert c.model.tied_embeddings is True
-  c = load("question", "quick,depth=3")
+  c = load_config("question", "quick,depth=3")
   assert c.model.num_layers == 3 and c.model.d_model == 128 and c.num_seeds == 4
-  c = load("question", "paper")
+  c = load_config("question", "paper")
   assert (c.model.num_heads, c.model.tied_embeddings, c.optim.grad_clip_norm) == (4, True, 10.0)
-  c = load("question", "model.d_model=256,clip=10")
+  c = load_config("question", "model.d_model=256,clip=10")
   assert c.model.d_model == 256 and c.optim.grad_clip_norm == 10.0
   assert isinstance(c.optim.grad_clip_norm, float)
+
+
+@pytest.mark.parametrize("task", ["question", "tense", "dyck"])
+def test_tiny_preset_is_the_quick_one_shrunk_for_tests(task, load_config, tiny_data):
+  tiny, quick = load_config(task, "tiny"), load_config(task, "quick")
+  configlib.validate(tiny)
+  assert (tiny.model.num_layers, tiny.model.d_model, tiny.num_seeds) == (1, 32, 2)
+  assert (tiny.train.num_steps, tiny.eval.every, tiny.checkpoint.every) == (40, 20, 20)
+  differ = {name for name, _, _ in configlib.differences(quick.to_dict(), tiny.to_dict())}
+  assert differ == set(configlib.TINY) - {k for k, v in configlib.QUICK.items()
+                                           if configlib.TINY[k] == v}
+  # The shared tiny data has the preset's training size, so a tiny run never regenerates it.
+  with open(os.path.join(tiny_data, "question.meta.json")) as f:
+    assert json.load(f)["sizes"]["train"] == tiny.data.num_train == 400
 
 
 @pytest.mark.parametrize("arg,match", [
@@ -61,26 +68,26 @@ def test_config_string_aliases_presets_and_types():
     ("optim.schedule=wsd,optim.cooldown_steps=0", "optim.cooldown_steps"),
     ("grok_cpu,optim.cooldown_steps=29000", "optim.cooldown_steps"),
 ])
-def test_invalid_values_name_the_field(arg, match):
-  c = load("question", arg)
+def test_invalid_values_name_the_field(arg, match, load_config):
+  c = load_config("question", arg)
   with pytest.raises(ValueError, match=match):
     configlib.validate(c)
 
 
-def test_parser_errors_name_the_key():
+def test_parser_errors_name_the_key(load_config):
   with pytest.raises(ValueError, match="nonsense"):
-    load("question", "nonsense=3")
+    load_config("question", "nonsense=3")
   with pytest.raises(ValueError, match="unknown preset 'fast'"):
-    load("question", "fast")
+    load_config("question", "fast")
   with pytest.raises(ValueError, match="model.num_layers"):
-    load("question", "depth=deep")
+    load_config("question", "depth=deep")
   with pytest.raises(ValueError, match="unknown task"):
     configlib.base_config("parsing")
 
 
-def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero():
+def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
-  c = load("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
+  c = load_config("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
                        "optim.cooldown_steps=400")
   configlib.validate(c)
   lr = train.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
@@ -90,9 +97,9 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero():
     assert abs(float(lr(step)) - value) < 1e-9, (step, float(lr(step)))
 
 
-def test_grok_cpu_preset_cools_down_at_its_last_step():
+def test_grok_cpu_preset_cools_down_at_its_last_step(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
-  c = load("question", "grok_cpu")
+  c = load_config("question", "grok_cpu")
   configlib.validate(c)
   assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
   assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (6, 128, 4)
@@ -103,12 +110,12 @@ def test_grok_cpu_preset_cools_down_at_its_last_step():
     assert float(lr(steps)) == 0.0
 
 
-def test_unknown_fields_name_the_nearest_valid_ones():
-  c = load("question")
+def test_unknown_fields_name_the_nearest_valid_ones(load_config):
+  c = load_config("question")
   assert configlib.nearest_fields(c, "train.eval_every")[0] == "eval.every"
   assert "model.d_model" in configlib.nearest_fields(c, "model.dmodel")
   with pytest.raises(ValueError, match=r"unknown config field 'depht'; did you mean depth\?"):
-    load("question", "quick,depht=3")
+    load_config("question", "quick,depht=3")
   args = ["--config=configs/question.py:quick", "--workdir=w", "--config.train.eval_every=200"]
   with_root = [a.replace("configs/", os.path.join(ROOT, "configs") + "/") for a in args]
   message = configlib.check_command_line(with_root)

@@ -28,7 +28,8 @@ from sg_jax import fileio
 from sg_jax.tasks import trees
 from sg_jax.tasks.base import DataError, Example
 
-DEFAULT_BASE_URL = "https://raw.githubusercontent.com/tommccoy1/rnn-hierarchical-biases/master/data/"
+DEFAULT_BASE_URL = ("https://raw.githubusercontent.com/tommccoy1/rnn-hierarchical-biases/master/"
+                    "data/")
 HASH_RECORD = "sha256.json"
 
 # SHA-256 of the released files (from the README of the released data).
