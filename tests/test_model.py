@@ -1,4 +1,5 @@
-"""Tests of the TransformerLM: causality, extra attention mask, internals, initialisers."""
+"""Tests of the TransformerLM and its layers: causality, extra attention mask, intermediates,
+packed rows, initialisers, the performance layers (`layers.py`), cached decoding."""
 
 import math
 
@@ -7,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sg_jax import intermediates
+from sg_jax import layers
 from sg_jax import model as model_lib
 
 
@@ -27,14 +30,17 @@ def test_changing_a_later_token_never_changes_earlier_logits():
     assert float(jnp.max(jnp.abs(out[:, pos:] - base[:, pos:]))) > 1e-4
 
 
-def test_internals_shapes_and_attention_rows_sum_to_one_and_are_causal():
+def test_intermediates_shapes_and_attention_rows_sum_to_one_and_are_causal():
   model, params = _model()
   tokens = jnp.ones((2, 7), jnp.int32)
-  logits, internals = model.apply({"params": params}, tokens, return_internals=True)
+  logits, internals = intermediates.apply_with_intermediates(model, params, tokens)
+  np.testing.assert_array_equal(logits, model.apply({"params": params}, tokens))
   assert logits.shape == (2, 7, 20)
   att = np.asarray(internals["attention"])
-  assert att.shape == (2, 2, 4, 7, 7)
+  assert att.shape == (2, 2, 4, 7, 7)  # [layers, batch, heads, query, key]
   assert internals["hidden"].shape == (3, 2, 7, 32)
+  assert internals["heads"].shape == (2, 2, 7, 4, 8)
+  assert internals["mlp"].shape == (2, 2, 7, 32)
   np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-5)
   assert np.all(np.triu(np.ones((7, 7)), 1)[None, None, None] * att == 0)
 
@@ -43,8 +49,8 @@ def test_extra_attention_mask_is_applied():
   model, params = _model()
   tokens = jnp.arange(1, 7, dtype=jnp.int32)[None]
   mask = jnp.ones((1, 6, 6), bool).at[:, :, 1:3].set(False).at[:, :, 0].set(True)
-  _, internals = model.apply({"params": params}, tokens, attention_mask=mask,
-                             return_internals=True)
+  _, internals = intermediates.apply_with_intermediates(model, params, tokens,
+                                                        attention_mask=mask)
   assert float(jnp.max(internals["attention"][..., 1:3])) == 0.0
   # Masking keys 1..2 must equal feeding a sequence where they cannot influence later tokens:
   # the logits at position 0 are unchanged.
@@ -74,10 +80,10 @@ def test_packed_row_with_line_indices_equals_the_padded_batch():
   lengths, inputs, tokens, rows = _three_packed_lines(seed=1)
   key = {"dropout": jax.random.key(3)}
   for deterministic in (True, False):
-    padded, pad_int = model.apply({"params": params}, inputs, deterministic=deterministic,
-                                  rngs=key, return_internals=True)
-    packed, pack_int = model.apply({"params": params}, tokens, deterministic=deterministic,
-                                   rngs=key, return_internals=True, **rows)
+    padded, pad_int = intermediates.apply_with_intermediates(
+        model, params, inputs, deterministic=deterministic, rngs=key)
+    packed, pack_int = intermediates.apply_with_intermediates(
+        model, params, tokens, deterministic=deterministic, rngs=key, **rows)
     assert pack_int["attention"].shape == pad_int["attention"].shape == (2, 3, 4, 6, 6)
     starts = [0, 5, 8]
     for j in range(3):
@@ -93,11 +99,11 @@ def test_packed_row_with_line_indices_equals_the_padded_batch():
 def test_unpack_and_repack_lines_are_inverse_on_line_tokens():
   x = jnp.arange(2 * 7 * 3, dtype=jnp.float32).reshape(2, 7, 3)
   unpack = jnp.asarray([[[0, 1, 2], [3, 4, 4]], [[2, 3, 4], [5, 6, 6]]])  # [B=2, N=2, M=3]
-  lines = model_lib.unpack_lines(x, unpack)
+  lines = layers.unpack_lines(x, unpack)
   assert lines.shape == (4, 3, 3)
   np.testing.assert_array_equal(lines[3, 1], x[1, 6])
   repack = jnp.asarray([[0, 1, 2, 3, 4, 0, 0], [0, 0, 0, 1, 2, 3, 4]])  # j * M + o per position
-  back = model_lib.repack_lines(lines, repack)
+  back = layers.repack_lines(lines, repack)
   np.testing.assert_array_equal(back[0, :5], x[0, :5])
   np.testing.assert_array_equal(back[1, 2:7], x[1, 2:7])
 
@@ -146,9 +152,10 @@ def test_bad_model_config_names_the_field():
 
 
 def test_coordinate_dropout_keeps_the_right_fraction_independently_of_layout():
-  drop = model_lib.CoordinateDropout(0.25)
+  drop = layers.CoordinateDropout(0.25)
   x = jnp.ones((4, 50, 64))
-  ids = (jnp.arange(4, dtype=jnp.uint32)[:, None] * 50 + jnp.arange(50, dtype=jnp.uint32))[..., None]
+  ids = (jnp.arange(4, dtype=jnp.uint32)[:, None] * 50
+         + jnp.arange(50, dtype=jnp.uint32))[..., None]
   index = jnp.arange(64, dtype=jnp.uint32)
   out = drop.apply({}, x, ids, index, False, rngs={"dropout": jax.random.key(0)})
   kept = np.asarray(out) > 0
@@ -169,13 +176,13 @@ def test_head_projection_equals_the_3d_kernel_contraction():
   h, p = 4, 8
   x = jax.random.normal(jax.random.key(0), (2, 5, h * p))
   init = nn.initializers.normal(1.0)
-  split = model_lib.HeadProjection((h, p), split=True, kernel_init=init)
+  split = layers.HeadProjection((h, p), split=True, kernel_init=init)
   params = split.init(jax.random.key(1), x)
   kernel = params["params"]["kernel"]
   assert kernel.shape == (h * p, h, p)
   np.testing.assert_allclose(split.apply(params, x), jnp.einsum("bld,dhp->blhp", x, kernel),
                              rtol=1e-5, atol=1e-5)
-  merge = model_lib.HeadProjection((h, p), split=False, kernel_init=init)
+  merge = layers.HeadProjection((h, p), split=False, kernel_init=init)
   y = x.reshape(2, 5, h, p)
   params = merge.init(jax.random.key(2), y)
   kernel = params["params"]["kernel"]
@@ -185,7 +192,7 @@ def test_head_projection_equals_the_3d_kernel_contraction():
 
 
 def test_matmul_value_and_gradients_equal_jnp_dot_with_and_without_a_seed_axis():
-  """`model.matmul` only rewrites the backward pass: value, d/dx and d/dkernel = `jnp.dot`'s."""
+  """`layers.matmul` only rewrites the backward pass: value, d/dx and d/dkernel = `jnp.dot`'s."""
   kx, kw, kg = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, (3, 2, 5, 16))  # [seeds, batch, length, in]
   kernel = jax.random.normal(kw, (3, 16, 8))
@@ -198,7 +205,7 @@ def test_matmul_value_and_gradients_equal_jnp_dot_with_and_without_a_seed_axis()
   for batched in (False, True):
     run = (jax.vmap(value_and_vjp, in_axes=(None, 0, 0, 0)) if batched
            else lambda fn, *a: value_and_vjp(fn, *(v[0] for v in a)))
-    got = jax.jit(run, static_argnums=0)(model_lib.matmul, x, kernel, cotangent)
+    got = jax.jit(run, static_argnums=0)(layers.matmul, x, kernel, cotangent)
     want = jax.jit(run, static_argnums=0)(jnp.dot, x, kernel, cotangent)
     assert got[2].shape == (kernel.shape if batched else kernel.shape[1:])
     for g, w in zip(got, want):
@@ -210,7 +217,7 @@ def test_dense_equals_flax_dense_in_parameters_outputs_and_gradients():
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   init = model_lib.xavier_uniform(16, 8)
   x = jax.random.normal(jax.random.key(0), (2, 5, 16))
-  ours = model_lib.Dense(8, kernel_init=init)
+  ours = layers.Dense(8, kernel_init=init)
   theirs = nn.Dense(8, kernel_init=init)
   params = ours.init(jax.random.key(1), x)
   reference = theirs.init(jax.random.key(1), x)
@@ -227,7 +234,7 @@ def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
   under a seed vmap (the custom VJP must batch)."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   x = 3.0 * jax.random.normal(jax.random.key(0), (2, 2, 5, 16)) + 1.0  # [seeds, B, L, D]
-  ours, theirs = model_lib.LayerNorm(epsilon=1e-5), nn.LayerNorm(epsilon=1e-5)
+  ours, theirs = layers.LayerNorm(epsilon=1e-5), nn.LayerNorm(epsilon=1e-5)
   params = ours.init(jax.random.key(1), x[0])
   jax.tree_util.tree_map(np.testing.assert_array_equal, params,
                          theirs.init(jax.random.key(1), x[0]))
