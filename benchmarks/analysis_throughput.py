@@ -347,7 +347,7 @@ _PROFILED = (
     ("reading checkpoint metadata", "sg_jax/checkpointing/layout.py", "read_meta",
      "sg_jax/analyze.py"),
     ("listing checkpoints", "sg_jax/checkpointing/layout.py", "all_steps", "sg_jax/analyze.py"),
-    ("loading the sentences (data)", "sg_jax/analyze.py", "load_sentences", None),
+    ("loading the sentences (data)", "sg_jax/analysis/pipeline.py", "load_sentences", None),
     ("attention_entropy", "sg_jax/analysis/attention_entropy.py", "attention_entropy_metrics",
      None),
     ("tscore + tparseval", "sg_jax/analysis/tree_projection.py", "tree_projection_metrics", None),

@@ -45,7 +45,7 @@ import logging as py_logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -68,8 +68,11 @@ LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line"}
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_string("steps", "all", "'all' or comma-separated checkpoint steps.")
 _SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated seed ids.")
-_METRICS = flags.DEFINE_string("metrics", ",".join(registry.group_names()),
-                               f"Comma-separated metric groups out of {registry.group_names()}.")
+_METRICS = flags.DEFINE_string(
+    "metrics", ",".join(registry.group_names()), "Comma-separated metric groups out of "
+    f"{registry.group_names()} and those of --modules (default: all).")
+_MODULES = flags.DEFINE_list("modules", [], "Python modules to import first; each registers "
+                             "its own quantities (sg_jax.analysis.registry).")
 _NUM_SENTENCES = flags.DEFINE_integer(
     "num_sentences", 1000, "Lines to analyse: the first N of the sentence set (reference: 10000).")
 _SPLIT = flags.DEFINE_string("split", "train", "Data split the sentences come from.")
@@ -182,60 +185,6 @@ class CsvAppender:
   def close(self):
     self._f.close()
 
-
-
-def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab, *,
-                   sentence_set: str = "transformed",
-                   entropy_input: str = "declarative") -> dict[str, Any]:
-  """The analysis inputs of the first `num` lines of the sentence set of `split`.
-
-  Args:
-    config: the run's config (task and data options).
-    workdir: run directory (its data/ folder unless config.data.dir is set).
-    split: split name.
-    num: lines to take, the first `num` of the sentence set in file order.
-    need_trees: also return the gold trees of the declarative parts.
-    vocab: the run's vocabulary.
-    sentence_set: `pipeline.SENTENCE_SETS` ('transformed': quest / PRESENT lines only).
-    entropy_input: `pipeline.ENTROPY_INPUTS` ('declarative' or 'line').
-
-  Returns:
-    dict with the `registry.Inputs` fields 'entropy_inputs' (word ids of the entropy inputs,
-    without SOS), 'declaratives' (word ids of the non-empty declarative parts) and 'gold_trees'
-    (their gold trees, or None when not needed), and 'label' (which lines, e.g. "`quest` lines
-    of train").
-
-  Raises:
-    ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
-      the data has none.
-  """
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-
-  task = tasks.get_task(config.task)
-  if split not in task.split_names:
-    raise ValueError(f"unknown split {split!r} for task {task.name}; splits: {task.split_names}")
-  data_dir = config.data.dir or os.path.join(workdir, "data")
-  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
-  examples = task.read_split(data_dir, split)
-  selected = pipeline.select_lines(examples, sentence_set)[:num]
-  token = getattr(task, "transformed_token", "")
-  label = (f"`{token}` lines of {split}" if sentence_set == "transformed" and token
-           else f"lines of {split}")
-  if not selected:
-    raise ValueError(f"split {split!r} of task {task.name} has no {label.split(' of ')[0]} "
-                     f"(of {len(examples)} lines); pass --sentence_set=all or another --split")
-  decl_words = [w for w in (pipeline.declarative_words(ex) for ex in selected) if w]
-  gold = None
-  if need_trees:
-    try:
-      gold = [task.gold_tree(ex) for ex in selected if pipeline.declarative_words(ex)]
-    except ValueError as e:
-      raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
-                       f"has none ({e})") from None
-  return {"entropy_inputs": [vocab.encode(w)
-                             for w in pipeline.entropy_inputs(selected, entropy_input)],
-          "declaratives": [vocab.encode(w) for w in decl_words], "gold_trees": gold,
-          "label": label}
 
 
 def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[int]:
@@ -386,9 +335,10 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             log.warning("%s has no gold trees: skipping %s", config.task, g.name)
             pending.pop(g.name, None)
           requested = [g for g in requested if g not in treeless]
-        data = load_sentences(config, workdir, split, num_sentences,
-                              "gold_trees" in _reads(requested), vocab,
-                              sentence_set=sentence_set, entropy_input=entropy_input)
+        data = pipeline.load_sentences(config, workdir, split, num_sentences,
+                                       "gold_trees" in _reads(requested), vocab,
+                                       sentence_set=sentence_set,
+                                       entropy_input=entropy_input)
         if not data["declaratives"] and "declaratives" in _reads(requested):
           raise ValueError(f"no sentence of {split} has a declarative part")
         record_sentences(path, data)
@@ -431,9 +381,11 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
   try:
+    registry.load_modules(_MODULES.value)
     result = analyze(
         _WORKDIR.value, steps=parse_list(_STEPS.value, "steps"),
-        seeds=parse_list(_SEEDS.value, "seeds"), groups=parse_metrics(_METRICS.value),
+        seeds=parse_list(_SEEDS.value, "seeds"),
+        groups=parse_metrics(_METRICS.value) if _METRICS.present else None,
         num_sentences=_NUM_SENTENCES.value, split=_SPLIT.value,
         sentence_set=_SENTENCE_SET.value, entropy_input=_ENTROPY_INPUT.value, output=_OUTPUT.value,
         method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,

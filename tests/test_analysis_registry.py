@@ -8,6 +8,10 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -80,7 +84,8 @@ def workdir(tmp_path_factory):
                                                   _embedding_value(step, s))
       params.append(p)
     state = {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)}
-    checkpointing.save(manager, step, state, checkpointing.make_meta(config, vocab.to_json(), SEEDS))
+    checkpointing.save(manager, step, state,
+                       checkpointing.make_meta(config, vocab.to_json(), SEEDS))
   manager.wait_until_finished()
   manager.close()
   table = metric_logging.MetricsTable(os.path.join(root, "metrics.csv"))
@@ -143,6 +148,48 @@ def test_unregistered_quantity_is_gone(workdir):
   assert "embedding_norm" not in registry.dynamics()
   with pytest.raises(ValueError, match="unknown metric group"):
     analyze.analyze(workdir, groups=["embedding_norm"], output="gone.csv")
+
+
+_MODULE = textwrap.dedent('''
+    """A quantity of one's own, registered when the module is imported."""
+    import jax.numpy as jnp
+    from sg_jax.analysis import registry
+
+    def row_norm(params):
+      table = params["embedding"]["embedding"]
+      return jnp.mean(jnp.sqrt(jnp.sum(jnp.square(table), axis=-1)))
+
+    registry.register_quantity(registry.Quantity(
+        name="row_norm", groups=(registry.Group("row_norm", ("row_norm",)),),
+        compute=lambda inputs: {"row_norm": registry.over_seeds(row_norm)(inputs.params)},
+        dynamics=(registry.Dynamic("row_norm", axis="row norm", title="Row norm"),)))
+    ''')
+
+
+def test_command_lines_import_modules_that_register_quantities(workdir, tmp_path):
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  for name in ("analysis.csv", "analysis.csv.options.json"):
+    if os.path.exists(os.path.join(run, name)):
+      os.remove(os.path.join(run, name))
+  (tmp_path / "my_quantity.py").write_text(_MODULE)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root]),
+         "JAX_PLATFORMS": "cpu"}
+  call = lambda *args: subprocess.run([sys.executable, "-m", *args], capture_output=True,
+                                      text=True, timeout=300, cwd=root, env=env)
+  done = call("sg_jax.analyze", f"--workdir={run}", "--modules=my_quantity",
+              "--metrics=row_norm")
+  assert done.returncode == 0, done.stderr[-2000:]
+  got = {(int(r[0]), int(r[1])): float(r[3]) for r in _rows(os.path.join(run, "analysis.csv"))}
+  assert got.keys() == {(step, s) for step in STEPS for s in SEEDS}
+  for (step, s), value in got.items():
+    np.testing.assert_allclose(value, _embedding_value(step, s) * math.sqrt(D_MODEL), rtol=1e-6)
+  done = call("sg_jax.report", f"--root={run}", "--modules=my_quantity")
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert os.path.exists(os.path.join(run, "report", "dynamics_row_norm.png"))
+  done = call("sg_jax.analyze", f"--workdir={run}", "--modules=no_such_module_here")
+  assert done.returncode != 0 and "no_such_module_here" in done.stderr.splitlines()[-1]
 
 
 def _per_seed(params, shift, *, scale):

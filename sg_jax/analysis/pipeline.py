@@ -11,6 +11,8 @@ Which lines and which part of each line the quantities read (docs/REFERENCE.md Â
   released input of the attention entropies and the only input of tree projections; 'line' =
   SOS + the whole LM line (source + target).
 
+`load_sentences` reads them from a run's data for `sg_jax.analyze`.
+
 Batches (fed to the drivers `attention_entropy.attention_entropy_metrics` and
 `tree_projection.tree_projection_metrics`):
 
@@ -32,6 +34,7 @@ Short final batches are filled with empty rows that every statistic ignores.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -102,6 +105,60 @@ def entropy_inputs(examples: Sequence[Any], entropy_input: str) -> list[tuple[st
   if entropy_input == "line":
     return [tuple(ex.words) for ex in examples]
   return [w for w in (declarative_words(ex) for ex in examples) if w]
+
+
+def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab, *,
+                   sentence_set: str = "transformed",
+                   entropy_input: str = "declarative") -> dict[str, Any]:
+  """The analysis inputs of the first `num` lines of the sentence set of `split`.
+
+  Args:
+    config: the run's config (task and data options).
+    workdir: run directory (its data/ folder unless config.data.dir is set).
+    split: split name.
+    num: lines to take, the first `num` of the sentence set in file order.
+    need_trees: also return the gold trees of the declarative parts.
+    vocab: the run's vocabulary.
+    sentence_set: `SENTENCE_SETS` ('transformed': quest / PRESENT lines only).
+    entropy_input: `ENTROPY_INPUTS` ('declarative' or 'line').
+
+  Returns:
+    dict with the `registry.Inputs` fields 'entropy_inputs' (word ids of the entropy inputs,
+    without SOS), 'declaratives' (word ids of the non-empty declarative parts) and 'gold_trees'
+    (their gold trees, or None when not needed), and 'label' (which lines, e.g. "`quest` lines
+    of train").
+
+  Raises:
+    ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
+      the data has none.
+  """
+  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
+
+  task = tasks.get_task(config.task)
+  if split not in task.split_names:
+    raise ValueError(f"unknown split {split!r} for task {task.name}; splits: {task.split_names}")
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
+  examples = task.read_split(data_dir, split)
+  selected = select_lines(examples, sentence_set)[:num]
+  token = getattr(task, "transformed_token", "")
+  label = (f"`{token}` lines of {split}" if sentence_set == "transformed" and token
+           else f"lines of {split}")
+  if not selected:
+    raise ValueError(f"split {split!r} of task {task.name} has no {label.split(' of ')[0]} "
+                     f"(of {len(examples)} lines); pass --sentence_set=all or another --split")
+  decl_words = [w for w in (declarative_words(ex) for ex in selected) if w]
+  gold = None
+  if need_trees:
+    try:
+      gold = [task.gold_tree(ex) for ex in selected if declarative_words(ex)]
+    except ValueError as e:
+      raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
+                       f"has none ({e})") from None
+  return {"entropy_inputs": [vocab.encode(w)
+                             for w in entropy_inputs(selected, entropy_input)],
+          "declaratives": [vocab.encode(w) for w in decl_words], "gold_trees": gold,
+          "label": label}
 
 
 @dataclasses.dataclass(frozen=True)

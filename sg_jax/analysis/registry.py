@@ -217,6 +217,21 @@ def register_quantity(quantity: Quantity) -> Quantity:
   return quantity
 
 
+def load_modules(names: Sequence[str]) -> None:
+  """Imports modules that register their own quantities (the `--modules` flag of
+  `sg_jax.analyze` and `sg_jax.report`).
+
+  Raises:
+    ValueError: a module cannot be imported, naming it and the cause.
+  """
+  _load_builtins()
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      raise ValueError(f"cannot import --modules entry {name!r}: {e}") from None
+
+
 def unregister_quantity(name: str) -> None:
   """Removes a registered quantity (for tests that register their own).
 

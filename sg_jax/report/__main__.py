@@ -9,7 +9,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from sg_jax.report import ReportError, build_report, log
+from sg_jax.analysis import registry
+from sg_jax.report import build_report, log
 from sg_jax.report.tables import _fmt
 
 FLAGS = flags.FLAGS
@@ -26,6 +27,8 @@ def define_flags() -> None:
                      "grokking curves.")
   flags.DEFINE_float("tie_tolerance", 0.0, "In-domain accuracies within this of the best count "
                      "as tied for early stopping.")
+  flags.DEFINE_list("modules", [], "Python modules to import first; each registers its own "
+                    "analysis quantities, whose columns are then plotted too.")
 
 
 def main(argv):
@@ -40,9 +43,10 @@ def main(argv):
   log.setLevel(py_logging.INFO)
   log.propagate = False
   try:
+    registry.load_modules(FLAGS.modules)
     result = build_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
                           saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance)
-  except ReportError as e:
+  except ValueError as e:  # ReportError, or a --modules entry that cannot be imported
     sys.exit(f"error: {e}")
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
         f"{result['out_dir']}")
