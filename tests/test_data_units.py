@@ -209,7 +209,6 @@ def test_dyck_paths():
   ids = np.array([0, 1, 21, 20, 2, 22], np.int8)  # (a (b b) a) (c c)
   assert dyck.paths(ids) == (bytes([1, 1, 0, 0]), bytes([1, 0]))
   assert dyck.ids_to_tokens(ids) == ("(a", "(b", "b)", "a)", "(c", "c)")
-  assert dyck.string_paths(("(a", "(b", "b)", "a)", "(c", "c)")) == ("(())", "()")
 
 
 # --- readers: malformed input ----------------------------------------------------------------

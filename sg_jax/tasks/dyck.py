@@ -313,16 +313,3 @@ class DyckTask(base.Task):
 
   def __repr__(self) -> str:
     return f"DyckTask(num_types={self.num_types}, max_depth={self.max_depth})"
-
-
-def string_paths(tokens: Sequence[str]) -> tuple:
-  """Stack-state paths (see `paths`) of a token sequence, as strings like `"(())"`."""
-  out, cur, d = [], [], 0
-  for t in tokens:
-    opening = t.startswith("(")
-    cur.append("(" if opening else ")")
-    d += 1 if opening else -1
-    if d == 0:
-      out.append("".join(cur))
-      cur = []
-  return tuple(out)

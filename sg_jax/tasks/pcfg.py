@@ -71,10 +71,6 @@ class Grammar:
     object.__setattr__(self, "_lexicon", {w: tuple(v) for w, v in lex.items()})
 
   @property
-  def nonterminals(self) -> tuple[str, ...]:
-    return tuple(self.rules)
-
-  @property
   def terminals(self) -> tuple[str, ...]:
     """Every terminal symbol, sorted."""
     out = set()

@@ -132,10 +132,6 @@ class ShapeSampler:
       self._tables[key] = tab
     return tab
 
-  def sample(self, shape: tuple | None = None) -> pcfg.Derivation:
-    """One derivation; its shape is drawn from the distribution unless given."""
-    return self.sample_with_shape(shape)[0]
-
   def sample_with_shape(self, shape: tuple | None = None) -> tuple:
     """(derivation, its shape); the shape is drawn from the distribution unless given."""
     if shape is None:

@@ -18,7 +18,6 @@ from typing import Sequence
 
 from sg_jax.tasks import mccoy
 from sg_jax.tasks import pcfg
-from sg_jax.tasks import trees
 from sg_jax.tasks import vocab as vocab_lib
 from sg_jax.tasks.base import Example, register_task
 

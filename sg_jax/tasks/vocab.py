@@ -82,10 +82,6 @@ class Vocab:
     """Ids of `tokens` (no SOS/EOS added). Raises DataError naming an unknown word."""
     return [self.id_of(t) for t in tokens]
 
-  def ids_of(self, words: Iterable[str]) -> np.ndarray:
-    """int32 [len(words)] ids of the given words (convenience for metrics)."""
-    return np.asarray(self.encode(words), dtype=np.int32)
-
   def decode(self, ids: Iterable[int]) -> list:
     """Tokens of `ids`; pad/EOS/SOS decode to `<pad>`/`<eos>`/`<sos>`.
 
