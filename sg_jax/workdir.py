@@ -300,8 +300,10 @@ class CallSizer:
   The size is the largest divisor of `steps_per_call` whose call is expected to fit (divisors
   keep calls aligned with intervals that are multiples of `steps_per_call`, so few sizes get
   compiled). The first guess comes from `guess_seconds_per_step`; after that from the measured
-  duration of calls of a size already compiled (a size's first call includes its compilation).
-  A new size takes effect at a step that is a multiple of it. Results do not depend on the call
+  duration of calls of a size already compiled (a size's first call includes its compilation):
+  a call measured over `max_seconds` (e.g. under load from other processes) shrinks the size,
+  and it grows only when at least twice as many steps fit. A new size takes effect at a step
+  that is a multiple of it. Results do not depend on the call
   sizes (every step is a pure function of the seed and the step number; tested bit for bit).
 
   Args:
@@ -340,9 +342,10 @@ class CallSizer:
       return
     per_step = seconds / num_steps
     fit = self._fit(per_step)
-    # Shrink as soon as the current size overruns by a fifth; grow only by 2x or more, so that
+    # Shrink as soon as the current size is measured over the limit (a call cut short at a
+    # log/eval/checkpoint step counts at its speed per step); grow only by 2x or more, so that
     # timing noise does not compile sizes back and forth.
-    if ((self.current * per_step > 1.2 * self.max_seconds or fit >= 2 * self.current)
+    if ((self.current * per_step > self.max_seconds or fit >= 2 * self.current)
         and fit != self.wanted):
       log.info("steps per compiled call: %d -> %d (%.3f s per step measured; "
                "train.max_call_seconds %g)", self.current, fit, per_step, self.max_seconds)

@@ -349,3 +349,28 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
   assert table(workdir) == table(str(tmp_path / "reference"))
   np.testing.assert_array_equal(flat(jax.device_get(resumed["state"].params)),
                                 flat(jax.device_get(reference["state"].params)))
+
+
+def test_calls_measured_over_the_limit_shrink(data_dir, tmp_path, monkeypatch):
+  """A call that takes longer than train.max_call_seconds (here: a clock on which every call
+  takes 11 s, against a 10 s limit) shrinks the next ones, even by less than a fifth."""
+  import time  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  sizer = train.CallSizer(100, 10.0, guess_seconds_per_step=1e-4)
+  assert sizer.size_at(0) == 100
+  sizer.observe(100, 60.0)  # the first call of a size includes its compilation: ignored
+  sizer.observe(100, 11.0)  # 0.11 s per step: 50 steps fit
+  assert sizer.size_at(200) == 50
+  # In the loop, timed by a fake clock.
+  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 0.0)
+  ticks = iter(range(0, 10**6, 11))
+  fake_time = types.SimpleNamespace(perf_counter=lambda: float(next(ticks)), time=time.time,
+                                    strftime=time.strftime, gmtime=time.gmtime)
+  monkeypatch.setattr(train, "time", fake_time)
+  calls = []
+  train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 10.0}),
+                           str(tmp_path), tensorboard=False,
+                           state_hook=lambda state, step: calls.append(step) or state)
+  # 10 steps in 11 s (the first call of each size is not measured): 5 steps from step 20, then
+  # 5 steps in 11 s: 2 steps from step 30, then 2 steps in 11 s: 1 step from step 34.
+  assert calls == [0, 10, 20, 25, 30, 32] + list(range(34, 40)), calls
