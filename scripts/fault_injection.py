@@ -1,4 +1,4 @@
-r"""Fault injection: random kill -9 / resume cycles on a tiny config, compared with one
+r"""Fault injection: random kill -9 / resume cycles on the tiny preset (3 seeds), compared with one
 uninterrupted run.
 
   python scripts/fault_injection.py --cycles=20
@@ -36,13 +36,9 @@ from sg_jax import tasks  # pylint: disable=wrong-import-position
 
 
 def command(data_dir: str, workdir: str, steps: int) -> list[str]:
-  return [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:quick",
-          f"--workdir={workdir}", f"--config.data.dir={data_dir}", "--config.num_seeds=3",
-          "--config.model.num_layers=1", "--config.model.d_model=32",
-          "--config.model.num_heads=2", "--config.model.d_ff=64",
-          f"--config.train.num_steps={steps}", "--config.train.steps_per_call=10",
-          "--config.train.log_every=10", "--config.eval.every=20",
-          "--config.eval.max_lines=64", "--config.checkpoint.every=20", "--notensorboard"]
+  return [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:tiny,seeds=3",
+          f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+          f"--config.train.num_steps={steps}", "--notensorboard"]
 
 
 def fingerprint(workdir: str):
