@@ -360,8 +360,11 @@ def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -
 
 
 def _logged_eval(table: metric_logging.MetricsTable, step: int, seeds: list[int]) -> dict:
-  """The evaluation rows of `step` already in metrics.csv, as {name: [S]} ({} if incomplete)."""
-  if not table.enabled or not os.path.exists(table.path):
+  """The evaluation rows of `step` already in metrics.csv, as {name: [S]} ({} if incomplete).
+
+  Read by every process of a multi-process run (process 0 wrote it), so that all of them decide
+  alike whether to evaluate again: an evaluation is a collective step."""
+  if not os.path.exists(table.path):
     return {}
   values: dict = {}
   for row in table.rows():
