@@ -6,14 +6,19 @@ devices hold S/D seeds per device, while the training and evaluation data are re
 computation of a seed does not depend on which device holds it, so results do not change with the
 device count (up to float reassociation; see tests/test_sharding.py for the tolerance).
 
-Multi-host: call `initialize_distributed()` (it wraps `jax.distributed.initialize()`) before any
-other JAX call; the mesh then spans the devices of all hosts, each host feeds its local devices
-through `put_replicated`, and only process 0 writes metrics (orbax coordinates checkpoints).
+Several processes (hosts, or processes on one host): call `initialize_distributed` (it wraps
+`jax.distributed.initialize`) before any other JAX call; the mesh then spans the same number of
+devices of every process, each process feeds its local devices through `put_replicated`, only
+process 0 writes metrics and logs (`is_writer`), and every process takes part in orbax's
+checkpoint saves, which orbax coordinates.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
+import threading
+import time
 from typing import Any, Callable
 
 import jax
@@ -24,28 +29,202 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 SEED_AXIS = "seed"
 
 
-def initialize_distributed() -> None:
-  """Initialises multi-host JAX (TPU pods, multi-node GPU); a no-op if already initialised."""
+# A process that stops sending heartbeats for this long is taken for dead by the coordinator,
+# which then stops every other process (JAX's default is 100 s). Heartbeats come from a
+# background thread, so long compilations and compiled calls do not delay them.
+HEARTBEAT_TIMEOUT_SECONDS = 30
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None, *,
+                           heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_SECONDS,
+                           initialization_timeout_seconds: int = 300) -> None:
+  """Starts multi-process JAX (`jax.distributed.initialize`) before any other JAX call.
+
+  Arguments left None come from JAX's environment variables (JAX_COORDINATOR_ADDRESS, ...) or
+  its cluster detection (SLURM, Open MPI, Cloud TPU, ...). On CPU, cross-process collectives go
+  through gloo (selected here: without a CPU collectives implementation every cross-process
+  transfer fails). A no-op if JAX's distributed runtime is already initialised.
+
+  Args:
+    coordinator_address: 'host:port' of process 0, which runs the coordinator.
+    num_processes: processes in the run.
+    process_id: this process's index in [0, num_processes).
+    heartbeat_timeout_seconds: a process silent this long is taken for dead (s).
+    initialization_timeout_seconds: how long to wait for every process to connect (s).
+
+  Raises:
+    ValueError: some arguments are given and others missing, or process_id is out of range.
+  """
+  given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+  if any(given) and not all(given):
+    raise ValueError("multi-process: give --coordinator_address, --num_processes and "
+                     "--process_id together (or none, to take them from the environment)")
+  if num_processes is not None and not 0 <= process_id < num_processes:
+    raise ValueError(f"multi-process: --process_id must be in [0, {num_processes}) for "
+                     f"--num_processes={num_processes}, not {process_id}")
+  if jax.distributed.is_initialized():
+    return
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # Without this the coordinator aborts every other process (a native crash with a stack trace)
+  # once one of them misses its heartbeats; with it, the others see the loss as a Python error
+  # (a failed collective or barrier) or through `ProcessWatchdog`, and stop with one line.
+  jax.config.update("jax_enable_recoverability", True)
+  jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                             initialization_timeout=initialization_timeout_seconds,
+                             heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+  # Runs before JAX's own exit handler (registered earlier, so run later).
+  atexit.register(leave, heartbeat_timeout_seconds)
+
+
+_leaving = threading.Event()  # set by `leave`: peers disconnecting now are not lost
+
+
+def leave(timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS) -> None:
+  """Disconnects this process from the run so that no process takes another's exit for a
+  failure; called at exit (and before `os._exit`). A no-op for a single process.
+
+  In recoverable mode JAX's shutdown does not wait for the other processes, and a process
+  whose coordinator (hosted by process 0) goes away first aborts. So every other process
+  disconnects first, and process 0 waits until they have (at most `timeout_seconds`: a
+  process that died counts as gone once it misses its heartbeats) before it stops the
+  coordinator.
+  """
+  if jax.process_count() == 1 or _distributed_client() is None:
+    return
+  _leaving.set()
+  if jax.process_index() == 0:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+      try:
+        if len(lost_processes()) == jax.process_count() - 1:
+          break
+      except RuntimeError:
+        break
+      time.sleep(0.05)
+  jax.distributed.shutdown()
+
+
+def _distributed_client():
+  # JAX has no public accessor for its distributed runtime client; orbax uses the same one.
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  return distributed.global_state.client
+
+
+def lost_processes() -> list[int]:
+  """Processes of the run that the coordinator no longer hears from (missed heartbeats for
+  the heartbeat timeout, or disconnected); [] in a single-process run.
+
+  Raises:
+    RuntimeError: the coordinator (process 0) cannot be reached (e.g. it died).
+  """
+  client = _distributed_client()
+  if client is None or jax.process_count() == 1:
+    return []
+  everyone = list(range(jax.process_count()))
   try:
-    jax.distributed.initialize()
-  except RuntimeError as e:  # already initialised
-    if "already" not in str(e):
-      raise
+    live = client.get_live_nodes(everyone)
+  except Exception as e:  # pylint: disable=broad-except  (jaxlib raises its own runtime error)
+    raise RuntimeError(f"the coordinator (process 0) cannot be reached: "
+                       f"{str(e).strip().splitlines()[0][:200]}") from e
+  return [p for p in everyone if p not in live]
+
+
+class ProcessWatchdog:
+  """A daemon thread that calls `on_lost(message)` once when another process of the run is
+  lost (`lost_processes`), so that a process waiting for a dead peer in a native call that
+  would not return stops within about the heartbeat timeout instead of hanging.
+
+  Use as a context manager (or `start`/`stop`); a no-op in a single-process run.
+  `on_lost` runs on the watchdog thread and normally ends the process.
+  """
+
+  def __init__(self, on_lost: Callable[[str], None], interval_seconds: float = 1.0):
+    self._on_lost = on_lost
+    self._interval = interval_seconds
+    self._stopped = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  def _watch(self) -> None:
+    while not self._stopped.wait(self._interval):
+      try:
+        lost = lost_processes()
+        message = (f"process(es) {', '.join(map(str, lost))} of {jax.process_count()} stopped "
+                   f"(no heartbeat)") if lost else None
+      except RuntimeError as e:
+        message = str(e)
+      if message and not (self._stopped.is_set() or _leaving.is_set()):
+        self._on_lost(message)
+        return
+
+  def start(self) -> "ProcessWatchdog":
+    if jax.process_count() > 1 and self._thread is None:
+      self._thread = threading.Thread(target=self._watch, name="sg_jax-process-watchdog",
+                                      daemon=True)
+      self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    """Stops watching (before a normal exit, when the other processes disconnect too)."""
+    self._stopped.set()
+
+  def __enter__(self) -> "ProcessWatchdog":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+
+def sync_processes(name: str) -> None:
+  """Waits until every process of the run reaches `sync_processes(name)`; a no-op for one.
+
+  Raises:
+    jax.errors.JaxRuntimeError: another process is gone.
+  """
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
 
 
 def num_seed_devices(num_seeds: int, max_devices: int = 0) -> int:
   """Devices used for `num_seeds` seeds: the largest count <= available (and <= max_devices if
-  set) that divides `num_seeds`, so every device holds the same number of seeds."""
+  set) that divides `num_seeds`, so every device holds the same number of seeds. With several
+  processes the count is also a multiple of the process count, so that every process holds
+  the same number of devices (and seeds).
+
+  Raises:
+    ValueError: several processes and no such count (num_seeds or max_devices not a multiple
+      of the process count).
+  """
+  processes = jax.process_count()
   available = jax.device_count()
   if max_devices:
     available = min(available, max_devices)
-  return max(d for d in range(1, available + 1) if num_seeds % d == 0)
+  counts = [d for d in range(1, available + 1)
+            if num_seeds % d == 0 and d % processes == 0
+            and d // processes <= jax.local_device_count()]
+  if not counts:
+    raise ValueError(f"invalid config: num_seeds ({num_seeds}) and num_devices "
+                     f"({max_devices or 'all'}) must be multiples of the number of processes "
+                     f"({processes}), so that every process holds the same number of seeds")
+  return max(counts)
 
 
 def seed_mesh(num_seeds: int, max_devices: int = 0) -> Mesh:
-  """A 1-D mesh with axis `seed` over `num_seed_devices(num_seeds, max_devices)` devices."""
+  """A 1-D mesh with axis `seed` over `num_seed_devices(num_seeds, max_devices)` devices.
+
+  The devices are the first of each process in process order (a single process: the first of
+  `jax.devices()`), so seed i lies on the same mesh position whatever the process count.
+
+  Raises:
+    ValueError: as `num_seed_devices`.
+  """
   n = num_seed_devices(num_seeds, max_devices)
-  return Mesh(np.asarray(jax.devices()[:n]), (SEED_AXIS,))
+  per_process = n // jax.process_count()
+  devices = []
+  for p in range(jax.process_count()):
+    devices += sorted((d for d in jax.devices() if d.process_index == p),
+                      key=lambda d: d.id)[:per_process]
+  return Mesh(np.asarray(devices), (SEED_AXIS,))
 
 
 def seed_sharding(mesh: Mesh) -> NamedSharding:
