@@ -8,9 +8,9 @@ Run (config string: comma-separated presets and key=value pairs):
   python -m sg_jax.main --config=configs/question.py:quick --workdir=runs/quick   # CPU, minutes
   python -m sg_jax.main --config=configs/question.py:paper,seeds=20 --workdir=runs/q_paper
 Presets: quick (small model, 4 seeds, 3k steps), paper (4 heads, tied embeddings, clip 10),
-grok_cpu (structural grokking on a 2-core CPU in about 50 minutes for 4 seeds; README, "See
-structural grokking on a CPU": seed sets 0-3 and 4-7 end with mean generalisation 0.71 / 0.79
-after 0.18 / 0.27 at saturation; seeds 8-11 narrowly miss, 0.68 after 0.36).
+grok_cpu (structural grokking on a 2-core CPU in about 50 minutes for 4 seeds; docs/grok_cpu.md:
+seed sets 0-3 and 4-7 end with mean generalisation 0.71 / 0.79 after 0.18 / 0.27 at saturation;
+seeds 8-11 narrowly miss, 0.68 after 0.36).
 
 grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and why:
 * 6 layers (the paper's best depth for question formation), d_model 128, 4 heads, feed-forward

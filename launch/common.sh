@@ -1,7 +1,8 @@
 # Shared helpers of the launch scripts (sourced, not run). Bash 4+.
 #
 # `run CMD ARGS...` executes a command, or, with DRY_RUN=1, prints it as one shell-quoted line
-# (copy-pastable: exactly what would run). `die MSG` prints an error and exits 2. `sync_loop`
+# (copy-pastable: exactly what would run). `die MSG` prints an error and exits 2. `usage SCRIPT`
+# prints the header comment of SCRIPT (its help: what `-h`/`--help` print, exit 0). `sync_loop`
 # writes the loop that mirrors runs/ while a job runs.
 
 DRY_RUN=${DRY_RUN:-0}
@@ -9,6 +10,17 @@ DRY_RUN=${DRY_RUN:-0}
 die() {
   echo "error: $*" >&2
   exit 2
+}
+
+# Prints the comment block at the top of a script (after the #! line), without the "# ".
+usage() {
+  local line
+  while IFS= read -r line; do
+    [[ "$line" == '#!'* ]] && continue
+    [[ "$line" == '#'* ]] || break
+    line=${line#\#}
+    printf '%s\n' "${line# }"
+  done < "$1"
 }
 
 # Quotes one word for the shell only when needed (like Python's shlex.quote).

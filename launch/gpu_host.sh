@@ -37,7 +37,9 @@ REPO_ROOT="$(cd "$HERE/.." && pwd)"
 source "$HERE/common.sh"
 
 COMMAND=${1:-}
-[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: launch/gpu_host.sh COMMAND [options] [-- ARGS] (see the header of this file)"
+case "$COMMAND" in -h|--help|help) usage "${BASH_SOURCE[0]}"; exit 0 ;; esac
+USAGE="launch/gpu_host.sh COMMAND [options] [-- ARGS]"
+[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
 GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900
 JOB_ARGS=()
@@ -48,6 +50,7 @@ while (($#)); do
     --bucket=*) BUCKET=${1#*=} ;;
     --sync_every=*) SYNC_EVERY=${1#*=} ;;
     --dry_run) DRY_RUN=1 ;;
+    -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
     *) die "unknown option $1 (options go before --, sg_jax arguments after it)" ;;
   esac

@@ -58,8 +58,9 @@ REPO_ROOT="$(cd "$HERE/.." && pwd)"
 source "$HERE/common.sh"
 
 COMMAND=${1:-}
+case "$COMMAND" in -h|--help|help) usage "${BASH_SOURCE[0]}"; exit 0 ;; esac
 USAGE="launch/slurm.sh train|sweep --workdir=DIR|--root=DIR [options] -- ARGS"
-[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (see the header of this file)"
+[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
 WORKDIR="" ROOT="" NODES=1 GPUS=1 CPUS=8 PARTITION="" ACCOUNT="" TIME="" JOB_NAME=""
 SIGNAL_SECS=300
@@ -79,6 +80,7 @@ while (($#)); do
     --setup=*) SETUP+=("${1#*=}") ;;
     --sbatch=*) EXTRA_SBATCH+=("${1#*=}") ;;
     --dry_run) DRY_RUN=1 ;;
+    -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
     *) die "unknown option $1 (options go before --, sg_jax arguments after it)" ;;
   esac

@@ -4,7 +4,7 @@
 #
 # Usage: launch/tpu_vm.sh COMMAND --name=NAME [options] [-- ARGS for sg_jax.main/sg_jax.sweep]
 #
-# Commands (run in this order for a new job; see README "TPU workflow"):
+# Commands (run in this order for a new job; see docs/sweeps_and_launch.md, "TPU workflow"):
 #   create    create the TPU VM (on-demand or --spot; --queued = through a queued resource)
 #   install   copy this checkout (or clone --repo) to ~/sg_jax on all workers and pip-install it
 #   train     start `python -m sg_jax.main ARGS` on all workers (background, log in ~/sg_jax.log)
@@ -53,7 +53,9 @@ REPO_ROOT="$(cd "$HERE/.." && pwd)"
 source "$HERE/common.sh"
 
 COMMAND=${1:-}
-[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: launch/tpu_vm.sh COMMAND --name=NAME [options] [-- ARGS] (see the header of this file)"
+case "$COMMAND" in -h|--help|help) usage "${BASH_SOURCE[0]}"; exit 0 ;; esac
+USAGE="launch/tpu_vm.sh COMMAND --name=NAME [options] [-- ARGS]"
+[[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
 NAME="" ZONE="us-central2-b" PROJECT="" ACCELERATOR="v4-8" VERSION="tpu-ubuntu2204-base"
 SPOT=0 QUEUED=0 BUCKET="" REPO="" BRANCH="main" DEST="runs" JOB="" SYNC_EVERY=900
@@ -74,6 +76,7 @@ while (($#)); do
     --job=*) JOB=${1#*=} ;;
     --sync_every=*) SYNC_EVERY=${1#*=} ;;
     --dry_run) DRY_RUN=1 ;;
+    -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
     *) die "unknown option $1 (options go before --, sg_jax arguments after it)" ;;
   esac

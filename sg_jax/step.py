@@ -154,7 +154,7 @@ def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
   ok = finite & ~state.diverged
   # Only the parameters are guarded. Selecting the old optimiser state as well made XLA copy the
   # AdamW moments every step (the parameter update re-reads the old moments after the guarded
-  # ones overwrite them in place): ~10% of a depth-2 step (README, Performance).
+  # ones overwrite them in place): ~10% of a depth-2 step (docs/performance.md).
   params = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old),
                                   optax.apply_updates(state.params, updates), state.params)
   sums = {"loss": state.sums["loss"] + loss, "grad_norm": state.sums["grad_norm"] + grad_norm,
