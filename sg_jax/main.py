@@ -8,6 +8,11 @@ On a CPU-only machine the host is split into 2 x cores XLA devices and the seeds
 over them (`sg_jax.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
 to choose N).
 
+Several processes together (on this machine or on several hosts; docs/sweeps_and_launch.md):
+start the same command once per process with `--multihost --coordinator_address=HOST:PORT
+--num_processes=N --process_id=I`. If one process dies the others stop within about
+--heartbeat_timeout_seconds with one line; rerunning every process resumes.
+
 Rerunning the same command resumes from the latest checkpoint in --workdir (a finished run says
 so and trains nothing). SIGTERM/SIGINT end the run with exit code 75 and one line: from the first
 second of start-up (data generation, compilation, the step-0 evaluation) at once, as nothing is
@@ -48,6 +53,7 @@ host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
 # pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 from sg_jax import checkpointing
@@ -74,8 +80,25 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 _TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False,
-    "Call jax.distributed.initialize() first (TPU pods / multi-node GPU): the seed axis is then "
-    "sharded over the devices of all hosts.")
+    "Run as one of several processes (jax.distributed): on several hosts (TPU pods, multi-node "
+    "GPU, CPU clusters) or on one. The seed axis is sharded over the devices of all processes; "
+    "process 0 writes metrics and logs, every process writes its part of the checkpoints. "
+    "Start every process with the same command except --process_id.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "With --multihost: host:port of process 0 (e.g. 127.0.0.1:12355 for processes on this "
+    "machine, which then share its CPU cores). Unset: from JAX_COORDINATOR_ADDRESS or the "
+    "cluster (SLURM, Open MPI, Cloud TPU).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --multihost: the number of processes (unset: as above).",
+    lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "With --multihost: this process's index, 0 .. num_processes - 1.",
+    lower_bound=0)
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", sharding.HEARTBEAT_TIMEOUT_SECONDS,
+    "With --multihost: a process silent for this long is taken for dead and the others stop.",
+    lower_bound=1)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -83,21 +106,61 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   sg_log = metric_logging.setup_cli_logging()
+  watchdog = None
   if _MULTIHOST.value:
-    sharding.initialize_distributed()
+    watchdog = _start_processes(sg_log)
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                       allow_config_change=_ALLOW_CONFIG_CHANGE.value,
                                       tensorboard=_TENSORBOARD.value,
                                       signal_exit_seconds=STOP_EXIT_SECONDS)
+    if watchdog is not None:
+      # JAX's shutdown does not wait for the other processes (recoverable mode, see
+      # sharding.initialize_distributed): without this barrier one could leave while another
+      # still writes, and its watchdog would take that for a lost process.
+      sharding.sync_processes("sg_jax.main: trained")
+      watchdog.stop()
   except train.Preempted as e:
     sg_log.warning("%s; rerun the same command to resume", e)
     _exit_at_once(train.EXIT_PREEMPTED)
   except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
     sys.exit(f"error: {e}")
+  except jax.errors.JaxRuntimeError as e:  # a collective or barrier failed: a process died
+    if watchdog is None:
+      raise
+    _lost_contact(str(e))
   signal.signal(signal.SIGINT, signal.default_int_handler)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  print(metric_logging.format_summary(result, _WORKDIR.value))
+  if sharding.is_writer():
+    print(metric_logging.format_summary(result, _WORKDIR.value))
+
+
+def _start_processes(sg_log: logging.Logger) -> sharding.ProcessWatchdog:
+  """--multihost: joins the run's other processes and watches them (see `_lost_contact`)."""
+  host_devices.share_among_processes(host_devices.processes_on_this_host(
+      _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS"), _NUM_PROCESSES.value))
+  try:
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                    heartbeat_timeout_seconds=_HEARTBEAT.value)
+  except (ValueError, RuntimeError) as e:
+    sys.exit(f"error: {' '.join(str(e).split())[:300]}")
+  if not sharding.is_writer():
+    sg_log.setLevel(logging.WARNING)  # process 0 logs the run's progress
+  return sharding.ProcessWatchdog(_lost_contact).start()
+
+
+def _lost_contact(reason: str) -> None:
+  """Ends a process of a multi-process run whose peers are gone, with one line: waiting would
+  hang (a collective or barrier never completes), and JAX's own shutdown would wait for them."""
+  lines = [l.strip() for l in reason.strip().splitlines() if l.strip()]
+  first = lines[0][:200] if lines else reason
+  sys.stderr.write(f"error: process {jax.process_index()} of {jax.process_count()} lost contact "
+                   f"with the run ({first}); rerun every process with the same command to "
+                   f"resume from the latest checkpoint\n")
+  logging.shutdown()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(1)  # not `sharding.leave`: the coordinator may be gone
 
 
 def _exit_at_once(code: int) -> None:
@@ -105,6 +168,7 @@ def _exit_at_once(code: int) -> None:
   (checkpoints waited for, metric rows fsynced, summaries closed): XLA's teardown of compiled
   programs and buffers took 6 s (quick preset) to 20 s (reference size) on a 2-core CPU, too long
   after a preemption notice."""
+  sharding.leave(_HEARTBEAT.value)  # the other processes of a multi-process run see a clean exit
   logging.shutdown()
   sys.stdout.flush()
   sys.stderr.flush()
