@@ -57,26 +57,20 @@ def test_is_finished_needs_config_and_final_checkpoint(tmp_path):
   assert not sweep.is_finished(str(tmp_path), 10)  # no checkpoint yet
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  tasks = pytest.importorskip("sg_jax.tasks")
-  path = str(tmp_path_factory.mktemp("data"))
-  tasks.get_task("question").generate(path, seed=0, num_train=40,
-                                      sizes={"dev": 8, "test": 8, "gen": 8})
-  return path
+TINY = f"{CONFIG}:tiny"
 
 
 def _tiny_overrides(data_dir, steps):
-  return [f"data.dir={data_dir}", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
-          f"train.num_steps={steps}", "train.steps_per_call=10", "train.log_every=10",
+  """The tiny preset (conftest's `tiny_data`), smaller still, evaluated every 10 steps."""
+  return [f"data.dir={data_dir}", "model.d_model=16", "model.d_ff=32", f"train.num_steps={steps}",
           "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2"]
 
 
-def test_tiny_sweep_runs_skips_and_resumes(tmp_path, data_dir):
+def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
   root = str(tmp_path / "sweep")
-  args = [sys.executable, "-m", "sg_jax.sweep", f"--config={CONFIG}", "--depths=1", "--seeds=2",
+  args = [sys.executable, "-m", "sg_jax.sweep", f"--config={TINY}", "--depths=1", "--seeds=2",
           f"--root={root}"]
-  overrides = [f"--override={o}" for o in _tiny_overrides(data_dir, 10)]
+  overrides = [f"--override={o}" for o in _tiny_overrides(tiny_data, 10)]
   done = subprocess.run(args + overrides + ["--", "--notensorboard"], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
@@ -90,11 +84,11 @@ def test_tiny_sweep_runs_skips_and_resumes(tmp_path, data_dir):
   assert os.path.exists(os.path.join(root, "logs", "depth1.log"))
 
   # Rerun: nothing to do (no subprocess); the index says skipped.
-  statuses = sweep.run_sweep(CONFIG, [1], 2, root, overrides=_tiny_overrides(data_dir, 10),
+  statuses = sweep.run_sweep(TINY, [1], 2, root, overrides=_tiny_overrides(tiny_data, 10),
                              extra=["--notensorboard"])
   assert statuses == {1: "skipped"}
   # A longer run is not finished: dry run plans to run it again (it would resume at step 10).
-  jobs = sweep.plan(CONFIG, [1], 2, root, _tiny_overrides(data_dir, 20))
+  jobs = sweep.plan(TINY, [1], 2, root, _tiny_overrides(tiny_data, 20))
   assert jobs[0]["initial_status"] == "pending"
 
 
