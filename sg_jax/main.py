@@ -124,6 +124,8 @@ def main(argv):
     sg_log.warning("%s; rerun the same command to resume", e)
     _exit_at_once(train.EXIT_PREEMPTED)
   except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
+    if watchdog is not None:
+      watchdog.check_now()  # e.g. a checkpoint save failed because another process died
     sys.exit(f"error: {e}")
   except jax.errors.JaxRuntimeError as e:  # a collective or barrier failed: a process died
     if watchdog is None:

@@ -145,17 +145,23 @@ class ProcessWatchdog:
     self._stopped = threading.Event()
     self._thread: threading.Thread | None = None
 
+  def check_now(self) -> None:
+    """Calls `on_lost` now if a process is lost: a failure a lost process caused (e.g. a
+    checkpoint save whose barrier never completed) is then reported as such."""
+    if jax.process_count() == 1:
+      return
+    try:
+      lost = lost_processes()
+      message = (f"process(es) {', '.join(map(str, lost))} of {jax.process_count()} stopped "
+                 f"(no heartbeat)") if lost else None
+    except RuntimeError as e:
+      message = str(e)
+    if message and not (self._stopped.is_set() or _leaving.is_set()):
+      self._on_lost(message)
+
   def _watch(self) -> None:
     while not self._stopped.wait(self._interval):
-      try:
-        lost = lost_processes()
-        message = (f"process(es) {', '.join(map(str, lost))} of {jax.process_count()} stopped "
-                   f"(no heartbeat)") if lost else None
-      except RuntimeError as e:
-        message = str(e)
-      if message and not (self._stopped.is_set() or _leaving.is_set()):
-        self._on_lost(message)
-        return
+      self.check_now()
 
   def start(self) -> "ProcessWatchdog":
     if jax.process_count() > 1 and self._thread is None:
