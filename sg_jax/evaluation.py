@@ -352,8 +352,10 @@ def make_evaluate_fn(task, apply_fn: Callable, vocab, *, decode_steps: int = 0,
 class ProgressLog:
   """Logs the progress of a long evaluation: lines done, lines/s and the time left.
 
-  Nothing is logged for an evaluation that ends within `first_after_s` seconds; after that, one
-  line per `update` at most every `every_s` seconds, and a closing line.
+  `open` logs a line before the first batch (the caller does so when the evaluation compiles or
+  is known to be long). Otherwise nothing is logged for an evaluation that ends within
+  `first_after_s` seconds; after that, one line per `update` (per batch) at most every `every_s`
+  seconds, and a closing line.
 
   Args:
     total_lines: lines to evaluate (all splits; each line is evaluated for every seed).
@@ -365,7 +367,7 @@ class ProgressLog:
   """
 
   def __init__(self, total_lines: int, num_seeds: int, *, first_after_s: float = 5.0,
-               every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+               every_s: float = 15.0, clock: Callable[[], float] = time.monotonic,
                log_fn: Callable | None = None):
     self.total, self.num_seeds = int(total_lines), int(num_seeds)
     self.first_after_s, self.every_s = first_after_s, every_s
@@ -374,6 +376,12 @@ class ProgressLog:
     self.start = clock()
     self.done = 0
     self.last_logged = None
+    self.opened = False
+
+  def open(self, what: str) -> None:
+    """Logs `evaluation: {what}` before the first batch (then the closing line always comes)."""
+    self.log_fn("evaluation: %s", what)
+    self.opened = True
 
   def update(self, lines: int, what: str = "") -> None:
     """Records `lines` more lines done (`what`: e.g. the split, named in the line)."""
@@ -391,9 +399,10 @@ class ProgressLog:
                 _duration((self.total - self.done) / max(rate, 1e-9)))
 
   def close(self) -> None:
-    """Logs the closing line (total time), if the evaluation took longer than `first_after_s`."""
+    """Logs the closing line (total time), if the evaluation took longer than `first_after_s`
+    or `open` was called."""
     elapsed = self.clock() - self.start
-    if elapsed >= self.first_after_s:
+    if elapsed >= self.first_after_s or self.opened:
       self.log_fn("evaluation: %d lines x %d seeds in %s (%.1f lines/s)", self.done,
                   self.num_seeds, _duration(elapsed), self.done / max(elapsed, 1e-9))
 

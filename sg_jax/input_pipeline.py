@@ -133,7 +133,9 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
 
   Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
   batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
-  than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left).
+  than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left,
+  at most every 15 s); the first one, which compiles, and any after a long one say what they
+  evaluate before their first batch.
   The metric is the task's (`tasks.from_config(config).make_metrics`); a task that decodes
   (tense) decodes with the key/value cache unless `config.eval.kv_cache` is False.
 
@@ -161,10 +163,20 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
     per_split[name] = (jax.jit(jax.vmap(one_batch, in_axes=(0, None, None))),
                        jax.jit(summarize), np.asarray(batches["valid"]).sum(axis=1))
 
+  last_seconds = []  # durations of the evaluations so far
+
   def evaluate(params):
     num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
     progress = evaluation.ProgressLog(sum(int(v[2].sum()) for v in per_split.values()),
                                       num_seeds)
+    # A line before the first batch when the evaluation compiles (its first batches can take
+    # minutes at the reference size) or took long last time.
+    if not last_seconds or last_seconds[-1] >= progress.first_after_s:
+      splits = " and ".join(f"{name} ({int(v[2].sum())} lines)" for name, v in per_split.items())
+      batch = next(iter(eval_data.values()))["inputs"].shape[1]
+      progress.open(f"{splits} x {num_seeds} seeds, {batch} lines per batch"
+                    + ("; compiling first (the first batch of each split includes its "
+                       "compilation)" if not last_seconds else ""))
     results = {}
     for name, (one_batch, summarize, lines) in per_split.items():
       sums = []
@@ -175,6 +187,7 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
           batch_callback(name, i, int(n))
       results[name] = summarize(sums)
     progress.close()
+    last_seconds.append(progress.clock() - progress.start)
     return results
 
   return evaluate

@@ -277,3 +277,56 @@ def test_progress_log_states_lines_rate_and_time_left():
   fast.update(10)
   fast.close()
   assert not quiet
+
+
+def test_evaluation_says_what_it_evaluates_before_the_first_batch(monkeypatch, caplog):
+  """The first evaluation (it compiles) logs a line before its first batch; later fast ones log
+  nothing; progress lines come at most every 15 s by default."""
+  import logging  # pylint: disable=import-outside-toplevel
+  from sg_jax import train  # pylint: disable=import-outside-toplevel
+  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  vocab, in_domain = _tense_lines(40, seed=2)
+  splits = {"in_domain": in_domain, "out_of_domain": _tense_lines(50, seed=3)[1]}
+  cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=1, d_model=32, num_heads=4,
+                              d_ff=64)
+  fns = train.TrainFns(init=None, chunk=None, model=model_lib.TransformerLM(cfg), tx=None,
+                       capacities=None)
+  params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
+      jax.random.split(jax.random.key(0), 3))
+  eval_data = {name: train.prepare_eval_batches(split, 16, 0) for name, split in splits.items()}
+  opened_before_batches = []
+  real = evaluation.ProgressLog
+
+  class FrozenClock(real):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, clock=lambda: 0.0, **kwargs)  # every evaluation takes 0 s
+
+    def update(self, lines, what=""):
+      opened_before_batches.append(self.opened)
+      super().update(lines, what)
+
+  monkeypatch.setattr(evaluation, "ProgressLog", FrozenClock)
+  caplog.set_level(logging.INFO, logger="sg_jax")
+  evaluate = train.make_eval_fn(configlib_tense(), fns, vocab, eval_data)
+  evaluate(params)
+  first = [r.getMessage() for r in caplog.records]
+  assert first[0] == ("evaluation: in_domain (40 lines) and out_of_domain (50 lines) x 3 seeds, "
+                      "16 lines per batch; compiling first (the first batch of each split "
+                      "includes its compilation)"), first
+  assert first[-1].startswith("evaluation: 90 lines x 3 seeds in 0 s"), first
+  assert opened_before_batches and all(opened_before_batches)
+  caplog.clear()
+  evaluate(params)  # compiled, and the last one was fast: silent
+  assert not caplog.records
+  # Progress lines: the first after 5 s, then at most one per 15 s.
+  now, lines = [0.0], []
+  progress = real(1000, 3, clock=lambda: now[0], log_fn=lambda f, *a: lines.append(f % a))
+  for t in (6.0, 20.0, 22.0):
+    now[0] = t
+    progress.update(100, "in_domain")
+  assert [l.split(":")[1].split(" lines")[0] for l in lines] == [" 100/1000", " 300/1000"], lines
+
+
+def configlib_tense():
+  from sg_jax import configlib  # pylint: disable=import-outside-toplevel
+  return configlib.base_config("tense")
