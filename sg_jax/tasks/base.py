@@ -304,8 +304,9 @@ def progress_bar(total: int, desc: str, unit: str, progress: bool | str) -> tqdm
   """
   if progress == "log":
     return tqdm.tqdm(total=total, desc=desc, unit=unit, file=_LogLines(log.info),
-                     mininterval=LOG_PROGRESS_EVERY_S, maxinterval=LOG_PROGRESS_EVERY_S,
-                     delay=LOG_PROGRESS_EVERY_S,
+                     # miniters=1: the time is checked on every update, so tqdm's monitor
+                     # thread never forces a second line at the same moment.
+                     mininterval=LOG_PROGRESS_EVERY_S, miniters=1, delay=LOG_PROGRESS_EVERY_S,
                      bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s, {rate_fmt}, "
                                 "{elapsed} elapsed, {remaining} left")
   if progress not in (True, False):
