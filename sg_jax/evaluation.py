@@ -407,11 +407,16 @@ class ProgressLog:
                   self.num_seeds, _duration(elapsed), self.done / max(elapsed, 1e-9))
 
 
-def _duration(seconds: float) -> str:
-  """'42 s', '3 min 05 s' or '2 h 07 min'."""
+def format_duration(seconds: float) -> str:
+  """'42 s', '3 min 05 s', '2 h 07 min' or '29 d 03 h' (for logs: time taken, time left)."""
   seconds = int(round(seconds))
   if seconds < 60:
     return f"{seconds} s"
   if seconds < 3600:
     return f"{seconds // 60} min {seconds % 60:02d} s"
-  return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+  if seconds < 86400:
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+  return f"{seconds // 86400} d {seconds % 86400 // 3600:02d} h"
+
+
+_duration = format_duration

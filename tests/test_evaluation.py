@@ -330,3 +330,11 @@ def test_evaluation_says_what_it_evaluates_before_the_first_batch(monkeypatch, c
 def configlib_tense():
   from sg_jax import configlib  # pylint: disable=import-outside-toplevel
   return configlib.base_config("tense")
+
+
+def test_durations_in_logs_count_days():
+  """Time left at the reference size on a CPU is weeks: it must not wrap at 24 h."""
+  assert evaluation.format_duration(42.4) == "42 s"
+  assert evaluation.format_duration(185) == "3 min 05 s"
+  assert evaluation.format_duration(2 * 3600 + 7 * 60) == "2 h 07 min"
+  assert evaluation.format_duration(29 * 86400 + 3 * 3600 + 59) == "29 d 03 h"
