@@ -191,6 +191,17 @@ def sync_processes(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def max_over_processes(value: int) -> int:
+  """The largest of every process's `value` (a collective: every process must call it).
+
+  Raises:
+    jax.errors.JaxRuntimeError: another process is gone.
+  """
+  if jax.process_count() == 1:
+    return int(value)
+  return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int32))))
+
+
 def num_seed_devices(num_seeds: int, max_devices: int = 0) -> int:
   """Devices used for `num_seeds` seeds: the largest count <= available (and <= max_devices if
   set) that divides `num_seeds`, so every device holds the same number of seeds. With several

@@ -296,22 +296,27 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
     Preempted: a stop signal arrived (after the checkpoint of the step reached).
   """
   config, stop, ckpt = loop.config, loop.stop, loop.ckpt
+  # Several processes stop together: each acts on `_agreed_signal`, never on its own signal at
+  # once, so that all of them checkpoint the same step (or they would wait for each other).
+  alone = jax.process_count() == 1
   saved = step  # the state at `saved` is in a checkpoint (written or being written)
   while step < config.train.num_steps:
-    if stop.received is not None and step == saved:
+    received = _agreed_signal(stop)
+    if received is not None and step == saved:
       ckpt.wait()
-      raise Preempted(f"signal {stop.received}: checkpoint written at step {step}", step)
+      raise Preempted(f"signal {received}: checkpoint written at step {step}", step)
     end = _next_boundary(step, config, sizer.size_at(step))
     if state_hook is not None:
       state = state_hook(state, step)
     # A call from the step just checkpointed loses nothing when a signal stops it at once.
-    stop.set_immediate(step == saved, f"at step {step}")
+    stop.set_immediate(step == saved and alone, f"at step {step}")
     started = time.perf_counter()
     state = fns.chunk(state, train_data, jnp.asarray(step, jnp.int32), end - step)
     jax.block_until_ready(state)  # the signal and the saves are checked after every call
     stop.set_immediate(False)
     sizer.observe(end - step, time.perf_counter() - started)
     step = end
+    received = _agreed_signal(stop)
     # A failed save stops the run before any metric row of a later step is written: rows are
     # written at log/eval steps only, and there the pending save is waited for (it has
     # usually long finished); between them a failure is picked up as soon as it is known.
@@ -326,22 +331,30 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       # A stop signal before or during the evaluation skips it: the step is checkpointed at
       # once, and the resumed run evaluates it first (`_evaluate_if_missing`).
       try:
-        if stop.received is not None:
-          raise workdir_lib.StopNow(stop.received, "before the evaluation")
-        last_eval = _log_eval(loop, step, state, interruptible=True)
+        if received is not None:
+          raise workdir_lib.StopNow(received, "before the evaluation")
+        last_eval = _log_eval(loop, step, state, interruptible=alone)
       except workdir_lib.StopNow as e:
         _save(loop, step, state)
         ckpt.wait()
         raise Preempted(f"signal {e.signum}: checkpoint written at step {step} without its "
                         f"evaluation, which the resumed run does first", step) from None
     if (step % config.checkpoint.every == 0 or step == config.train.num_steps
-        or stop.received is not None):
+        or received is not None):
       _save(loop, step, state)
       saved = step
-    if stop.received is not None and step < config.train.num_steps:
+    if received is not None and step < config.train.num_steps:
       ckpt.wait()
-      raise Preempted(f"signal {stop.received}: checkpoint written at step {step}", step)
+      raise Preempted(f"signal {received}: checkpoint written at step {step}", step)
   return state, step, last_eval
+
+
+def _agreed_signal(stop: StopSignal) -> int | None:
+  """The stop signal received, the same on every process: with several processes the first
+  any of them has received (a collective), so that all of them stop after the same call."""
+  if jax.process_count() == 1:
+    return stop.received
+  return sharding.max_over_processes(stop.received or 0) or None
 
 
 def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -> dict:
