@@ -30,7 +30,7 @@ SEED_AXIS = "seed"
 
 
 # A process that stops sending heartbeats for this long is taken for dead by the coordinator,
-# which then stops every other process (JAX's default is 100 s). Heartbeats come from a
+# and the others then stop (`ProcessWatchdog`; JAX's default is 100 s). Heartbeats come from a
 # background thread, so long compilations and compiled calls do not delay them.
 HEARTBEAT_TIMEOUT_SECONDS = 30
 
