@@ -29,7 +29,7 @@ def apply_with_intermediates(model: TransformerLM, params, tokens_BxL: Array,
     params: its parameters (one seed).
     tokens_BxL: int32 [B, L] inputs.
     **kwargs: `TransformerLM.__call__` keywords (deterministic, attention_mask, positions_BxL,
-      lines, head_mask, ...), except `decode`.
+      lines, head_mask, ...), except `decode`; and `rngs` (`{'dropout': key}` with dropout on).
 
   Returns:
     (logits [B, L, vocab_size] float32, dict) with
@@ -41,7 +41,10 @@ def apply_with_intermediates(model: TransformerLM, params, tokens_BxL: Array,
         residual add (after `mlp_mask`);
       'hidden': [num_layers + 1, B, L, d_model], the residual stream: hidden[0] = embedding +
         positions after dropout, hidden[l] = output of layer l (after its second LayerNorm).
-    Arrays are in the model's computation dtype except 'attention'.
+    Arrays are in the model's computation dtype except 'attention'. Vmapped over seeds (or
+    pruning runs) every array gains that leading axis, e.g. 'hidden' [seed, num_layers + 1,
+    B, L, d_model]. The tree projections read 'hidden' and the attention entropy
+    'attention' (docs/REFERENCE.md §1, "Analysis quantities").
 
   Raises:
     ValueError: `decode` is passed, or as `TransformerLM.__call__`.

@@ -153,13 +153,16 @@ def _reshaped(init, shape):
 
 
 def mean_ablate(x: Array, mask: Array, means: Array | None) -> Array:
-  """`(x - mu) * z + mu` (zero ablation `x * z` when `means` is None), in x's dtype.
+  """Mean ablation `(x - mu) * z + mu` (docs/REFERENCE.md §2), or zero ablation `x * z`.
 
   Args:
     x: activations, e.g. [B, L, H, P] head outputs or [B, L, D] MLP outputs.
     mask: z, broadcastable to x (e.g. [H, 1] per head, [] per MLP block); 1 keeps the unit,
       0 replaces it by mu; values in between interpolate (hard-concrete gates).
     means: mu broadcastable to x (e.g. [H, P], or [B, L, H, P] per position), or None.
+
+  Returns:
+    x's shape and dtype (z and mu are cast to it).
   """
   z = mask.astype(x.dtype)
   if means is None:
