@@ -24,7 +24,7 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
   (`lines`, see `model.MultiHeadAttention`), so attention costs what it costs on the padded
   batch while the dense layers run on the row's positions only. Each token keeps the identity
   it has in the padded layout (line slot x padded length + position) so dropout masks are
-  unchanged (`model.CoordinateDropout`). The loss over the row therefore equals the loss of the padded
+  unchanged (`layers.CoordinateDropout`). The loss over the row therefore equals the loss of the padded
   batch [batch, length] up to float reassociation, with far fewer padding positions.
 
   Args:
