@@ -26,11 +26,9 @@ STEPS = 100
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  d = tmp_path_factory.mktemp("question_data")
-  tasks.get_task("question").generate(str(d), seed=0, num_train=400,
-                                      sizes={"dev": 100, "test": 100, "gen": 100})
-  return str(d)
+def data_dir(tiny_data):
+  """conftest's tiny question data: the `tiny` preset's 400 training lines, 100 per other split."""
+  return tiny_data
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +39,9 @@ def env(tmp_path_factory):
 
 
 def main_cmd(data_dir, workdir, steps=STEPS):
-  return [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:quick",
-          f"--workdir={workdir}", f"--config.data.dir={data_dir}", "--config.num_seeds=2",
-          "--config.model.num_layers=1", "--config.model.d_model=32",
-          "--config.model.num_heads=2", "--config.model.d_ff=64",
-          f"--config.train.num_steps={steps}", "--config.train.steps_per_call=10",
-          "--config.train.log_every=10", "--config.eval.every=20",
-          "--config.eval.max_lines=64", "--config.checkpoint.every=20", "--notensorboard"]
+  return [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:tiny",
+          f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+          f"--config.train.num_steps={steps}", "--notensorboard"]
 
 
 @pytest.fixture(scope="module")
@@ -148,19 +142,8 @@ def test_corrupt_latest_checkpoint_is_skipped_with_a_warning(data_dir, env, refe
   assert_same_as_reference(workdir, reference)
 
 
-def snapshot(workdir):
-  """{relative path: bytes} of every file under `workdir`."""
-  files = {}
-  for root, _, names in os.walk(workdir):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        files[os.path.relpath(path, workdir)] = f.read()
-  return files
-
-
 def test_allow_config_change_with_another_model_changes_nothing(data_dir, env, reference,
-                                                                 tmp_path):
+                                                                 tmp_path, snapshot):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference[0], workdir)
   before = snapshot(workdir)

@@ -11,33 +11,10 @@ import numpy as np
 import pytest
 
 from sg_jax import checkpointing
-from sg_jax import configlib
 from sg_jax import metric_logging
-from sg_jax import tasks
 from sg_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  d = tmp_path_factory.mktemp("question_data")
-  tasks.get_task("question").generate(str(d), seed=0, num_train=400)
-  return str(d)
-
-
-def tiny_config(data_dir, **fields):
-  c = configlib.base_config("question")
-  configlib.apply_config_string(c, "quick", configlib.PRESETS)
-  c.data.dir = data_dir
-  c.num_seeds = 2
-  c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff = 1, 32, 2, 64
-  c.train.num_steps, c.train.steps_per_call, c.train.log_every = 40, 10, 10
-  c.eval.every, c.eval.max_lines, c.checkpoint.every = 20, 64, 20
-  c.optim.warmup_steps = 10
-  for k, v in fields.items():
-    configlib.set_field(c, k, v)
-  return c
 
 
 def flat(tree):
@@ -54,8 +31,8 @@ def _train_params(config, vocab, split, seeds, steps, packing=False):
   return jax.device_get(state.params), capacities
 
 
-def test_vmapped_seeds_equal_each_seed_trained_alone(data_dir, tmp_path):
-  config = tiny_config(data_dir)
+def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
+  config = tiny_config()
   _, vocab, splits = train.load_data(config, str(tmp_path))
   together, _ = _train_params(config, vocab, splits["train"], [5, 6, 7], 50)
   for i, seed in enumerate((5, 6, 7)):
@@ -67,8 +44,8 @@ def test_vmapped_seeds_equal_each_seed_trained_alone(data_dir, tmp_path):
   assert np.abs(flat(jax.tree_util.tree_map(lambda x: x[0] - x[1], together))).max() > 1e-3
 
 
-def test_packed_training_equals_padded_training_with_dropout(data_dir, tmp_path):
-  config = tiny_config(data_dir)
+def test_packed_training_equals_padded_training_with_dropout(tiny_config, tmp_path):
+  config = tiny_config()
   assert config.model.dropout == 0.1
   _, vocab, splits = train.load_data(config, str(tmp_path))
   padded, none = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=False)
@@ -94,8 +71,8 @@ def test_pack_lines_lays_out_lines_with_own_positions_and_line_indices():
   np.testing.assert_array_equal(repack[0], [0, 1, 2, 3, 4, 5, 0, 0])
 
 
-def test_padding_fraction_of_packed_rows_is_small(data_dir, tmp_path):
-  config = tiny_config(data_dir)
+def test_padding_fraction_of_packed_rows_is_small(tiny_config, tmp_path):
+  config = tiny_config()
   _, _, splits = train.load_data(config, str(tmp_path))
   lengths, width = splits["train"].lengths, splits["train"].inputs.shape[1]
   config.train.packing = False
@@ -106,8 +83,8 @@ def test_padding_fraction_of_packed_rows_is_small(data_dir, tmp_path):
   assert packed < 0.5 * padded
 
 
-def test_run_writes_metrics_and_checkpoints_and_round_trips(data_dir, tmp_path):
-  config = tiny_config(data_dir)
+def test_run_writes_metrics_and_checkpoints_and_round_trips(tiny_config, tmp_path):
+  config = tiny_config()
   result = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
   assert result["step"] == 40
   assert checkpointing.all_steps(str(tmp_path)) == [0, 20, 40]
@@ -145,8 +122,8 @@ def test_run_writes_metrics_and_checkpoints_and_round_trips(data_dir, tmp_path):
                                 result["eval"]["in_domain/accuracy"])
 
 
-def test_rerun_of_a_finished_run_says_it_is_complete(data_dir, tmp_path, caplog):
-  config = tiny_config(data_dir, **{"train.num_steps": 10})
+def test_rerun_of_a_finished_run_says_it_is_complete(tiny_config, tmp_path, caplog):
+  config = tiny_config(**{"train.num_steps": 10})
   train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
   with caplog.at_level(logging.INFO, logger="sg_jax"):
     out = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
@@ -156,46 +133,36 @@ def test_rerun_of_a_finished_run_says_it_is_complete(data_dir, tmp_path, caplog)
   assert not any(m.startswith("training 2 seeds") for m in messages), messages
 
 
-def _snapshot(workdir):
-  files = {}
-  for root, _, names in os.walk(workdir):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        files[os.path.relpath(path, workdir)] = f.read()
-  return files
-
-
-def test_config_changes_on_resume_free_flag_and_never(data_dir, tmp_path):
-  config = tiny_config(data_dir, **{"train.num_steps": 10})
+def test_config_changes_on_resume_free_flag_and_never(tiny_config, tmp_path, snapshot):
+  config = tiny_config(**{"train.num_steps": 10})
   train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
-  before = _snapshot(str(tmp_path))
+  before = snapshot(str(tmp_path))
   # A field that changes parameter shapes is refused in one line, even with the flag.
   for allow in (False, True):
     with pytest.raises(ValueError, match=r"model.d_model 32 -> 64 .*cannot change") as e:
-      train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10,
-                                                        "model.d_model": 64}),
+      train.train_and_evaluate(tiny_config(**{"train.num_steps": 10,
+                                              "model.d_model": 64}),
                                str(tmp_path), tensorboard=False, allow_config_change=allow)
     assert "\n" not in str(e.value)
-    assert _snapshot(str(tmp_path)) == before
+    assert snapshot(str(tmp_path)) == before
   for field, value in (("num_seeds", 3), ("train.batch_size", 4), ("data.seed", 1),
                        ("optim.b2", 0.99)):
     with pytest.raises(ValueError, match=field):
-      train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10, field: value}),
+      train.train_and_evaluate(tiny_config(**{"train.num_steps": 10, field: value}),
                                str(tmp_path), tensorboard=False, allow_config_change=True)
   # The learning rate needs the flag; with it the run resumes (here: nothing left to train).
-  changed = tiny_config(data_dir, **{"train.num_steps": 10, "optim.learning_rate": 3e-4})
+  changed = tiny_config(**{"train.num_steps": 10, "optim.learning_rate": 3e-4})
   with pytest.raises(ValueError, match="optim.learning_rate .*--allow_config_change"):
     train.train_and_evaluate(changed, str(tmp_path), tensorboard=False)
-  assert _snapshot(str(tmp_path)) == before
+  assert snapshot(str(tmp_path)) == before
   out = train.train_and_evaluate(changed, str(tmp_path), tensorboard=False,
                                  allow_config_change=True)
   assert out["trained_steps"] == 0
   # Cadence fields change freely.
-  out = train.train_and_evaluate(tiny_config(data_dir, **{"train.num_steps": 10,
-                                                          "optim.learning_rate": 3e-4,
-                                                          "eval.every": 5,
-                                                          "train.max_call_seconds": 1.0}),
+  out = train.train_and_evaluate(tiny_config(**{"train.num_steps": 10,
+                                                "optim.learning_rate": 3e-4,
+                                                "eval.every": 5,
+                                                "train.max_call_seconds": 1.0}),
                                  str(tmp_path), tensorboard=False)
   assert out["step"] == 10
   ends_at_num_steps = {"optim": {"decay_steps": 0}}
@@ -219,15 +186,15 @@ def test_call_sizer_fits_calls_under_the_time_limit():
   assert train._CallSizer(100, 10.0, 60.0).size_at(0) == 1
 
 
-def test_adapted_call_sizes_give_bit_identical_results(data_dir, tmp_path, monkeypatch):
+def test_adapted_call_sizes_give_bit_identical_results(tiny_config, tmp_path, monkeypatch):
   monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 0.0)
   fixed_calls, adapted_calls = [], []
   hook = lambda calls: (lambda state, step: calls.append(step) or state)
-  fixed = train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 0.0}),
+  fixed = train.train_and_evaluate(tiny_config(**{"train.max_call_seconds": 0.0}),
                                    str(tmp_path / "fixed"), tensorboard=False,
                                    state_hook=hook(fixed_calls))
   # A limit no call can meet: after the first measured call, every call is one step.
-  adapted = train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 1e-9}),
+  adapted = train.train_and_evaluate(tiny_config(**{"train.max_call_seconds": 1e-9}),
                                      str(tmp_path / "adapted"), tensorboard=False,
                                      state_hook=hook(adapted_calls))
   assert fixed_calls == [0, 10, 20, 30]
@@ -240,7 +207,7 @@ def test_adapted_call_sizes_give_bit_identical_results(data_dir, tmp_path, monke
   assert rows("adapted") == rows("fixed")
 
 
-def test_each_call_is_finished_before_the_next_is_dispatched(data_dir, tmp_path):
+def test_each_call_is_finished_before_the_next_is_dispatched(tiny_config, tmp_path):
   """The host never runs ahead of the device, so a signal is seen after the current call."""
   ready = []
 
@@ -248,19 +215,19 @@ def test_each_call_is_finished_before_the_next_is_dispatched(data_dir, tmp_path)
     ready.append(all(x.is_ready() for x in jax.tree_util.tree_leaves(state)))
     return state
 
-  config = tiny_config(data_dir, **{"train.steps_per_call": 2, "train.log_every": 40,
-                                    "eval.every": 40, "checkpoint.every": 40})
+  config = tiny_config(**{"train.steps_per_call": 2, "train.log_every": 40,
+                          "eval.every": 40, "checkpoint.every": 40})
   train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
   assert len(ready) == 20 and all(ready), ready
 
 
-def test_sigterm_checkpoints_at_most_one_call_after_the_signal(data_dir, tmp_path):
+def test_sigterm_checkpoints_at_most_one_call_after_the_signal(tiny_config, tmp_path):
   def hook(state, step):
     if step == 30:  # the call 30 -> 40 is the one running when the signal is handled
       os.kill(os.getpid(), signal.SIGTERM)
     return state
 
-  config = tiny_config(data_dir, **{"train.num_steps": 100})
+  config = tiny_config(**{"train.num_steps": 100})
   handler = signal.getsignal(signal.SIGTERM)
   with pytest.raises(train.Preempted, match="checkpoint written at step 40") as e:
     train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
@@ -271,9 +238,9 @@ def test_sigterm_checkpoints_at_most_one_call_after_the_signal(data_dir, tmp_pat
   assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler was uninstalled
 
 
-def test_diverged_seed_keeps_its_last_finite_parameters(data_dir, tmp_path):
+def test_diverged_seed_keeps_its_last_finite_parameters(tiny_config, tmp_path):
   """A step whose loss overflows (from finite parameters) freezes the seed's parameters there."""
-  config = tiny_config(data_dir, num_seeds=2)
+  config = tiny_config(num_seeds=2)
   poisoned = {}
 
   def blow_up(state, step):
@@ -294,8 +261,8 @@ def test_diverged_seed_keeps_its_last_finite_parameters(data_dir, tmp_path):
                             flat(jax.tree_util.tree_map(lambda x: x[0], poisoned["params"])))
 
 
-def test_poisoned_seed_is_isolated(data_dir, tmp_path):
-  config = tiny_config(data_dir, num_seeds=3)
+def test_poisoned_seed_is_isolated(tiny_config, tmp_path):
+  config = tiny_config(num_seeds=3)
   clean = train.train_and_evaluate(config, str(tmp_path / "clean"), tensorboard=False)
 
   def poison(state, step):
@@ -319,8 +286,8 @@ def test_poisoned_seed_is_isolated(data_dir, tmp_path):
 
 
 def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
-    data_dir, tmp_path, monkeypatch):
-  config = tiny_config(data_dir)
+    tiny_config, tmp_path, monkeypatch):
+  config = tiny_config()
   reference = train.train_and_evaluate(config, str(tmp_path / "reference"), tensorboard=False)
   real_make_eval_fn = train.make_eval_fn
 
@@ -351,7 +318,7 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
                                 flat(jax.device_get(reference["state"].params)))
 
 
-def test_calls_measured_over_the_limit_shrink(data_dir, tmp_path, monkeypatch):
+def test_calls_measured_over_the_limit_shrink(tiny_config, tmp_path, monkeypatch):
   """A call that takes longer than train.max_call_seconds (here: a clock on which every call
   takes 11 s, against a 10 s limit) shrinks the next ones, even by less than a fifth."""
   import time  # pylint: disable=import-outside-toplevel
@@ -368,7 +335,7 @@ def test_calls_measured_over_the_limit_shrink(data_dir, tmp_path, monkeypatch):
                                     strftime=time.strftime, gmtime=time.gmtime)
   monkeypatch.setattr(train, "time", fake_time)
   calls = []
-  train.train_and_evaluate(tiny_config(data_dir, **{"train.max_call_seconds": 10.0}),
+  train.train_and_evaluate(tiny_config(**{"train.max_call_seconds": 10.0}),
                            str(tmp_path), tensorboard=False,
                            state_hook=lambda state, step: calls.append(step) or state)
   # 10 steps in 11 s (the first call of each size is not measured): 5 steps from step 20, then
