@@ -54,6 +54,7 @@ from absl import flags
 from absl import logging
 
 from sg_jax import checkpointing
+from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import metric_logging
 from sg_jax.analysis import pipeline, registry
@@ -139,7 +140,7 @@ def check_options(path: str, options: dict) -> None:
                        "another --output or the same options")
   elif os.path.exists(path) and os.path.getsize(path) > 0:
     log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
-  with open(opt_path, "w") as f:
+  with fileio.open_atomic(opt_path) as f:
     json.dump({**old, **options}, f, indent=1)
 
 
@@ -155,7 +156,7 @@ def record_sentences(path: str, data: dict) -> None:
   options["sentences_used"] = {**{key: len(data[kind])
                                   for kind, key in registry.SENTENCE_INPUTS.items()},
                                "label": data["label"]}
-  with open(opt_path, "w") as f:
+  with fileio.open_atomic(opt_path) as f:
     json.dump(options, f, indent=1)
 
 

@@ -44,8 +44,7 @@ from sg_jax.step import (DATA_KEY, DROPOUT_KEY, PARAMS_KEY, TrainFns, TrainState
                          make_train_fns, packed_loss_and_grads, seed_keys, train_step)
 from sg_jax.workdir import (CHANGEABLE_WITH_FLAG, EXIT_PREEMPTED,  # noqa: F401
                             RESUMABLE_CHANGES, CallSizer, Preempted, StopSignal,
-                            check_workdir_config, check_writable, classify_config_change,
-                            config_differences)
+                            check_workdir_config, check_writable, classify_config_change)
 
 log = logging.getLogger("sg_jax")
 _CallSizer = CallSizer  # the older private names

@@ -53,11 +53,6 @@ class Preempted(Exception):
     self.step = step
 
 
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-  """'field: old -> new' for every field whose value differs between two config dicts."""
-  return [f"{name}: {a!r} -> {b!r}" for name, a, b in configlib.differences(old, new, prefix)]
-
-
 def classify_config_change(name: str, old: dict, new: dict) -> str:
   """How resuming may treat a change of config field `name` (dotted) from `old` to `new`.
 

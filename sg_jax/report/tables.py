@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sg_jax import fileio
 from sg_jax.analysis import registry
 from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
 
@@ -152,7 +153,7 @@ def write_csv(path: str, rows: Sequence[dict]) -> None:
   keys = []
   for r in rows:
     keys += [k for k in r if k not in keys]
-  with open(path, "w", newline="") as f:
+  with fileio.open_atomic(path) as f:
     w = csv.writer(f)
     w.writerow(keys)
     for r in rows:
@@ -211,5 +212,4 @@ def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, sa
     lines += [f"* {note}" for note in skipped]
     lines += [f"* `{r.name}` is unfinished: last evaluation before train.num_steps={r.num_steps}"
               for r in incomplete]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  fileio.write_atomic(path, "\n".join(lines) + "\n")
