@@ -157,6 +157,18 @@ def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
   return out
 
 
+def _gold_span_batch(indices, gold, n_max: int):
+  """[rows, n_max, n_max] bool device array of the gold spans of each row's sentence (`indices`:
+  sentence index per row, -1 for a filler row left all False), or None without gold trees."""
+  if gold is None:
+    return None
+  spans = np.zeros((len(indices), n_max, n_max), bool)
+  for row, s in enumerate(indices):
+    if s >= 0:
+      spans[row] = parseval.span_matrix(gold[s], n_max)
+  return jnp.asarray(spans)
+
+
 @functools.lru_cache(maxsize=4)
 def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
                gold: tuple | None) -> list[tuple[pipeline.StartPassBatch, tuple]]:
@@ -166,13 +178,7 @@ def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: 
   out = []
   for batch in pipeline.make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size):
     n_max = batch.passes.gather.shape[0]
-    spans = None
-    if gold is not None:
-      spans = np.zeros((len(batch.indices), n_max, n_max), bool)
-      for row, s in enumerate(batch.indices):
-        if s >= 0:
-          spans[row] = parseval.span_matrix(gold[s], n_max)
-      spans = jnp.asarray(spans)
+    spans = _gold_span_batch(batch.indices, gold, n_max)
     passes = packing.StartPasses(*(jnp.asarray(a) for a in batch.passes))
     out.append((batch, (passes, spans, jnp.asarray(batch.indices, jnp.int32))))
   return out
@@ -218,6 +224,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
   """
   if layout not in LAYOUTS:
     raise ValueError(f"unknown tree-projection layout {layout!r}; expected one of {LAYOUTS}")
+  gold_spans = None
   if gold_trees is not None:
     if len(gold_trees) != len(sentences):
       raise ValueError(f"{len(gold_trees)} gold trees for {len(sentences)} sentences")
@@ -230,7 +237,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
       gold_spans.append(parseval.tree_spans(tree))
   options = dict(config=config, method=method, normalisation=normalisation, details=details)
   if layout == "packed":
-    gold_key = None if gold_trees is None else tuple(tuple(sorted(g)) for g in gold_spans)
+    gold_key = None if gold_spans is None else tuple(tuple(sorted(g)) for g in gold_spans)
     planned = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
                          int(batch_size), gold_key)
 
@@ -245,13 +252,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
     def calls(params):
       for batch in batches:
         n_max = batch.tokens.shape[1] - 1
-        spans = None
-        if gold_trees is not None:
-          spans = np.zeros((len(batch.indices), n_max, n_max), bool)
-          for row, s in enumerate(batch.indices):
-            if s >= 0:
-              spans[row] = parseval.span_matrix(gold_spans[s], n_max)
-          spans = jnp.asarray(spans)
+        spans = _gold_span_batch(batch.indices, gold_spans, n_max)
         yield batch, batch.num_words, tree_projection_stats_over_seeds(
             params, jnp.asarray(batch.tokens), jnp.asarray(batch.num_words), spans, key,
             jnp.asarray(batch.indices, jnp.int32), **options)
