@@ -9,6 +9,7 @@ and the seed ids (`make_meta`). Written by `checkpointing.writer`, read by
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import os
 import re
@@ -64,10 +65,21 @@ def _quiet_closed_loop_callbacks() -> None:
     if (isinstance(unraisable.exc_value, RuntimeError)
         and str(unraisable.exc_value) == "Event loop is closed"):
       return
+    if _is_orbax_coroutine(unraisable.object):
+      # A failed restore leaves orbax's other per-array read coroutines unfinished; when they are
+      # collected each prints its own copy of the failure, which the caller already reported.
+      return
     previous(unraisable)
 
   hook._sg_jax_quiet = True  # pylint: disable=protected-access
   sys.unraisablehook = hook
+
+
+def _is_orbax_coroutine(obj) -> bool:
+  """Whether `obj` is a coroutine defined in orbax's own source."""
+  code = getattr(obj, "cr_code", None)
+  return inspect.iscoroutine(obj) and code is not None and (
+      f"{os.sep}orbax{os.sep}" in code.co_filename)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -111,6 +123,9 @@ def error_cause(e: BaseException) -> str:
   if isinstance(e, OSError) and e.strerror:
     return f"{e.strerror} [errno {e.errno}]"
   text = " ".join(str(e).split()) or type(e).__name__
+  # tensorstore appends a repr of its whole spec, and orbax the slices of the array it read.
+  text = re.split(r"\.? See full TensorStore details", text)[0]
+  text = re.sub(r"\(slice\([^()]*\)(, slice\([^()]*\))*,?\)", "(...)", text)
   match = re.search(r"([^:]+)\[os_error_code='?(\d+)'?\]", text)
   if match:
     return f"{match.group(1).strip()} [errno {match.group(2)}]"

@@ -1,0 +1,34 @@
+"""How checkpoint read failures are reported: one short cause, no echo from orbax's coroutines."""
+import sys
+import types
+
+from sg_jax.checkpointing import layout
+
+
+def test_error_cause_drops_tensorstore_spec_and_slices():
+  e = Exception("Encountered error while reading array index: (slice(0, 1, 1), slice(None, None, "
+                "None)). See full TensorStore details: <bound method spec of TensorStore({ "
+                "'base': { 'driver': 'zarr', 'kvstore': {'path': 'a/b'} } })>")
+  assert layout.error_cause(e) == "Encountered error while reading array index: (...)"
+
+
+def _coroutine_from(filename):
+  namespace = {}
+  exec(compile("async def read():\n  pass\n", filename, "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["read"]()
+
+
+def test_unraisable_reports_of_orbax_coroutines_are_dropped(monkeypatch):
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  layout._quiet_closed_loop_callbacks()  # pylint: disable=protected-access
+  orbax_coro = _coroutine_from("/site-packages/orbax/checkpoint/_src/serialization/x.py")
+  other_coro = _coroutine_from("/site-packages/mine/x.py")
+  try:
+    for obj in (orbax_coro, other_coro):
+      sys.unraisablehook(types.SimpleNamespace(exc_type=Exception, exc_value=Exception("read"),
+                                               exc_traceback=None, err_msg=None, object=obj))
+  finally:
+    orbax_coro.close()
+    other_coro.close()
+  assert [u.object for u in seen] == [other_coro]
