@@ -178,7 +178,7 @@ def test_submit_writes_the_script_into_the_workdir_and_calls_sbatch(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["train", "--workdir=/tmp/runs/q6"], "under /tmp, which is local to each node"),
     (["train", "--workdir=/dev/shm/q6"], "under /dev/shm"),
-    (["train", "--workdir=/home/me/../../var/tmp/q6"], "under /var/tmp"),
+    (["train", "--workdir=/shared/../var/tmp/q6"], "under /var/tmp"),
     (["sweep", "--root=/tmp"], "under /tmp"),
     (["train", "--workdir=runs/q6"], "must be an absolute path"),
     (["train"], "needs --workdir=DIR"),

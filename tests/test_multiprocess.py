@@ -9,13 +9,12 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 
 from sg_jax import checkpointing
-from sg_jax import metric_logging
 from sg_jax import tasks
+from run_files import params, rows  # pylint: disable=wrong-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60
@@ -76,16 +75,6 @@ def start_two(data_dir, workdir, env, env_of_process_1=None):
                  f"--heartbeat_timeout_seconds={HEARTBEAT_SECONDS}"),
         cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   return procs
-
-
-def rows(workdir):
-  table = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
-  return sorted((r["step"], r["seed"], r["name"], r["value"]) for r in table)
-
-
-def params(workdir):
-  p = checkpointing.restore(workdir).state["params"]
-  return np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(p)])
 
 
 @pytest.fixture(scope="module")

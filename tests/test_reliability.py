@@ -20,6 +20,7 @@ from sg_jax import metric_logging
 from sg_jax import tasks
 from sg_jax import train
 from sg_jax.tasks import vocab as vocab_lib
+from run_files import params, rows  # pylint: disable=wrong-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100
@@ -51,16 +52,6 @@ def reference(data_dir, env, tmp_path_factory):
   subprocess.run(main_cmd(data_dir, workdir), cwd=ROOT, env=env, check=True,
                  capture_output=True)
   return workdir, rows(workdir), params(workdir)
-
-
-def rows(workdir):
-  table = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
-  return sorted((r["step"], r["seed"], r["name"], r["value"]) for r in table)
-
-
-def params(workdir):
-  p = checkpointing.restore(workdir).state["params"]
-  return np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(p)])
 
 
 def assert_same_as_reference(workdir, reference):
