@@ -10,6 +10,7 @@ import logging
 import os
 import shlex
 import sys
+import traceback
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -35,8 +36,15 @@ class _DropOrbaxOrphanTasks(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     message = record.getMessage()
-    return not ("exception was never retrieved" in message
-                and f"{os.sep}orbax{os.sep}" in message)
+    if "exception was never retrieved" not in message:
+      return True
+    # A task names orbax's coroutine (its source path); a gathering future names only the failed
+    # write, in a checkpoint's `.orbax-checkpoint-tmp` folder, and its traceback runs in orbax.
+    tb = record.exc_info[2] if record.exc_info else None
+    in_orbax = any(f"{os.sep}orbax{os.sep}" in frame.filename
+                   for frame in traceback.extract_tb(tb)) if tb else False
+    return not (in_orbax or f"{os.sep}orbax{os.sep}" in message
+                or ".orbax-checkpoint-tmp" in message)
 
 
 def setup_cli_logging() -> logging.Logger:

@@ -1,7 +1,9 @@
 """How checkpoint read failures are reported: one short cause, no echo from orbax's coroutines."""
+import logging
 import sys
 import types
 
+from sg_jax import metric_logging
 from sg_jax.checkpointing import layout
 
 
@@ -32,3 +34,18 @@ def test_unraisable_reports_of_orbax_coroutines_are_dropped(monkeypatch):
     orbax_coro.close()
     other_coro.close()
   assert [u.object for u in seen] == [other_coro]
+
+
+def _asyncio_record(message):
+  return logging.LogRecord("asyncio", logging.ERROR, "base_events.py", 1771, message, None, None)
+
+
+def test_orphan_futures_of_a_failed_save_are_dropped_and_others_kept():
+  quiet = metric_logging._DropOrbaxOrphanTasks()  # pylint: disable=protected-access
+  failed_write = ("_GatheringFuture exception was never retrieved\nfuture: <_GatheringFuture "
+                  "finished exception=ValueError('OUT_OF_RANGE: Error writing \"a/0.0\" at local "
+                  "file \"/w/checkpoints/60.orbax-checkpoint-tmp/state/\": File too large')>")
+  assert not quiet.filter(_asyncio_record(failed_write))
+  assert quiet.filter(_asyncio_record("Future exception was never retrieved\nfuture: <Future "
+                                      "finished exception=ValueError('mine')>"))
+  assert quiet.filter(_asyncio_record("Executing <Task> took 0.2 seconds"))
