@@ -85,7 +85,7 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   # (both depth 2, not depth 4)
   assert names == ["dynamics_tscore.png", "dynamics_weight_norm.png", "early_stopping.png",
                    "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
-                   "rules_depth2.png", "trajectories_depth2.png"]
+                   "rules_depth2.png", "seed_spread.png", "trajectories_depth2.png"]
   for path in result["figures"]:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -104,6 +104,18 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   assert (s["final_step"], float(s["final_generalisation"])) == ("300", pytest.approx(0.3))
   assert float(rows[2]["final_tscore_mean"]) == pytest.approx(0.4)
   assert rows[4]["final_tscore_mean"] == ""
+  # Depth 2's finals are 0.9 and 0.5: resampled means 0.5 / 0.7 / 0.9, 95% interval [0.5, 0.9].
+  assert (float(rows[2]["final_generalisation_ci_low"]),
+          float(rows[2]["final_generalisation_ci_high"])) == (0.5, 0.9)
+  # Depth 2 seed 0 agrees most with move-first (1 - gen) until gen passes 0.5 at step 300: one
+  # switch, ending hierarchical. Seed 1 stays on move-first and ends in a three-way tie at 0.5.
+  by_seed = {r["seed"]: r for r in seeds if r["depth"] == "2"}
+  assert (by_seed["0"]["final_rule"], by_seed["0"]["rule_switches"]) == ("hierarchical", "1")
+  assert (by_seed["1"]["final_rule"], by_seed["1"]["rule_switches"]) == ("", "0")
+  assert float(by_seed["0"]["generalisation_oscillation"]) == pytest.approx(
+      np.std([0.1, 0.05, 0.3, 0.6, 0.9]), rel=1e-3)
+  assert s["rule_switches"] == "" and rows[4]["rule_switches_mean"] == ""
+  assert "## Seeds" in md and "[0.5, 0.9]" in md
 
 
 def test_single_workdir_and_cli(sweep_root, tmp_path):

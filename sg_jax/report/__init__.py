@@ -30,7 +30,12 @@ figures 1-5 for one's own runs):
                              `Dynamic`s of `sg_jax.analysis.registry`) vs step: mean over seeds
                              per depth (thick) and each seed (thin). A metric with no data is
                              skipped and the skip noted in summary.md.
-  summary.csv / summary.md   (e) one row per depth; summary_seeds.csv one row per seed.
+  seed_spread.png            (f) each seed's final generalisation accuracy per depth, the seed
+                             mean with its 95% bootstrap CI, Sarle's bimodality coefficient,
+                             dots coloured by the rule the seed ends on (`seed_stats`).
+  summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
+                             CI over seeds, bimodality, mean rule switches); summary_seeds.csv
+                             one row per seed (oscillation, final rule, rule switches).
 
 Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is
 selected; ties (common: in-domain accuracy sits at 1.0 for most of training) are broken two
@@ -54,8 +59,8 @@ import os
 
 from sg_jax.analysis import registry
 from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_dynamics, plot_early_stopping,
-                                   plot_grokking, plot_inverted_u, plot_rules, plot_trajectories,
-                                   trajectory_rows, _task_prefix)
+                                   plot_grokking, plot_inverted_u, plot_rules, plot_seed_spread,
+                                   plot_trajectories, trajectory_rows, _task_prefix)
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
                                    find_runs, load_run, log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
@@ -65,7 +70,7 @@ __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "
            "analysis_sentences", "build_report", "depth_summary", "early_stopping",
            "final_value", "find_runs", "first_reaching", "load_run", "plot_dynamics",
            "plot_early_stopping", "plot_grokking", "plot_inverted_u", "plot_rules",
-           "plot_trajectories", "saturation_step", "seed_summary", "trajectory_rows",
+           "plot_seed_spread", "plot_trajectories", "saturation_step", "seed_summary", "trajectory_rows",
            "write_csv", "write_markdown"]
 
 
@@ -121,6 +126,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   path = os.path.join(out_dir, "inverted_u.png")
   plot_inverted_u(depth_rows, path, threshold, prefix)
   figures.append(path)
+  path = os.path.join(out_dir, "seed_spread.png")
+  plot_seed_spread(seed_rows, path, threshold, prefix)
+  figures.append(path)
   for metric in registry.dynamics():
     path = os.path.join(out_dir, f"dynamics_{metric}.png")
     if plot_dynamics(by_depth, metric, path, prefix) is not None:
@@ -134,7 +142,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
-                  threshold, saturation, tie_tolerance)
+                 threshold, saturation, tie_tolerance, seed_rows=seed_rows)
   for note in skipped:
     log.warning("%s", note)
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

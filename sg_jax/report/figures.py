@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from sg_jax.analysis import registry
+from sg_jax.report import seed_stats
 from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
 from sg_jax.report.tables import _finite, saturation_step
 
@@ -294,7 +295,8 @@ def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
 
 
 def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
-  """(d) One analysis metric vs step: mean over seeds per depth and each seed.
+  """(d) One analysis metric vs step: mean over seeds per depth (with a 95% bootstrap confidence
+  band over seeds, `seed_stats.bootstrap_ci`) and each seed.
 
   The title gives the sentences the analysis read (`analysis_sentences`; none for weight_norm).
 
@@ -322,16 +324,69 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
           if math.isfinite(v):
             per_step[s].append(v)
     steps = np.array(sorted(per_step))
-    ax.plot(steps, [np.mean(per_step[s]) for s in steps], color=color, lw=2.4, marker="o", ms=3,
+    mean, low, high = np.array([seed_stats.bootstrap_ci(per_step[s], num_resamples=2000)
+                                for s in steps]).T
+    ax.fill_between(steps, low, high, color=color, alpha=0.18, lw=0)
+    ax.plot(steps, mean, color=color, lw=2.4, marker="o", ms=3,
             label=f"{_depth_label(depth)} (mean of {len(per_step[steps[0]])} seeds)")
   ax.set_xlabel("training step")
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   legend = _legend_outside(ax)
-  legend.set_title("thin lines: seeds", prop={"size": 8})
+  legend.set_title("thin lines: seeds; band: 95% bootstrap CI over seeds", prop={"size": 8})
   note = analysis_sentences([run for runs in present.values() for run in runs], [metric])
   ax.set_title(f"{title_prefix}{title} during training" + (f"\n{note}" if note else ""),
                fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, title_prefix: str):
+  """(f) How seeds differ: each seed's final generalisation accuracy per depth (a strip plot),
+  the seed mean with its 95% bootstrap confidence interval, and Sarle's bimodality coefficient
+  (`seed_stats`; b > 5/9 suggests two groups of seeds, e.g. hierarchical vs linear rule). Dots
+  are coloured by the rule the seed ends on where the run logged the rule agreements.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`.
+  """
+  plt = _pyplot()
+  depths = sorted({r["depth"] for r in seed_rows}, key=lambda d: (d is None, d))
+  colors = {"hierarchical": "#08519c", "move_first": "#7f7f7f", "skip_relative": "#d95f02",
+            None: "black"}
+  rng = np.random.default_rng(0)
+  fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(depths) + 3), 4.5))
+  shown = set()
+  for d, depth in enumerate(depths):
+    rows = [r for r in seed_rows if r["depth"] == depth
+            and math.isfinite(r["final_generalisation"])]
+    for r in rows:
+      rule = r.get("final_rule")
+      ax.scatter(d + rng.uniform(-0.15, 0.15), r["final_generalisation"], s=22, zorder=3,
+                 color=colors.get(rule, "black"),
+                 label=(f"ends on {rule.replace('_', '-')}" if rule else "seed (no final rule)")
+                 if rule not in shown else None)
+      shown.add(rule)
+    mean, low, high = seed_stats.bootstrap_ci([r["final_generalisation"] for r in rows])
+    if math.isfinite(mean):
+      ax.errorbar(d + 0.3, mean, yerr=[[mean - low], [high - mean]], fmt="D", color="#c51b8a",
+                  capsize=4, label="mean, 95% bootstrap CI" if d == 0 else None)
+      b = seed_stats.sarle_bimodality([r["final_generalisation"] for r in rows])
+      if math.isfinite(b):
+        ax.annotate(f"b={b:.2f}", (d, 1.04), ha="center", va="bottom", fontsize=8)
+  ax.axhline(threshold, color="gray", ls="--", lw=0.8, label=f"threshold {threshold:g}")
+  ax.set_xticks(range(len(depths)))
+  ax.set_xticklabels([_depth_label(d) for d in depths])
+  ax.set_xlim(-0.6, len(depths) - 0.4)
+  ax.set_ylim(-0.03, 1.12)
+  ax.set_xlabel("model depth (layers)")
+  ax.set_ylabel("final generalisation accuracy (fraction)")
+  ax.grid(axis="y", alpha=0.3)
+  _legend_outside(ax)
+  ax.set_title(f"{title_prefix}final generalisation of every seed\n"
+               "(b: Sarle's bimodality coefficient; > 0.56 suggests two groups)", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)

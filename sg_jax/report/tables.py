@@ -12,7 +12,11 @@ import numpy as np
 
 from sg_jax import fileio
 from sg_jax.analysis import registry
+from sg_jax.report import seed_stats
 from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
+
+# Final evaluations whose spread is a seed's oscillation (`seed_stats.oscillation`).
+OSCILLATION_EVALUATIONS = 5
 
 
 def _finite(steps: np.ndarray, values: np.ndarray):
@@ -71,9 +75,32 @@ def final_value(steps: np.ndarray, values: np.ndarray) -> tuple[int | None, floa
   return int(steps[-1]), float(values[-1])
 
 
+def rules_of_seed(run: Run, seed: int) -> tuple[str | None, int | None]:
+  """(the rule `seed` ends on, how often its dominant rule changed) along its evaluations.
+
+  The dominant rule of an evaluation is the rule the seed's outputs agree with most
+  (`seed_stats.dominant_rules` over `seed_stats.RULE_METRICS`, at the steps where all three
+  agreements were logged); (None, None) when the run did not log the agreements (tasks other
+  than question formation, or runs made before the metrics existed).
+  """
+  series = {rule: run.series.get(metric, {}).get(seed) for rule, metric in
+            seed_stats.RULE_METRICS.items()}
+  if any(s is None for s in series.values()):
+    return None, None
+  steps = sorted(set.intersection(*(set(s[0].tolist()) for s in series.values())))
+  if not steps:
+    return None, None
+  aligned = {rule: [dict(zip(s[0].tolist(), s[1]))[t] for t in steps]
+             for rule, s in series.items()}
+  rules = seed_stats.dominant_rules(aligned)
+  return rules[-1], seed_stats.rule_switches(rules)
+
+
 def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
                  tie_tolerance: float) -> list[dict]:
-  """One dict per (run, seed) with final / early-stopping accuracies and final analysis values."""
+  """One dict per (run, seed) with final / early-stopping accuracies, final analysis values,
+  the generalisation oscillation (std over the last `OSCILLATION_EVALUATIONS` evaluations), the
+  rule the seed ends on and its rule switches (`rules_of_seed`)."""
   out = []
   for run in runs:
     in_series = run.series.get(IN_ACC, {})
@@ -90,7 +117,10 @@ def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
              "generalises": (bool(final_gen > threshold) if math.isfinite(final_gen) else None),
              "in_domain_saturation_step": first_reaching(in_s, in_v, saturation),
              "early_stop_first_step": first_step, "early_stop_first_generalisation": first_gen,
-             "early_stop_last_step": last_step, "early_stop_last_generalisation": last_gen}
+             "early_stop_last_step": last_step, "early_stop_last_generalisation": last_gen,
+             "generalisation_oscillation": seed_stats.oscillation(gen_v,
+                                                                   OSCILLATION_EVALUATIONS)}
+      row["final_rule"], row["rule_switches"] = rules_of_seed(run, seed)
       for metric in registry.dynamics():
         if seed in run.series.get(metric, {}):
           row[f"final_{metric}"] = final_value(*run.series[metric][seed])[1]
@@ -109,7 +139,11 @@ def _median(values) -> float:
 
 
 def depth_summary(seed_rows: Sequence[dict]) -> list[dict]:
-  """One dict per depth aggregating `seed_summary` rows (means over seeds with finite values)."""
+  """One dict per depth aggregating `seed_summary` rows (means over seeds with finite values).
+
+  Final generalisation also gets a 95% bootstrap confidence interval over seeds
+  (`seed_stats.bootstrap_ci`) and Sarle's bimodality coefficient (`seed_stats.sarle_bimodality`).
+  """
   by_depth = collections.defaultdict(list)
   for r in seed_rows:
     by_depth[r["depth"]].append(r)
@@ -117,11 +151,17 @@ def depth_summary(seed_rows: Sequence[dict]) -> list[dict]:
   for depth in sorted(by_depth, key=lambda d: (d is None, d)):
     rows = by_depth[depth]
     counted = [r for r in rows if r["generalises"] is not None]
+    finals = [r["final_generalisation"] for r in rows]
+    _, ci_low, ci_high = seed_stats.bootstrap_ci(finals)
+    switches = [r["rule_switches"] for r in rows if r.get("rule_switches") is not None]
     row = {"depth": depth, "num_seeds": len(rows),
            "final_step": max((r["final_step"] or 0) for r in rows),
            "final_in_domain_mean": _mean(r["final_in_domain"] for r in rows),
            "final_generalisation_mean": _mean(r["final_generalisation"] for r in rows),
            "final_generalisation_median": _median(r["final_generalisation"] for r in rows),
+           "final_generalisation_ci_low": ci_low, "final_generalisation_ci_high": ci_high,
+           "final_generalisation_bimodality": seed_stats.sarle_bimodality(finals),
+           "rule_switches_mean": _mean(switches) if switches else math.nan,
            "seeds_above_threshold": sum(bool(r["generalises"]) for r in counted),
            "fraction_above_threshold": (sum(bool(r["generalises"]) for r in counted)
                                         / len(counted) if counted else math.nan),
@@ -160,14 +200,41 @@ def write_csv(path: str, rows: Sequence[dict]) -> None:
       w.writerow([_fmt(r.get(k)) for k in keys])
 
 
+def _ci(row: dict) -> str:
+  low, high = row.get("final_generalisation_ci_low"), row.get("final_generalisation_ci_high")
+  if low is None or not math.isfinite(low):
+    return ""
+  return f"[{_fmt(low)}, {_fmt(high)}]"
+
+
+def _seed_lines(seed_rows: Sequence[dict]) -> list[str]:
+  """The "Seeds" section of summary.md: one row per seed, how it ends and how it got there."""
+  lines = ["", "## Seeds", "",
+           "| run | depth | seed | in-domain acc. (final) | gen. acc. (final) | "
+           f"gen. acc. std, last {OSCILLATION_EVALUATIONS} evaluations | final rule | "
+           "rule switches |", "|" + "---|" * 8]
+  for r in seed_rows:
+    lines.append("| " + " | ".join(_fmt(v) for v in (
+        r["run"], r["depth"], r["seed"], r["final_in_domain"], r["final_generalisation"],
+        r.get("generalisation_oscillation"), r.get("final_rule"), r.get("rule_switches"))) + " |")
+  lines += ["", "Final rule: the rule (hierarchical, move-first, skip-relative) the seed's last "
+            "evaluation agrees with most; rule switches: how often that dominant rule changed "
+            "between evaluations (ties skipped). Both need the rule agreements of question "
+            "formation; empty otherwise."]
+  return lines
+
+
 def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, saturation,
-                   tie_tolerance) -> None:
-  """Writes summary.md: the runs, the per-depth table, the rules used, the figures and notes."""
+                   tie_tolerance, seed_rows: Sequence[dict] = ()) -> None:
+  """Writes summary.md: the runs, the per-depth table, the rules used, the per-seed table, the
+  figures and notes."""
   columns = [
       ("depth", "depth"), ("num_seeds", "seeds"), ("final_step", "last step"),
       ("final_in_domain_mean", "in-domain acc. (final, mean)"),
       ("final_generalisation_mean", "gen. acc. (final, mean)"),
+      ("final_generalisation_ci", "95% CI (bootstrap over seeds)"),
       ("final_generalisation_median", "gen. acc. (final, median)"),
+      ("final_generalisation_bimodality", "bimodality (Sarle's b)"),
       ("seeds_above_threshold", f"seeds gen. > {threshold:g}"),
       ("early_stop_first_generalisation_mean", "gen. acc. early stop (first best)"),
       ("early_stop_last_generalisation_mean", "gen. acc. early stop (last best)"),
@@ -189,6 +256,8 @@ def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, sa
       value = row.get(key)
       if key == "seeds_above_threshold":
         value = f"{value}/{row['num_seeds']}"
+      elif key == "final_generalisation_ci":
+        value = _ci(row)
       cells.append(_fmt(value))
     lines.append("| " + " | ".join(cells) + " |")
   ties = ("exact ties" if tie_tolerance == 0 else
@@ -196,7 +265,10 @@ def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, sa
   incomplete = [r for r in runs if r.num_steps and r.series.get(GEN_ACC) and
                 max(int(s[0][-1]) for s in r.series[GEN_ACC].values() if len(s[0])) < r.num_steps]
   lines += [
-      "", "Means are over seeds with a finite value; accuracies are fractions of lines correct.",
+      "", "Means are over seeds with a finite value; accuracies are fractions of lines correct. "
+      "The confidence interval is the 95% percentile bootstrap interval of the seed mean "
+      "(seeds resampled with replacement); Sarle's bimodality coefficient b > 5/9 suggests two "
+      "groups of seeds (docs/analysis.md, \"Seeds\").",
       "", "**Early stopping rule.** For each seed the evaluation with the highest in-domain "
       f"accuracy is selected ({ties}). Because "
       "in-domain accuracy usually sits at its maximum for most of training, the tie-breaking "
@@ -205,7 +277,9 @@ def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, sa
       "Both are reported (docs/REFERENCE.md §1: on the released question-formation curves first "
       "best gives ~7% generalisation, last best the final value).",
       "", f"**Generalising seed**: final generalisation accuracy > {threshold:g} (final = the "
-      "seed's last evaluated step).", "", "## Figures", ""]
+      "seed's last evaluated step)."]
+  lines += _seed_lines(seed_rows) if seed_rows else []
+  lines += ["", "## Figures", ""]
   lines += [f"* `{os.path.basename(f)}`" for f in figures]
   if skipped or incomplete:
     lines += ["", "## Notes", ""]
