@@ -65,7 +65,9 @@ def test_writes_every_metric_then_nothing_new(workdir):
   assert {r[2] for r in rows} >= {"attention_entropy_mean", "attention_entropy_l0_h0"}
   for name in ("weight_norm", "weight_norm_per_layer", "attention_sparsity_paper",
                "attention_entropy_reference", "attention_entropy_l0_h1", "tscore",
-               "tparseval_f1", "tparseval_precision", "tparseval_recall"):
+               "tparseval_f1", "tparseval_precision", "tparseval_recall",
+               "tparseval_f1_right_branching", "tparseval_f1_left_branching",
+               "tparseval_f1_random"):
     for step in STEPS:
       for seed in SEEDS:
         assert sum(r[:3] == [str(step), str(seed), name] for r in rows) == 1, (step, seed, name)
@@ -77,6 +79,10 @@ def test_writes_every_metric_then_nothing_new(workdir):
   np.testing.assert_allclose(got, [direct], rtol=1e-6)
   f1 = [float(r[3]) for r in rows if r[2] == "tparseval_f1"]
   assert all(0 < v <= 1 for v in f1)
+  # Per-length rows: one per length of the sentences read, for every (step, seed).
+  by_length = {r[2] for r in rows if r[2].startswith("tparseval_f1_length")}
+  assert by_length and all(sum(r[:3] == [str(step), str(seed), name] for r in rows) == 1
+                           for name in by_length for step in STEPS for seed in SEEDS)
 
   # second run: nothing new; a line cut by a crash is tolerated.
   with open(os.path.join(workdir, "analysis.csv"), "a") as f:

@@ -52,7 +52,11 @@ def _make_run(workdir, depth, analysis=True):
   if analysis:
     _write(os.path.join(workdir, "analysis.csv"),
            [(step, seed, name, value) for seed in CURVES[depth] for step in STEPS
-            for name, value in (("weight_norm", 10 + step / 100), ("tscore", step / 1000))])
+            for name, value in (("weight_norm", 10 + step / 100), ("tscore", step / 1000),
+                                ("tparseval_f1", step / 800),
+                                ("tparseval_f1_right_branching", 0.6),
+                                ("tparseval_f1_length4", step / 400),
+                                ("tparseval_f1_length6", step / 1600))])
 
 
 @pytest.fixture()
@@ -83,15 +87,18 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   names = sorted(os.path.basename(p) for p in result["figures"])
   # trajectories only where analysis rows exist, rules only where the agreement rows exist
   # (both depth 2, not depth 4)
-  assert names == ["dynamics_tscore.png", "dynamics_weight_norm.png", "early_stopping.png",
+  assert names == ["dynamics_tparseval_f1.png", "dynamics_tscore.png",
+                   "dynamics_weight_norm.png", "early_stopping.png",
                    "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
-                   "rules_depth2.png", "seed_spread.png", "trajectories_depth2.png"]
+                   "losses_depth2.png", "losses_depth4.png", "rules_depth2.png", "seed_spread.png",
+                   "tparseval_by_length.png", "trajectories_depth2.png"]
   for path in result["figures"]:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  assert len(result["skipped"]) == 2  # attention sparsity and tparseval have no rows
+  assert len(result["skipped"]) == 1  # attention sparsity has no rows
   md = open(os.path.join(out, "summary.md")).read()
   assert "dynamics_attention_sparsity_paper.png skipped" in md and "first best" in md
+  assert "right-branching F1 (final)" in md  # the parse baseline beside tparseval
   rows = {int(r["depth"]): r for r in csv.DictReader(open(os.path.join(out, "summary.csv")))}
   assert rows[2]["seeds_above_threshold"] == "1" and rows[4]["seeds_above_threshold"] == "1"
   assert float(rows[2]["final_generalisation_mean"]) == pytest.approx(0.7)
@@ -104,6 +111,7 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   assert (s["final_step"], float(s["final_generalisation"])) == ("300", pytest.approx(0.3))
   assert float(rows[2]["final_tscore_mean"]) == pytest.approx(0.4)
   assert rows[4]["final_tscore_mean"] == ""
+  assert float(rows[2]["final_tparseval_f1_right_branching_mean"]) == pytest.approx(0.6)
   # Depth 2's finals are 0.9 and 0.5: resampled means 0.5 / 0.7 / 0.9, 95% interval [0.5, 0.9].
   assert (float(rows[2]["final_generalisation_ci_low"]),
           float(rows[2]["final_generalisation_ci_high"])) == (0.5, 0.9)

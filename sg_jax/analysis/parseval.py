@@ -123,6 +123,25 @@ def bracket_counts(pred_BxNxN: Array, gold_BxNxN: Array) -> dict[str, Array]:
   }
 
 
+# Sentence lengths (words) of the per-length bracket counts; longer sentences count in the last.
+LENGTH_BINS = 64
+
+
+def bracket_counts_by_length(pred_BxNxN: Array, gold_BxNxN: Array, num_words_B: Array
+                             ) -> dict[str, Array]:
+  """Bracket counts per sentence length: 'bracket_{matched,predicted,gold}_by_length', float32
+  [LENGTH_BINS] (index n = sentences of n words; n >= LENGTH_BINS - 1 share the last bin; rows
+  with num_words 0 count nowhere)."""
+  pred, gold = pred_BxNxN.astype(bool), gold_BxNxN.astype(bool)
+  real = (num_words_B > 0).astype(jnp.float32)
+  length = jnp.clip(num_words_B, 0, LENGTH_BINS - 1)
+  per_row = {"matched": jnp.sum(pred & gold, axis=(1, 2)), "predicted": jnp.sum(pred, axis=(1, 2)),
+             "gold": jnp.sum(gold, axis=(1, 2))}
+  return {f"bracket_{k}_by_length": jax.ops.segment_sum(v.astype(jnp.float32) * real, length,
+                                                         num_segments=LENGTH_BINS)
+          for k, v in per_row.items()}
+
+
 def precision_recall_f1(matched, predicted, gold):
   """(precision, recall, F1) from corpus counts (arrays broadcast, e.g. over seeds).
 
@@ -133,6 +152,77 @@ def precision_recall_f1(matched, predicted, gold):
   r = jnp.where(gold > 0, matched / jnp.maximum(gold, 1.0), 0.0)
   f1 = jnp.where(p + r > 0, 2 * p * r / jnp.maximum(p + r, 1e-12), 0.0)
   return p, r, f1
+
+
+def right_branching_tree(words: Sequence[str]) -> Tree:
+  """The right-branching binary tree (w0 (w1 (w2 ...))) over `words` (>= 1 word).
+
+  The classic parsing baseline (Klein & Manning 2002): English is largely right-branching, so it
+  scores well against gold constituency trees.
+
+  Raises:
+    ValueError: no words.
+  """
+  if not words:
+    raise ValueError("a tree needs at least one word")
+  tree: Tree = words[-1]
+  for w in reversed(words[:-1]):
+    tree = (w, tree)
+  return tree
+
+
+def left_branching_tree(words: Sequence[str]) -> Tree:
+  """The left-branching binary tree (((w0 w1) w2) ...) over `words` (>= 1 word).
+
+  Raises:
+    ValueError: no words.
+  """
+  if not words:
+    raise ValueError("a tree needs at least one word")
+  tree: Tree = words[0]
+  for w in words[1:]:
+    tree = (tree, w)
+  return tree
+
+
+def random_binary_tree(words: Sequence[str], rng: np.random.Generator) -> Tree:
+  """A random binary tree over `words`: each span splits at a uniformly drawn point, recursively
+  (top down), the random baseline of unsupervised parsing (e.g. Kim et al. 2019, Table 1).
+
+  Raises:
+    ValueError: no words.
+  """
+  if not words:
+    raise ValueError("a tree needs at least one word")
+  if len(words) == 1:
+    return words[0]
+  k = int(rng.integers(1, len(words)))
+  return (random_binary_tree(words[:k], rng), random_binary_tree(words[k:], rng))
+
+
+# The parse baselines printed beside tparseval: name -> tree of a word list (random: seeded).
+BASELINES = ("right_branching", "left_branching", "random")
+
+
+def baseline_parseval(gold_trees: Sequence[Tree], seed: int = 0) -> dict[str, float]:
+  """Corpus bracketing F1 of the right-branching, left-branching and random trees against gold.
+
+  What a tparseval value should be compared with: a model whose projected trees are right-
+  branching scores the right-branching F1 without having learnt any constituency.
+
+  Args:
+    gold_trees: nested-tuple gold trees (one per sentence).
+    seed: seed of the random trees (one draw per sentence, in order).
+
+  Returns:
+    {'right_branching', 'left_branching', 'random'}: F1 (fraction).
+  """
+  rng = np.random.default_rng(seed)
+  words = [tree_leaves(t) for t in gold_trees]
+  made = {"right_branching": [right_branching_tree(w) for w in words],
+          "left_branching": [left_branching_tree(w) for w in words],
+          "random": [random_binary_tree(w, rng) for w in words]}
+  return {name: corpus_parseval(made[name], gold_trees)["f1"] for name in BASELINES}
 
 
 def corpus_parseval(pred_trees: Sequence[Tree], gold_trees: Sequence[Tree]) -> dict[str, float]:

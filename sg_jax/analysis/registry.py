@@ -84,6 +84,8 @@ class Dynamic:
       the accuracies; columns with the same row share it), or None for no row there.
     trajectory_axis: y-axis label of that row (the first column of a row sets it).
     in_summary: a "<label> (final)" column in summary.md (summary.csv has every column).
+    reference_for: another column this one is a baseline of (e.g. the right-branching F1 of
+      `tparseval_f1`): drawn as a dashed level in that column's figure, with no figure of its own.
   """
 
   column: str
@@ -93,6 +95,7 @@ class Dynamic:
   trajectory_row: int | None = None
   trajectory_axis: str = ""
   in_summary: bool = False
+  reference_for: str = ""
 
   @property
   def short(self) -> str:

@@ -73,7 +73,8 @@ def chart_stats(chart_BxNxN: Array, num_words_B: Array, gold_spans_BxNxN: Array 
 
   Returns:
     dict of sums over the batch: 'tscore_sum', 'num_sentences' and, with gold spans,
-    'bracket_matched', 'bracket_predicted', 'bracket_gold' (float32 scalars); see `finalize_stats`.
+    'bracket_matched', 'bracket_predicted', 'bracket_gold' (float32 scalars) and the same per
+    sentence length ('bracket_*_by_length', [parseval.LENGTH_BINS]); see `finalize_stats`.
 
   Raises:
     ValueError: unknown method or normalisation.
@@ -92,7 +93,9 @@ def chart_stats(chart_BxNxN: Array, num_words_B: Array, gold_spans_BxNxN: Array 
          "num_sentences": jnp.sum(real_B).astype(jnp.float32)}
   if gold_spans_BxNxN is not None:
     pred = jax.vmap(lambda nd: parseval.node_span_matrix(nd, n_max))(nodes)
-    out.update(parseval.bracket_counts(pred, gold_spans_BxNxN & real_B[:, None, None]))
+    gold = gold_spans_BxNxN & real_B[:, None, None]
+    out.update(parseval.bracket_counts(pred, gold))
+    out.update(parseval.bracket_counts_by_length(pred, gold, num_words_B))
   if details:
     out.update(chart=chart, nodes=nodes, tscore=score_B)
   return out
@@ -148,12 +151,19 @@ packed_tree_projection_stats_over_seeds = registry.over_seeds(packed_tree_projec
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
   """Summed stats (optionally with a seed axis) -> 'tscore' and, if present, 'tparseval_f1',
-  'tparseval_precision', 'tparseval_recall' (corpus level)."""
+  'tparseval_precision', 'tparseval_recall' (corpus level), 'tparseval_f1_by_length'
+  ([..., parseval.LENGTH_BINS]: the corpus F1 of the sentences of each length) and
+  'tparseval_gold_by_length' (their gold bracket counts; 0 = no sentence of that length)."""
   out = {"tscore": stats["tscore_sum"] / jnp.maximum(stats["num_sentences"], 1.0)}
   if "bracket_matched" in stats:
     p, r, f1 = parseval.precision_recall_f1(
         stats["bracket_matched"], stats["bracket_predicted"], stats["bracket_gold"])
     out.update(tparseval_f1=f1, tparseval_precision=p, tparseval_recall=r)
+  if "bracket_matched_by_length" in stats:
+    _, _, f1 = parseval.precision_recall_f1(stats["bracket_matched_by_length"],
+                                            stats["bracket_predicted_by_length"],
+                                            stats["bracket_gold_by_length"])
+    out.update(tparseval_f1_by_length=f1, tparseval_gold_by_length=stats["bracket_gold_by_length"])
   return out
 
 
@@ -288,22 +298,35 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
 
 
 def _compute(inputs: registry.Inputs) -> dict[str, Any]:
-  """tscore and, when tparseval is asked for, tparseval_{f1,precision,recall} [S]."""
+  """tscore and, when tparseval is asked for, tparseval_{f1,precision,recall} [S], the parse
+  baselines' F1 on the same gold trees (`parseval.baseline_parseval`, the same for every seed)
+  and tparseval F1 per sentence length (`tparseval_f1_length<n>`, n words)."""
   options = inputs.options
   out = tree_projection_metrics(
       inputs.params, inputs.declaratives, config=inputs.config, sos_id=inputs.sos_id,
       key=jax.random.PRNGKey(options.rng_seed), gold_trees=inputs.gold_trees,
       batch_size=options.batch_size, method=options.method,
       normalisation=options.normalisation, seeds_per_call=options.seeds_per_call)
-  return {k: out[k] for k in ("tscore", "tparseval_f1", "tparseval_precision",
-                              "tparseval_recall") if k in out}
+  columns = {k: out[k] for k in ("tscore", "tparseval_f1", "tparseval_precision",
+                                 "tparseval_recall") if k in out}
+  if "tparseval_f1" in out:
+    num_seeds = len(columns["tparseval_f1"])
+    baselines = parseval.baseline_parseval(inputs.gold_trees, seed=options.rng_seed)
+    for name in parseval.BASELINES:
+      columns[f"tparseval_f1_{name}"] = np.full(num_seeds, baselines[name], np.float32)
+    f1_by_length = np.asarray(out["tparseval_f1_by_length"])
+    for n in np.nonzero(np.asarray(out["tparseval_gold_by_length"])[0] > 0)[0]:
+      columns[f"tparseval_f1_length{n}"] = f1_by_length[:, n]
+  return columns
 
 
 registry.register_quantity(registry.Quantity(
     name="tree_projection",
     groups=(registry.Group("tscore", ("tscore",), inputs=("declaratives",)),
             registry.Group("tparseval", ("tparseval_f1", "tparseval_precision",
-                                         "tparseval_recall"),
+                                         "tparseval_recall", "tparseval_f1_right_branching",
+                                         "tparseval_f1_left_branching", "tparseval_f1_random",
+                                         "tparseval_f1_length{n}"),
                            inputs=("declaratives", "gold_trees"))),
     compute=_compute,
     dynamics=(
@@ -313,5 +336,10 @@ registry.register_quantity(registry.Quantity(
         registry.Dynamic("tparseval_f1",
                          axis="tparseval (bracketing F1 vs gold trees, fraction)",
                          title="Projected trees vs gold trees (tparseval F1)",
-                         label="tparseval F1", trajectory_row=1, in_summary=True)),
+                         label="tparseval F1", trajectory_row=1, in_summary=True)) + tuple(
+        registry.Dynamic(f"tparseval_f1_{name}", axis="bracketing F1 vs gold trees (fraction)",
+                         title=f"{name.replace('_', '-')} trees vs gold trees",
+                         label=f"{name.replace('_', '-')} F1", in_summary=True,
+                         reference_for="tparseval_f1")
+        for name in parseval.BASELINES),
 ))

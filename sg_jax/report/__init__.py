@@ -30,9 +30,16 @@ figures 1-5 for one's own runs):
                              `Dynamic`s of `sg_jax.analysis.registry`) vs step: mean over seeds
                              per depth (thick) and each seed (thin). A metric with no data is
                              skipped and the skip noted in summary.md.
+  losses_depth<D>.png        (h) training and validation (in-domain, out-of-domain) losses vs
+                             step, one line per seed, log scale.
   seed_spread.png            (f) each seed's final generalisation accuracy per depth, the seed
                              mean with its 95% bootstrap CI, Sarle's bimodality coefficient,
                              dots coloured by the rule the seed ends on (`seed_stats`).
+  tparseval_by_length.png    (g) where analysis.csv has tparseval per sentence length: the final
+                             tparseval F1 against length per depth (mean, 95% bootstrap CI),
+                             beside the right-branching baseline. The dynamics figure of
+                             tparseval_f1 draws the right-, left-branching and random-tree F1
+                             as dashed levels; summary.md has them as columns.
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -59,8 +66,9 @@ import os
 
 from sg_jax.analysis import registry
 from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_dynamics, plot_early_stopping,
-                                   plot_grokking, plot_inverted_u, plot_rules, plot_seed_spread,
-                                   plot_trajectories, trajectory_rows, _task_prefix)
+                                   plot_grokking, plot_inverted_u, plot_losses, plot_rules,
+                                   plot_seed_spread, plot_tparseval_by_length, plot_trajectories,
+                                   trajectory_rows, _task_prefix)
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
                                    find_runs, load_run, log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
@@ -69,9 +77,9 @@ from sg_jax.report.tables import (depth_summary, early_stopping, final_value, fi
 __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "Run",
            "analysis_sentences", "build_report", "depth_summary", "early_stopping",
            "final_value", "find_runs", "first_reaching", "load_run", "plot_dynamics",
-           "plot_early_stopping", "plot_grokking", "plot_inverted_u", "plot_rules",
-           "plot_seed_spread", "plot_trajectories", "saturation_step", "seed_summary", "trajectory_rows",
-           "write_csv", "write_markdown"]
+           "plot_early_stopping", "plot_grokking", "plot_inverted_u", "plot_losses", "plot_rules",
+           "plot_seed_spread", "plot_tparseval_by_length", "plot_trajectories",
+           "saturation_step", "seed_summary", "trajectory_rows", "write_csv", "write_markdown"]
 
 
 def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
@@ -112,6 +120,11 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
       figures.append(path)
     elif os.path.exists(path):
       os.remove(path)
+    path = os.path.join(out_dir, f"losses_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_losses(by_depth[depth], depth, path) is not None:
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
     path = os.path.join(out_dir, f"rules_depth{depth if depth is not None else 'unknown'}.png")
     if plot_rules(by_depth[depth], depth, path, saturation) is not None:
       figures.append(path)
@@ -129,7 +142,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   path = os.path.join(out_dir, "seed_spread.png")
   plot_seed_spread(seed_rows, path, threshold, prefix)
   figures.append(path)
-  for metric in registry.dynamics():
+  for metric, dynamic in registry.dynamics().items():
+    if dynamic.reference_for:
+      continue  # drawn in its reference's figure
     path = os.path.join(out_dir, f"dynamics_{metric}.png")
     if plot_dynamics(by_depth, metric, path, prefix) is not None:
       figures.append(path)
@@ -138,6 +153,12 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
         os.remove(path)  # a stale figure from an earlier report would mislead
       skipped.append(f"dynamics_{metric}.png skipped: no `{metric}` rows in any analysis.csv "
                      f"(run `python -m sg_jax.analyze --workdir=<run>`)")
+
+  path = os.path.join(out_dir, "tparseval_by_length.png")
+  if plot_tparseval_by_length(by_depth, path, prefix) is not None:
+    figures.append(path)
+  elif os.path.exists(path):
+    os.remove(path)
 
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)

@@ -329,6 +329,13 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
     ax.fill_between(steps, low, high, color=color, alpha=0.18, lw=0)
     ax.plot(steps, mean, color=color, lw=2.4, marker="o", ms=3,
             label=f"{_depth_label(depth)} (mean of {len(per_step[steps[0]])} seeds)")
+  runs = [run for runs in present.values() for run in runs]
+  for k, (column, ref) in enumerate((c, d) for c, d in registry.dynamics().items()
+                                    if d.reference_for == metric):
+    values = [v for run in runs for _, vs in run.series.get(column, {}).values() for v in vs]
+    if values:  # the same sentences at every step: one level (mean over runs)
+      ax.axhline(float(np.nanmean(values)), color="0.35", lw=1.0, ls=("--", ":", "-.")[k % 3],
+                 label=ref.short)
   ax.set_xlabel("training step")
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
@@ -387,6 +394,101 @@ def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, tit
   _legend_outside(ax)
   ax.set_title(f"{title_prefix}final generalisation of every seed\n"
                "(b: Sarle's bimodality coefficient; > 0.56 suggests two groups)", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+LENGTH_PREFIX = "tparseval_f1_length"
+
+
+def plot_tparseval_by_length(by_depth: dict, path: str, title_prefix: str):
+  """(g) Final tparseval F1 against sentence length (words), per depth: the seed mean with its
+  95% bootstrap CI, from the `tparseval_f1_length<n>` rows of analysis.csv (each seed's last
+  analysed step), beside the right-branching baseline.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when no run has
+    per-length rows.
+  """
+  curves = {}
+  for depth, runs in by_depth.items():
+    per_length = collections.defaultdict(list)
+    for run in runs:
+      for name, by_seed in run.series.items():
+        if name.startswith(LENGTH_PREFIX) and name[len(LENGTH_PREFIX):].isdigit():
+          for steps, values in by_seed.values():
+            _, final = _finite(steps, values)
+            if final.size:
+              per_length[int(name[len(LENGTH_PREFIX):])].append(float(final[-1]))
+    if per_length:
+      curves[depth] = per_length
+  if not curves:
+    return None
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  cmap = plt.get_cmap("tab10")
+  for i, depth in enumerate(sorted(curves, key=lambda d: (d is None, d))):
+    lengths = sorted(curves[depth])
+    mean, low, high = np.array([seed_stats.bootstrap_ci(curves[depth][n], num_resamples=2000)
+                                for n in lengths]).T
+    ax.fill_between(lengths, low, high, color=cmap(i % cmap.N), alpha=0.18, lw=0)
+    ax.plot(lengths, mean, "o-", color=cmap(i % cmap.N), lw=2, ms=4, label=_depth_label(depth))
+  rb = [v for runs in by_depth.values() for run in runs
+        for _, vs in run.series.get("tparseval_f1_right_branching", {}).values() for v in vs]
+  if rb:
+    ax.axhline(float(np.nanmean(rb)), color="0.35", ls="--", lw=1.0,
+               label="right-branching F1 (all lengths)")
+  ax.xaxis.get_major_locator().set_params(integer=True)
+  ax.set_xlabel("sentence length (words of the declarative)")
+  ax.set_ylabel("tparseval F1 at the last analysed step")
+  ax.set_ylim(-0.02, 1.02)
+  ax.grid(alpha=0.3)
+  _legend_outside(ax).set_title("band: 95% bootstrap CI over seeds", prop={"size": 8})
+  ax.set_title(f"{title_prefix}projected trees vs gold trees by sentence length", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+LOSS_SERIES = (("train/loss", "training loss (per token, batch mean)"),
+               ("in_domain/loss", "in-domain validation loss"),
+               ("out_of_domain/loss", "generalisation (out-of-domain) loss"))
+
+
+def plot_losses(runs: Sequence[Run], depth, path: str):
+  """(h) Training and validation losses vs step, one line per seed (the original's loss curves;
+  mean cross-entropy per target token, nats, log scale). Panels without rows are left out.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when no run of
+    this depth logged any of `LOSS_SERIES`.
+  """
+  panels = [(name, title) for name, title in LOSS_SERIES if any(r.series.get(name) for r in runs)]
+  if not panels:
+    return None
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2, 4.2), squeeze=False)
+  cmap = plt.get_cmap("tab10" if sum(len(r.series.get(panels[0][0], {})) for r in runs) <= 10
+                      else "tab20")
+  for ax, (name, title) in zip(axes[0], panels):
+    n = 0
+    for run in runs:
+      for seed, (steps, values) in sorted(run.series.get(name, {}).items()):
+        steps, values = _finite(steps, values)
+        ok = values > 0
+        label = f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}"
+        ax.plot(steps[ok], values[ok], color=cmap(n % cmap.N), lw=1.2, label=label)
+        n += 1
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    ax.grid(alpha=0.3, which="both")
+  axes[0][0].set_ylabel("cross-entropy (nats per token, log scale)")
+  _legend_outside(axes[0][-1])
+  fig.suptitle(f"{_task_prefix(runs)}loss curves, {_depth_label(depth)}")
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
