@@ -274,7 +274,7 @@ def test_packed_entropy_equals_padded_entropy():
 
 def test_packed_and_masked_pipelines_agree():
   sentences = _sentences()
-  gold = [_right_branching(tuple(str(w) for w in s)) for s in sentences]
+  gold = [parseval.right_branching_tree([str(w) for w in s]) for s in sentences]
   common = dict(config=CFG, sos_id=SOS, key=jax.random.PRNGKey(1), gold_trees=gold,
                 batch_size=2, details=True)
   params_s = _stack(_params(0), _params(1))
@@ -409,13 +409,9 @@ def test_device_bracket_counts_match_python():
 # -------------------------------------------------------------------------------------- drivers
 
 
-def _right_branching(words):
-  return words[0] if len(words) == 1 else (words[0], _right_branching(words[1:]))
-
-
 def test_pipeline_over_seeds_matches_per_sentence_computation():
   sentences = _sentences()
-  gold = [_right_branching(tuple(str(w) for w in s)) for s in sentences]
+  gold = [parseval.right_branching_tree([str(w) for w in s]) for s in sentences]
   params_s = _stack(_params(0), _params(1))
   key = jax.random.PRNGKey(0)
   common = dict(config=CFG, sos_id=SOS, key=key, gold_trees=gold)
