@@ -146,6 +146,8 @@ class Task(Protocol):
     decodes: True if the metrics read a greedy continuation after the task token (`decoded`
       of `make_metrics`; the evaluation then decodes, with the key/value cache when enabled).
     has_gold_trees: True if `gold_tree` gives a tree (tree projections, tparseval).
+    has_gold_dependencies: True if `gold_dependencies` gives arcs (UAS of attention, docs/sas.md);
+      False: the task declares none and nothing reads them.
   """
   name: ClassVar[str]
   split_names: ClassVar[tuple]
@@ -155,6 +157,7 @@ class Task(Protocol):
   eval_fields: ClassVar[tuple] = ()
   decodes: ClassVar[bool] = False
   has_gold_trees: ClassVar[bool] = False
+  has_gold_dependencies: ClassVar[bool] = False
 
   @classmethod
   def from_config(cls, config) -> "Task":
@@ -237,6 +240,20 @@ class Task(Protocol):
       ValueError: the example has no tree.
     """
     return declarative_tree(example)
+
+  def gold_dependencies(self, example: Example) -> list:
+    """Gold dependency arcs of a whole line (`sg_jax.tasks.dependencies`; Chen et al. 2024,
+    docs/REFERENCE.md §3).
+
+    Returns:
+      sorted `[(dependent, head, relation)]` in input positions of the encoded line (SOS at 0,
+      word k of `example.words` at k + 1); relations from `dependencies.RELATIONS`.
+
+    Raises:
+      ValueError: the task has no gold dependencies (`has_gold_dependencies` False, the default).
+    """
+    raise ValueError(f"task {getattr(self, 'name', type(self).__name__)!r} has no gold "
+                     "dependencies")
 
 
 def ensure_generated(task, data_dir: os.PathLike | str, *, seed: int = 0,

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sg_jax.tasks import base
+from sg_jax.tasks import dependencies
 from sg_jax.tasks import io as io_lib
 from sg_jax.tasks import vocab as vocab_lib
 from sg_jax.tasks.base import Example
@@ -184,6 +185,9 @@ class DyckTask(base.Task):
     max_length: generation rejects longer strings (tokens); None: no limit.
     min_distance: the metric scores only closing brackets whose opening bracket is at least this
       many tokens back.
+    bracket_arcs: offer each closing bracket -> its opening bracket as the gold dependencies
+      (`gold_dependencies`, relation `bracket`; `eval.dyck_bracket_arcs`). Off by default: Dyck
+      has no trees, declares no dependencies and its evaluation logs no UAS.
   """
   split_names = ("train", "val", "test")
   in_domain_split = "val"
@@ -192,7 +196,9 @@ class DyckTask(base.Task):
   eval_fields = ("close_mask", "close_distance")
 
   def __init__(self, num_types: int = NUM_TYPES, max_depth: int = MAX_DEPTH,
-               max_length: Optional[int] = None, min_distance: int = 0):
+               max_length: Optional[int] = None, min_distance: int = 0,
+               bracket_arcs: bool = False):
+    self.has_gold_dependencies = bool(bracket_arcs)
     self.num_types = num_types
     self.max_depth = max_depth
     self.max_length = max_length
@@ -200,9 +206,24 @@ class DyckTask(base.Task):
 
   @classmethod
   def from_config(cls, config) -> "DyckTask":
-    """`data.max_length` (0 = no limit) and `eval.dyck_min_distance` of a resolved config."""
+    """`data.max_length` (0 = no limit), `eval.dyck_min_distance` and `eval.dyck_bracket_arcs`
+    of a resolved config."""
     return cls(max_length=config.data.max_length or None,
-               min_distance=int(config.eval.dyck_min_distance))
+               min_distance=int(config.eval.dyck_min_distance),
+               bracket_arcs=bool(config.eval.get("dyck_bracket_arcs", False)))
+
+  def gold_dependencies(self, example: Example) -> list:
+    """With `bracket_arcs`: closing bracket -> opening bracket arcs (`dependencies.bracket_arcs`,
+    input positions); see `base.Task.gold_dependencies`.
+
+    Raises:
+      ValueError: the task was made without `bracket_arcs`, or unbalanced brackets.
+    """
+    if not self.has_gold_dependencies:
+      raise ValueError("the dyck task declares no gold dependencies; bracket arcs are an option "
+                       "(--config.eval.dyck_bracket_arcs=True)")
+    vocab = self.vocab()
+    return dependencies.bracket_arcs(example.words, dict(zip(vocab.words, vocab.pos)))
 
   def vocab(self) -> vocab_lib.Vocab:
     """The 2k bracket tokens (sorted: all `(x` before all `x)`)."""

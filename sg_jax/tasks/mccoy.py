@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sg_jax.tasks import dependencies
 from sg_jax.tasks import io as io_lib
 from sg_jax.tasks import pcfg
 from sg_jax.tasks import trees
@@ -61,6 +62,7 @@ class McCoyTask(base.Task):
   out_of_domain_split = "gen"
   default_sizes = DEFAULT_SIZES
   has_gold_trees = True
+  has_gold_dependencies = True
 
   # --- grammar and vocabulary ---------------------------------------------------------------
 
@@ -339,6 +341,24 @@ class McCoyTask(base.Task):
         if mv >= 0 and t + mv < length:
           main_verb[k] = t + mv
     return {"transformed": transformed, "main_verb_pos": main_verb}
+
+  def gold_dependencies(self, example: Example) -> list:
+    """Arcs of both halves of the line by the head rules (`dependencies.line_dependencies`);
+    a line without trees gets them from the grammar first (`assign_trees`). See
+    `base.Task.gold_dependencies`.
+
+    Raises:
+      ValueError: a sentence the grammar does not generate or a tree no head rule covers.
+    """
+    if example.source_tree is None or example.target_tree is None:
+      example = self.assign_trees(example)
+    if self._pos_of is None:
+      vocab = self.vocab()
+      self._pos_of = dict(zip(vocab.words, vocab.pos))
+    return dependencies.line_dependencies(example.source_tree, example.target_tree,
+                                          len(example.source), self._pos_of)
+
+  _pos_of = None  # {word: POS class}, built on first use
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r})"
