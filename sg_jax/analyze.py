@@ -77,6 +77,9 @@ _MODULES = flags.DEFINE_list("modules", [], "Python modules to import first; eac
 _NUM_SENTENCES = flags.DEFINE_integer(
     "num_sentences", 1000, "Lines to analyse: the first N of the sentence set (reference: 10000).")
 _SPLIT = flags.DEFINE_string("split", "train", "Data split the sentences come from.")
+_UAS_MIN_COUNT = flags.DEFINE_integer(
+    "uas_min_count", 100, "UAS (--modules=sg_jax.analysis.uas): relations with fewer arcs get "
+    "no per-relation row (the original's 100).")
 _SENTENCE_SET = flags.DEFINE_enum(
     "sentence_set", "transformed", SENTENCE_SETS, "Lines of the split: 'transformed' = quest / "
     "PRESENT lines only (released code; Dyck: every line), 'all' = every line.")
@@ -209,7 +212,7 @@ def _check_groups(groups: Sequence[str] | None) -> list[registry.Group]:
 
 
 # Inputs read from the sentence set (loaded once, with the first checkpoint analysed).
-_SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees"}
+_SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees", "dependency_lines"}
 
 
 def _reads(groups: Sequence[registry.Group]) -> set[str]:
@@ -228,8 +231,8 @@ def _compute_rows(step: int, chosen: list[int], pending: dict[str, list[int]], p
       continue
     ids = sorted({s for g in wanted for s in pending[g.name]}, key=chosen.index)
     reads = {i for g in wanted for i in g.inputs}
-    sentences = {k: (data or {}).get(k) for k in ("entropy_inputs", "declaratives", "gold_trees")
-                 if k in reads}
+    sentences = {k: (data or {}).get(k) for k in ("entropy_inputs", "declaratives", "gold_trees",
+                                                  "dependency_lines") if k in reads}
     inputs = registry.Inputs(
         params=params_of(ids), seeds=tuple(ids), groups=frozenset(g.name for g in wanted),
         config=config, sos_id=sos_id, options=options,
@@ -253,7 +256,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             output: str = "analysis.csv", method: str = "greedy",
             normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
             entropy_batch_size: int = 64, seeds_per_call: int = 0,
-            strict_groups: bool = False) -> dict[str, int]:
+            strict_groups: bool = False, uas_min_count: int = 100) -> dict[str, int]:
   """Computes the missing metrics of every selected checkpoint and seed (see module docstring).
 
   Args: as the command-line flags; `groups` names metric groups of `registry.group_names()`
@@ -295,7 +298,7 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
                        "method": method, "normalisation": normalisation, "rng_seed": rng_seed})
   options = registry.Options(method=method, normalisation=normalisation, rng_seed=rng_seed,
                              batch_size=batch_size, entropy_batch_size=entropy_batch_size,
-                             seeds_per_call=seeds_per_call or None)
+                             seeds_per_call=seeds_per_call or None, uas_min_count=uas_min_count)
   done = long_csv.read_keys(path)
   writer = CsvAppender(path)
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
@@ -336,10 +339,20 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             log.warning("%s has no gold trees: skipping %s", config.task, g.name)
             pending.pop(g.name, None)
           requested = [g for g in requested if g not in treeless]
+        arcless = [g for g in requested if "dependency_lines" in g.inputs]
+        if arcless and not tasks.from_config(config).has_gold_dependencies:
+          if strict_groups:
+            raise ValueError(f"{arcless[0].name} needs gold dependencies; the {config.task} task "
+                             "declares none")
+          for g in arcless:
+            log.warning("%s has no gold dependencies: skipping %s", config.task, g.name)
+            pending.pop(g.name, None)
+          requested = [g for g in requested if g not in arcless]
         data = pipeline.load_sentences(config, workdir, split, num_sentences,
                                        "gold_trees" in _reads(requested), vocab,
                                        sentence_set=sentence_set,
-                                       entropy_input=entropy_input)
+                                       entropy_input=entropy_input,
+                                       need_dependencies="dependency_lines" in _reads(requested))
         if not data["declaratives"] and "declaratives" in _reads(requested):
           raise ValueError(f"no sentence of {split} has a declarative part")
         record_sentences(path, data)
@@ -391,7 +404,8 @@ def main(argv):
         sentence_set=_SENTENCE_SET.value, entropy_input=_ENTROPY_INPUT.value, output=_OUTPUT.value,
         method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,
         batch_size=_BATCH_SIZE.value, entropy_batch_size=_ENTROPY_BATCH_SIZE.value,
-        seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present)
+        seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present,
+        uas_min_count=_UAS_MIN_COUNT.value)
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "

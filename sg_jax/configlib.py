@@ -146,6 +146,15 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # Tense: greedy decoding with a key/value cache (the same tokens as False, which runs a full
   # forward pass per decoded token and is kept for comparison).
   c.eval.kv_cache = True
+  # UAS of attention (docs/sas.md): in-domain lines scored at every evaluation (in_domain/uas,
+  # in_domain/uas_weight); 0 disables. Tasks without gold dependencies (Dyck) log none.
+  c.eval.uas_lines = 256
+  # Dyck: offer closing -> opening bracket arcs as gold dependencies (then UAS is logged too).
+  c.eval.dyck_bracket_arcs = False
+  # Dense-early schedule: also evaluate every `dense_every` steps up to step `dense_until`
+  # (0 = off, the default: only every `eval.every` steps).
+  c.eval.dense_until = 0
+  c.eval.dense_every = 100
 
   c.checkpoint = ml_collections.ConfigDict()
   # Checkpoint interval (steps); the analysis reads these.
@@ -390,6 +399,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.eval.every >= 1, "eval.every", "must be >= 1")
   need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
   need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
+  need(config.eval.uas_lines >= 0, "eval.uas_lines", "must be >= 0 (0 disables)")
+  need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
+  need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
   need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
   need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
 

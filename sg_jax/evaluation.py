@@ -407,6 +407,26 @@ class ProgressLog:
                   self.num_seeds, _duration(elapsed), self.done / max(elapsed, 1e-9))
 
 
+def is_eval_step(step: int, config) -> bool:
+  """Whether the loop evaluates after `step`: a multiple of `eval.every`, or, up to
+  `eval.dense_until` (0 = off), of `eval.dense_every` (onsets happen early; docs/sas.md). The
+  final step is evaluated too (the loop checks it itself)."""
+  e = config.eval
+  dense_until = int(e.get("dense_until", 0))
+  return step % e.every == 0 or (0 < step <= dense_until and step % e.dense_every == 0)
+
+
+def next_eval_step(step: int, config) -> int:
+  """The first step after `step` that `is_eval_step` accepts."""
+  e = config.eval
+  nxt = (step // e.every + 1) * e.every
+  dense_until = int(e.get("dense_until", 0))
+  if step < dense_until:
+    nxt = min(nxt, (step // e.dense_every + 1) * e.dense_every)
+    nxt = nxt if nxt <= dense_until or nxt % e.every == 0 else (step // e.every + 1) * e.every
+  return nxt
+
+
 def format_duration(seconds: float) -> str:
   """'42 s', '3 min 05 s', '2 h 07 min' or '29 d 03 h' (for logs: time taken, time left)."""
   seconds = int(round(seconds))

@@ -18,6 +18,7 @@ import numpy as np
 
 from sg_jax import evaluation
 from sg_jax import model as model_lib
+from sg_jax.analysis import uas as uas_lib
 from sg_jax.packing import packing_capacities
 from sg_jax.step import TrainFns
 
@@ -136,6 +137,8 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
   than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left,
   at most every 15 s); the first one, which compiles, and any after a long one say what they
   evaluate before their first batch.
+  With `uas.EVAL_KEY` batches in `eval_data` (`uas.eval_batches`), `in_domain` also gets `uas`
+  and `uas_weight` (best head; docs/sas.md).
   The metric is the task's (`tasks.from_config(config).make_metrics`); a task that decodes
   (tense) decodes with the key/value cache unless `config.eval.kv_cache` is False.
 
@@ -152,7 +155,12 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
     kv_cache_fns = (lambda p, t, pos, c: model_lib.apply_cached(fns.model, p, t, pos, c),
                     lambda p, b, n: model_lib.init_cache(fns.model, p, b, n))
   per_split = {}
+  uas_eval = None  # UAS of attention on in-domain lines (docs/sas.md), with its own batches
+  if uas_lib.EVAL_KEY in eval_data:
+    uas_eval = uas_lib.make_uas_eval(fns.model, vocab, eval_data[uas_lib.EVAL_KEY])
   for name, batches in eval_data.items():
+    if name == uas_lib.EVAL_KEY:
+      continue
     split = evaluation.make_split_evaluator(
         task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches),
         kv_cache_fns=kv_cache_fns)
@@ -186,6 +194,8 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
         if batch_callback is not None:
           batch_callback(name, i, int(n))
       results[name] = summarize(sums)
+    if uas_eval is not None:
+      results["in_domain"] = {**results["in_domain"], **uas_eval(params)}
     progress.close()
     last_seconds.append(progress.clock() - progress.start)
     return results

@@ -30,6 +30,7 @@ import numpy as np
 from sg_jax import checkpointing
 from sg_jax import configlib
 from sg_jax import evaluation
+from sg_jax.analysis import uas
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
 from sg_jax import sharding
@@ -75,7 +76,7 @@ def _next_boundary(step: int, config, steps: int | None = None) -> int:
   end = min(step + (steps or config.train.steps_per_call), config.train.num_steps)
   for every in (config.train.log_every, config.eval.every, config.checkpoint.every):
     end = min(end, (step // every + 1) * every)
-  return end
+  return min(end, evaluation.next_eval_step(step, config))
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        allow_config_change: bool = False,
                        state_hook: Callable[[TrainState, int], TrainState] | None = None,
@@ -205,7 +206,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   eval_data = sharding.put_replicated(
       {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
                                   task.eval_fields)
-       for name in ("in_domain", "out_of_domain")}, mesh)
+       for name in ("in_domain", "out_of_domain")}
+      | uas.eval_batches(config, task, vocab, workdir), mesh)  # {} without gold dependencies
   evaluate = make_eval_fn(config, fns, vocab, eval_data)
 
   writer = sharding.is_writer()
@@ -319,14 +321,14 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
     # A failed save stops the run before any metric row of a later step is written: rows are
     # written at log/eval steps only, and there the pending save is waited for (it has
     # usually long finished); between them a failure is picked up as soon as it is known.
-    if any(step % every == 0 for every in (config.train.log_every, config.eval.every,
-                                           config.checkpoint.every)):
+    if any(step % every == 0 for every in (config.train.log_every, config.checkpoint.every)) \
+        or evaluation.is_eval_step(step, config):
       ckpt.wait()
     else:
       ckpt.check()
     if step % config.train.log_every == 0 or step == config.train.num_steps:
       state = _log_train(loop, step=step, state=state)
-    if step % config.eval.every == 0 or step == config.train.num_steps:
+    if evaluation.is_eval_step(step, config) or step == config.train.num_steps:
       # A stop signal before or during the evaluation skips it: the step is checkpointed at
       # once, and the resumed run evaluates it first (`_evaluate_if_missing`).
       try:
@@ -361,7 +363,7 @@ def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -
   metrics.csv (a stop signal interrupted that evaluation), so the table equals an uninterrupted
   run's. Every process decides from the same file. Returns the evaluation, or {}."""
   config = loop.config
-  if step == 0 or not (step % config.eval.every == 0 or step == config.train.num_steps):
+  if step == 0 or not (evaluation.is_eval_step(step, config) or step == config.train.num_steps):
     return {}
   if os.path.exists(path):
     names = {r["name"] for r in metric_logging.read_table(path)

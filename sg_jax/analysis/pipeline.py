@@ -109,7 +109,8 @@ def entropy_inputs(examples: Sequence[Any], entropy_input: str) -> list[tuple[st
 
 def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: bool, vocab, *,
                    sentence_set: str = "transformed",
-                   entropy_input: str = "declarative") -> dict[str, Any]:
+                   entropy_input: str = "declarative",
+                   need_dependencies: bool = False) -> dict[str, Any]:
   """The analysis inputs of the first `num` lines of the sentence set of `split`.
 
   Args:
@@ -121,6 +122,7 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     vocab: the run's vocabulary.
     sentence_set: `SENTENCE_SETS` ('transformed': quest / PRESENT lines only).
     entropy_input: `ENTROPY_INPUTS` ('declarative' or 'line').
+    need_dependencies: also return the whole lines with their gold arcs ('dependency_lines').
 
   Returns:
     dict with the `registry.Inputs` fields 'entropy_inputs' (word ids of the entropy inputs,
@@ -155,10 +157,13 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     except ValueError as e:
       raise ValueError(f"tparseval needs gold trees, but split {split!r} of task {task.name} "
                        f"has none ({e})") from None
+  lines = None
+  if need_dependencies:
+    lines = [(vocab.encode(ex.words), task.gold_dependencies(ex)) for ex in selected]
   return {"entropy_inputs": [vocab.encode(w)
                              for w in entropy_inputs(selected, entropy_input)],
           "declaratives": [vocab.encode(w) for w in decl_words], "gold_trees": gold,
-          "label": label}
+          "dependency_lines": lines, "label": label}
 
 
 @dataclasses.dataclass(frozen=True)

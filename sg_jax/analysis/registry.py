@@ -27,7 +27,7 @@ import numpy as np
 PyTree = Any
 
 # What `Inputs` can carry (besides params, seeds, groups, config): a group names the ones it reads.
-INPUTS = ("meta", "entropy_inputs", "declaratives", "gold_trees")
+INPUTS = ("meta", "entropy_inputs", "declaratives", "gold_trees", "dependency_lines")
 # Sentence inputs -> their key in `sentences_used` of `<analysis.csv>.options.json`, which says how
 # many sentences the analysis read (the report names them in its figures).
 SENTENCE_INPUTS = {"entropy_inputs": "attention_entropy", "declaratives": "tree_projection"}
@@ -48,7 +48,7 @@ class Group:
     inputs: what it reads besides the parameters, out of `INPUTS`: 'meta' (the checkpoint's
       metadata), 'entropy_inputs' (word ids of the attention-entropy inputs), 'declaratives'
       (word ids of the declarative parts), 'gold_trees' (their gold trees; the task must have
-      them).
+      them), 'dependency_lines' (whole lines with their gold arcs; the task must have them).
   """
 
   name: str
@@ -112,6 +112,7 @@ class Options:
   batch_size: int = 8
   entropy_batch_size: int = 64
   seeds_per_call: int | None = None
+  uas_min_count: int = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,8 @@ class Inputs:
       requested group reads them.
     declaratives: word ids (without SOS) of each non-empty declarative part, or None.
     gold_trees: nested-tuple gold trees of the declarative parts, or None.
+    dependency_lines: (word ids without SOS of the whole line, its gold arcs `[(dependent,
+      head, relation)]` in input positions, `Task.gold_dependencies`) per line, or None.
   """
 
   params: PyTree
@@ -142,6 +145,7 @@ class Inputs:
   entropy_inputs: Sequence[Sequence[int]] | None = None
   declaratives: Sequence[Sequence[int]] | None = None
   gold_trees: Sequence[Any] | None = None
+  dependency_lines: Sequence[tuple] | None = None
 
 
 # compute(inputs) -> {column: value per seed [S]}, columns in the order rows are written; a None
