@@ -1,0 +1,110 @@
+"""Onset detection on synthetic curves with known onsets (sg_jax/analysis/onsets.py)."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from sg_jax import long_csv
+from sg_jax.analysis import onsets
+
+
+def sigmoid(t, t0, width, low=0.0, high=1.0):
+  return low + (high - low) / (1.0 + np.exp(-(np.asarray(t, np.float64) - t0) / width))
+
+
+def test_noise_free_sigmoid_onset_is_its_midpoint():
+  steps = np.arange(0, 10_001, 50)
+  got = onsets.onset(steps, sigmoid(steps, 3_000, 200), "rise")
+  assert got.step == pytest.approx(3_000, abs=1e-6)
+  # Smoothing (sigma = 2 gaps = 100 steps) lowers the peak slope 1/(4 w) a little; without it
+  # the finite-difference slope is the sigmoid's.
+  assert 0.9 / 800 < got.slope < 1 / 800
+  assert got.noise == pytest.approx(0.0, abs=1e-3)
+  raw = onsets.onset(steps, sigmoid(steps, 3_000, 200), "rise", sigma=0)
+  central = (sigmoid(3_050, 3_000, 200) - sigmoid(2_950, 3_000, 200)) / 100
+  assert raw.step == 3_000 and raw.slope == pytest.approx(central, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_sigmoids_rise_and_fall(seed):
+  rng = np.random.default_rng(seed)
+  steps = np.arange(0, 10_001, 50)
+  t0 = rng.uniform(2_000, 8_000)
+  rise = sigmoid(steps, t0, 150) + rng.normal(0, 0.03, steps.size)
+  rise[rng.integers(steps.size)] += 0.8  # an isolated spike: removed by the running median
+  assert abs(onsets.onset(steps, rise, "rise").step - t0) <= 150
+  loss = sigmoid(steps, t0, 150, low=3.0, high=1.0) + rng.normal(0, 0.05, steps.size)
+  assert abs(onsets.onset(steps, loss, "fall").step - t0) <= 150
+
+
+def test_dense_early_schedule_and_a_late_plateau():
+  # every 100 steps up to 5k, then every 1000: the sparse tail does not fool the slope.
+  steps = np.concatenate([np.arange(0, 5_000, 100), np.arange(5_000, 40_001, 1_000)])
+  rng = np.random.default_rng(7)
+  values = sigmoid(steps, 1_700, 120) + rng.normal(0, 0.02, steps.size)
+  assert abs(onsets.onset(steps, values).step - 1_700) <= 120
+
+
+def test_flat_noise_has_no_onset_and_bad_input_is_refused():
+  rng = np.random.default_rng(0)
+  steps = np.arange(0, 5_000, 50)
+  got = onsets.onset(steps, 0.5 + rng.normal(0, 0.05, steps.size))
+  assert math.isnan(got.step)
+  with pytest.raises(ValueError, match="at least 3 finite points"):
+    onsets.onset([0, 1, 2], [0.0, math.nan, 1.0])
+  with pytest.raises(ValueError, match="strictly increasing"):
+    onsets.onset([0, 2, 1], [0.0, 0.5, 1.0])
+  with pytest.raises(ValueError, match="direction"):
+    onsets.onset([0, 1, 2], [0.0, 0.5, 1.0], "up")
+
+
+def test_workdir_onsets_per_seed(tmp_path):
+  """metrics.csv with UAS, loss and accuracies of two seeds; analysis.csv unused (the run
+  logged in_domain/uas); out_of_domain/accuracy flat for seed 1 (never generalises)."""
+  steps = np.arange(0, 6_001, 100)
+  truth = {0: {"structure": 1_000, "loss_drop": 1_000, "in_domain": 1_800,
+               "out_of_domain": 3_500},
+           1: {"structure": 2_000, "loss_drop": 2_100, "in_domain": 2_600,
+               "out_of_domain": None}}
+  rng = np.random.default_rng(1)
+  rows = []
+  for seed, t in truth.items():
+    curves = {"in_domain/uas": sigmoid(steps, t["structure"], 100, 0.1, 0.6),
+              "train/loss": sigmoid(steps, t["loss_drop"], 100, 2.5, 0.5),
+              "in_domain/accuracy": sigmoid(steps, t["in_domain"], 150),
+              "out_of_domain/accuracy": (sigmoid(steps, t["out_of_domain"], 200)
+                                         if t["out_of_domain"] else np.full(steps.size, 0.3))}
+    for name, values in curves.items():
+      noisy = values + rng.normal(0, 0.01, steps.size)
+      rows += [(int(s), seed, name, float(v)) for s, v in zip(steps, noisy)]
+  with open(os.path.join(tmp_path, "metrics.csv"), "w") as f:
+    f.write(long_csv.HEADER + long_csv.format_rows(rows))
+  got = onsets.workdir_onsets(str(tmp_path))
+  assert sorted(got) == [0, 1]
+  for seed, t in truth.items():
+    for signal, step in t.items():
+      if step is None:
+        assert math.isnan(got[seed][signal].step), signal
+      else:
+        assert abs(got[seed][signal].step - step) <= 100, (seed, signal)
+  path = os.path.join(tmp_path, "onsets.csv")
+  onsets.write_onsets(path, got)
+  lines = open(path).read().splitlines()
+  assert lines[0] == "seed,signal,step,slope,change,noise" and len(lines) == 1 + 8
+  assert lines[1].startswith("0,structure,")
+
+
+def test_cli_prints_and_writes(tmp_path, capsys):
+  steps = np.arange(0, 3_001, 100)
+  rows = [(int(s), 0, "train/loss", float(v)) for s, v in zip(steps, sigmoid(steps, 1_200, 80,
+                                                                            2.0, 0.2))]
+  with open(os.path.join(tmp_path, "metrics.csv"), "w") as f:
+    f.write(long_csv.HEADER + long_csv.format_rows(rows))
+  onsets.main([f"--workdir={tmp_path}"])
+  out = capsys.readouterr().out.splitlines()
+  assert out[1].split() == ["0", "-", "1200", "-", "-"]
+  assert os.path.exists(os.path.join(tmp_path, "onsets.csv"))
+  with pytest.raises(SystemExit, match="error: "):
+    onsets.main([f"--workdir={tmp_path / 'missing'}"])
