@@ -262,8 +262,14 @@ def decode_steps(task, batches: dict) -> int:
 
 
 def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int = 0,
-                         kv_cache_fns: tuple | None = None) -> SplitEvaluator:
-  """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there.
+                         kv_cache_fns: tuple | None = None,
+                         constructions: dict[str, int] | None = None) -> SplitEvaluator:
+  """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there, and:
+
+  constructions: {tag: index} of construction tags (`Task.constructions`) to report the task
+    metric of separately: the batches then hold `construction` (int32 [batch], the line's
+    index, -1 untagged), and each of the metric's sums is also computed on the lines of each
+    tag, reported as `accuracy/<tag>` and `<sum>/<tag>` (divided by that tag's `total`).
 
   Raises:
     ValueError: unknown task name.
@@ -297,6 +303,10 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
       decoded = greedy_decode(lambda t: apply_fn(params, t), batch["inputs"],
                               batch["task_pos"], decode_steps)
     out.update(metrics(batch, logits, decoded))
+    for tag, k in (constructions or {}).items():
+      tagged = dict(batch, valid=batch["valid"] & (batch["construction"] == k))
+      out.update({f"{name}@{tag}": value
+                  for name, value in metrics(tagged, logits, decoded).items()})
     return out
 
   def summarize(per_batch):
@@ -305,8 +315,15 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
     out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
            "accuracy": sums["correct"] / total}
     for name in sums:
-      if name not in ("loss_sum", "tokens", "correct", "total"):
+      if name not in ("loss_sum", "tokens", "correct", "total") and "@" not in name:
         out[name] = sums[name] / total
+    for tag in constructions or {}:
+      tag_total = jnp.maximum(sums[f"total@{tag}"], 1.0)
+      out[f"accuracy/{tag}"] = sums[f"correct@{tag}"] / tag_total
+      for name in sums:
+        base, _, of = name.partition("@")
+        if of == tag and base not in ("correct", "total"):
+          out[f"{base}/{tag}"] = sums[name] / tag_total
     return out
 
   return SplitEvaluator(batch_sums=batch_sums, summarize=summarize)

@@ -78,10 +78,22 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
     log.info("%s data: %d lines from %s%s", name, len(examples), path, checked)
     check_vocabulary(examples, vocab, path, task.name)
     splits[name] = task.encode(examples, vocab)
+    if name != "train" and task.constructions:
+      splits[name].extras["construction"] = construction_ids(task, examples,
+                                                             config.eval.max_lines)
   if len(splits["train"]) < config.train.batch_size:
     raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
                      f"number of training lines ({len(splits['train'])})")
   return task, vocab, splits
+
+
+def construction_ids(task, examples, max_lines: int = 0) -> np.ndarray:
+  """int32 [N] construction tag of each line (`task.construction_ids`) for the first `max_lines`
+  lines (0 = all; the evaluation reads no more), -1 for the rest."""
+  n = len(examples) if not max_lines else min(max_lines, len(examples))
+  ids = np.full(len(examples), -1, np.int32)
+  ids[:n] = task.construction_ids(examples[:n])
+  return ids
 
 
 def _split_file(data_dir: str, task, split: str) -> str:
@@ -118,14 +130,25 @@ def prepare_eval_batches(split, batch_size: int, max_lines: int,
     split: an `EncodedSplit`.
     batch_size: lines per batch (the last batch is padded, `valid` False on padding lines).
     max_lines: lines taken from the start of the split (0 = all).
-    extra_fields: the `split.extras` fields to include (the task's `eval_fields`); None: all.
+    extra_fields: the `split.extras` fields to include (the task's `eval_fields`, plus the
+      `construction` tags when the split has them); None: all.
   """
   n = len(split) if not max_lines else min(max_lines, len(split))
   extras = tuple(split.extras) if extra_fields is None else tuple(extra_fields)
+  if "construction" in split.extras and "construction" not in extras:
+    extras += ("construction",)
   arrays = {f: np.asarray(getattr(split, f))[:n] for f in CORE_EVAL_FIELDS + extras}
   batch_size = min(batch_size, n)
   arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
   return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
+
+
+def present_constructions(task, batches: dict) -> dict[str, int]:
+  """{tag: index} of the task's constructions that occur on the valid lines of `batches`."""
+  if "construction" not in batches:
+    return {}
+  ids = np.asarray(batches["construction"])[np.asarray(batches["valid"])]
+  return {name: k for k, name in enumerate(task.constructions) if np.any(ids == k)}
 
 
 def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
@@ -163,7 +186,7 @@ def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
       continue
     split = evaluation.make_split_evaluator(
         task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches),
-        kv_cache_fns=kv_cache_fns)
+        kv_cache_fns=kv_cache_fns, constructions=present_constructions(task, batches))
     one_batch = lambda p, data, i, split=split: split.batch_sums(
         p, jax.tree_util.tree_map(lambda x: x[i], data))
     stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)

@@ -169,7 +169,9 @@ def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
   if write:
     loop.table.write(step, loop.seeds, flat)
     loop.summaries.write(step, loop.seeds, flat)
-  log.info("step %d eval: %s", step, _fmt_metrics(flat))
+  # The log line leaves out the per-construction metrics (`<split>/<metric>/<tag>`).
+  log.info("step %d eval: %s", step,
+           _fmt_metrics({k: v for k, v in flat.items() if k.count("/") == 1}))
   return flat
 
 

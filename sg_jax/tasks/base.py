@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
 
+import numpy as np
 import tqdm
 
 from sg_jax.tasks import trees
@@ -148,6 +149,8 @@ class Task(Protocol):
     has_gold_trees: True if `gold_tree` gives a tree (tree projections, tparseval).
     has_gold_dependencies: True if `gold_dependencies` gives arcs (UAS of attention, docs/sas.md);
       False: the task declares none and nothing reads them.
+    constructions: the construction tags `construction_ids` can give a line (the evaluation logs
+      each split's metrics per tag, `<split>/accuracy/<tag>`); () = none.
   """
   name: ClassVar[str]
   split_names: ClassVar[tuple]
@@ -158,6 +161,7 @@ class Task(Protocol):
   decodes: ClassVar[bool] = False
   has_gold_trees: ClassVar[bool] = False
   has_gold_dependencies: ClassVar[bool] = False
+  constructions: ClassVar[tuple] = ()
 
   @classmethod
   def from_config(cls, config) -> "Task":
@@ -232,6 +236,15 @@ class Task(Protocol):
       optionally further sums, each reported divided by `total`.
     """
     ...
+
+  def construction_ids(self, examples: Sequence[Example]) -> np.ndarray:
+    """int32 [N]: each line's index into `constructions` (-1: no tag; the default for all).
+
+    Raises:
+      DataError / ValueError: a line the task cannot analyse (e.g. a sentence that does not
+        parse with the task's grammar).
+    """
+    return np.full(len(examples), -1, np.int32)
 
   def gold_tree(self, example: Example):
     """Gold binarised tree over `example.declarative` (default: `declarative_tree`).

@@ -63,6 +63,11 @@ class McCoyTask(base.Task):
   default_sizes = DEFAULT_SIZES
   has_gold_trees = True
   has_gold_dependencies = True
+  # What modifies the subject (`shapes.modifier` of the subject NP): nothing, a prepositional
+  # phrase, or a relative clause (subject-extracted, object-extracted, intransitive). For
+  # question formation the subject modifier is the construction that separates the rules (gen:
+  # the RC types); for tense reinflection it holds the agreement attractor (PP vs RC).
+  constructions = ("none", "PP", "RC-subj", "RC-obj", "RC-intrans")
 
   # --- grammar and vocabulary ---------------------------------------------------------------
 
@@ -139,6 +144,17 @@ class McCoyTask(base.Task):
   def shape(self, example: Example) -> tuple:
     """`sentence_shape` of the example's source sentence (parsed with the grammar)."""
     return sentence_shape(self.source_derivation(example.source[:-1]))
+
+  def construction_ids(self, examples: Sequence[Example]) -> np.ndarray:
+    """int32 [N]: the index in `constructions` of each transformed line's subject modifier
+    (`shape`); -1 for identity lines, which the metrics do not read.
+
+    Raises:
+      pcfg.ParseError: a source sentence does not parse with the task's grammar.
+    """
+    index = {name: k for k, name in enumerate(self.constructions)}
+    return np.asarray([index[self.shape(ex)[0]] if ex.transformed else -1 for ex in examples],
+                      np.int32)
 
   # --- generation ---------------------------------------------------------------------------
 
