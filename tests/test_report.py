@@ -47,7 +47,9 @@ def _make_run(workdir, depth, analysis=True):
                (step, seed, "train/loss", 3.0 - t * 0.5)]
       if analysis:  # depth 2 also logged the rule agreements, depth 4 did not
         rows += [(step, seed, "out_of_domain/move_first_agreement", 1.0 - acc_gen[t]),
-                 (step, seed, "out_of_domain/skip_relative_agreement", 0.5)]
+                 (step, seed, "out_of_domain/skip_relative_agreement", 0.5),
+                 (step, seed, "out_of_domain/accuracy/RC-obj", acc_gen[t] / 2),
+                 (step, seed, "out_of_domain/accuracy/RC-subj", 1.0)]
   _write(os.path.join(workdir, "metrics.csv"), rows)
   if analysis:
     _write(os.path.join(workdir, "analysis.csv"),
@@ -87,7 +89,7 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   names = sorted(os.path.basename(p) for p in result["figures"])
   # trajectories only where analysis rows exist, rules only where the agreement rows exist
   # (both depth 2, not depth 4)
-  assert names == ["dynamics_tparseval_f1.png", "dynamics_tscore.png",
+  assert names == ["constructions_depth2.png", "dynamics_tparseval_f1.png", "dynamics_tscore.png",
                    "dynamics_weight_norm.png", "early_stopping.png",
                    "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
                    "losses_depth2.png", "losses_depth4.png", "rules_depth2.png", "seed_spread.png",

@@ -30,6 +30,8 @@ figures 1-5 for one's own runs):
                              `Dynamic`s of `sg_jax.analysis.registry`) vs step: mean over seeds
                              per depth (thick) and each seed (thin). A metric with no data is
                              skipped and the skip noted in summary.md.
+  constructions_depth<D>.png (i) where metrics.csv has per-construction rows: per seed, the gen
+                             accuracy of each construction (what modifies the subject) vs step.
   losses_depth<D>.png        (h) training and validation (in-domain, out-of-domain) losses vs
                              step, one line per seed, log scale.
   seed_spread.png            (f) each seed's final generalisation accuracy per depth, the seed
@@ -65,10 +67,10 @@ import collections
 import os
 
 from sg_jax.analysis import registry
-from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_dynamics, plot_early_stopping,
-                                   plot_grokking, plot_inverted_u, plot_losses, plot_rules,
-                                   plot_seed_spread, plot_tparseval_by_length, plot_trajectories,
-                                   trajectory_rows, _task_prefix)
+from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, _task_prefix, plot_constructions,
+                                   plot_dynamics, plot_early_stopping, plot_grokking,
+                                   plot_inverted_u, plot_losses, plot_rules, plot_seed_spread,
+                                   plot_tparseval_by_length, plot_trajectories, trajectory_rows)
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
                                    find_runs, load_run, log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
@@ -76,10 +78,11 @@ from sg_jax.report.tables import (depth_summary, early_stopping, final_value, fi
 
 __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "Run",
            "analysis_sentences", "build_report", "depth_summary", "early_stopping",
-           "final_value", "find_runs", "first_reaching", "load_run", "plot_dynamics",
-           "plot_early_stopping", "plot_grokking", "plot_inverted_u", "plot_losses", "plot_rules",
-           "plot_seed_spread", "plot_tparseval_by_length", "plot_trajectories",
-           "saturation_step", "seed_summary", "trajectory_rows", "write_csv", "write_markdown"]
+           "final_value", "find_runs", "first_reaching", "load_run", "plot_constructions",
+           "plot_dynamics", "plot_early_stopping", "plot_grokking", "plot_inverted_u",
+           "plot_losses", "plot_rules", "plot_seed_spread", "plot_tparseval_by_length",
+           "plot_trajectories", "saturation_step", "seed_summary", "trajectory_rows",
+           "write_csv", "write_markdown"]
 
 
 def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
@@ -117,6 +120,12 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     path = os.path.join(out_dir,
                         f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
     if plot_trajectories(by_depth[depth], depth, path, saturation) is not None:
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
+    path = os.path.join(out_dir,
+                        f"constructions_depth{depth if depth is not None else 'unknown'}.png")
+    if plot_constructions(by_depth[depth], depth, path, saturation) is not None:
       figures.append(path)
     elif os.path.exists(path):
       os.remove(path)

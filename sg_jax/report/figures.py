@@ -493,3 +493,63 @@ def plot_losses(runs: Sequence[Run], depth, path: str):
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return fig
+
+
+CONSTRUCTION_PREFIX = GEN_ACC + "/"
+CONSTRUCTION_COLORS = {"none": "#7f7f7f", "PP": "#9467bd", "RC-subj": "#1f77b4",
+                       "RC-obj": "#d62728", "RC-intrans": "#2ca02c"}
+
+
+def plot_constructions(runs: Sequence[Run], depth, path: str, saturation: float,
+                       max_seeds: int = 12):
+  """(i) Per seed: generalisation accuracy by construction over training.
+
+  One panel per seed (at most `max_seeds`): the gen split's accuracy on the lines of each
+  construction tag (`out_of_domain/accuracy/<tag>`, `Task.constructions`; question and tense:
+  what modifies the subject) beside the whole split's, fractions of lines over training steps; a
+  dotted line marks the first step where in-domain accuracy reaches `saturation`.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when no run of
+    this depth logged per-construction accuracy.
+  """
+  columns = []
+  for run in runs:
+    tags = sorted(name[len(CONSTRUCTION_PREFIX):] for name in run.series
+                  if name.startswith(CONSTRUCTION_PREFIX))
+    seeds = sorted({s for t in tags for s in run.series[CONSTRUCTION_PREFIX + t]})
+    columns += [(run, seed, tags) for seed in seeds]
+  if not columns:
+    return None
+  columns = columns[:max_seeds]
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1, 3.4), sharey=True,
+                           squeeze=False)
+  for c, (run, seed, tags) in enumerate(columns):
+    ax = axes[0, c]
+    if seed in run.series.get(GEN_ACC, {}):
+      ax.plot(*_finite(*run.series[GEN_ACC][seed]), color="black", lw=2.2, alpha=0.35,
+              label="all gen lines")
+    for tag in tags:
+      if seed in run.series[CONSTRUCTION_PREFIX + tag]:
+        ax.plot(*_finite(*run.series[CONSTRUCTION_PREFIX + tag][seed]), lw=1.4, marker="o", ms=2,
+                color=CONSTRUCTION_COLORS.get(tag), label=tag)
+    sat = saturation_step(run, seed, saturation)
+    if sat is not None:
+      ax.axvline(sat, color="gray", ls=":", lw=1.0)
+    ax.set_ylim(-0.02, 1.02)
+    ax.locator_params(axis="x", nbins=4)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
+    ax.set_xlabel("training step")
+  axes[0, 0].set_ylabel("gen. accuracy (fraction of lines)")
+  handles, labels = max((ax.get_legend_handles_labels() for ax in axes[0]),
+                        key=lambda hl: len(hl[0]))
+  _legend_outside(axes[0, -1], handles, labels, fontsize=7)
+  fig.suptitle(f"{_task_prefix(runs)}generalisation by construction (what modifies the "
+               f"subject), {_depth_label(depth)} (dotted: in-domain acc. first >= "
+               f"{saturation:g})")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return fig
