@@ -1,0 +1,179 @@
+"""benchmarks/accelerator_check.sh --cpu_smoke, where this machine's TensorFlow, clu,
+ml_collections, PyYAML and pytest cannot be imported (only the copies the check carries).
+
+The accelerator machine has jax, flax, optax, orbax-checkpoint, absl-py, numpy, matplotlib,
+tqdm and tensorboard, and nothing can be downloaded there (docs/performance.md, "Accelerator
+check"). Here a `sitecustomize` on the check's PYTHONPATH refuses the blocked packages from this
+interpreter's site-packages, so the check passes only if it carries what it needs. The carried
+wheels come from `benchmarks/fetch_wheels.sh` for this interpreter's Python (about 3 MB from the
+package index); offline, outside CI, they are rebuilt from the installed distributions.
+"""
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import accelerator_report  # noqa: E402  (benchmarks/ is on sys.path above)
+
+from sg_jax import long_csv  # noqa: E402
+
+# Not on the accelerator machine (or, for tensorflow and clu, never needed by the check).
+BLOCKED = ("tensorflow", "tensorflow_datasets", "clu", "ml_collections", "yaml", "pytest",
+           "_pytest", "pluggy", "iniconfig")
+
+SITECUSTOMIZE = f'''"""Test-only import blocker (tests/test_accelerator_check.py): the blocked packages
+exist only where they are found outside this interpreter's site-packages (the carried copies);
+elsewhere `import` fails and `importlib.util.find_spec` returns None, as when not installed."""
+import importlib.machinery, os, site, sys
+
+_SITE = tuple(os.path.realpath(p) + os.sep
+              for p in site.getsitepackages() + [site.getusersitepackages()])
+_PATH = [p for p in sys.path if not (os.path.realpath(p) + os.sep).startswith(_SITE)]
+for _name in {sorted(BLOCKED)!r}:
+  if importlib.machinery.PathFinder.find_spec(_name, _PATH) is None:
+    sys.modules[_name] = None
+'''
+
+STAGES = ["install", "env", "tests", "throughput_float32", "throughput_bfloat16", "memory", "run",
+          "run_report"]
+
+
+def _closure(names):
+  """Installed distributions `names` need (their requirements without extras or false markers)."""
+  from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
+
+  seen, todo = {}, list(names)
+  while todo:
+    dist = importlib.metadata.distribution(todo.pop())
+    key = dist.metadata["Name"].lower().replace("_", "-")
+    if key in seen:
+      continue
+    seen[key] = dist
+    for text in dist.requires or []:
+      req = Requirement(text)
+      if req.marker is None or req.marker.evaluate({"extra": ""}):
+        todo.append(req.name)
+  return list(seen.values())
+
+
+def _wheel_from_installed(dist, dest):
+  """Zips an installed distribution's files back into a wheel (offline fallback)."""
+  tag = next(line.split(":", 1)[1].strip() for line in dist.read_text("WHEEL").splitlines()
+             if line.startswith("Tag:"))
+  name = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
+  with zipfile.ZipFile(os.path.join(dest, f"{name}-{dist.version}-{tag}.whl"), "w") as z:
+    for f in dist.files:
+      if not str(f).startswith("..") and f.locate().is_file():  # console scripts live in bin/
+        z.write(f.locate(), str(f))
+
+
+@pytest.fixture(scope="module")
+def carried_wheels(tmp_path_factory):
+  """A folder of wheels for this interpreter: fetched (in CI: must succeed), else rebuilt."""
+  dest = str(tmp_path_factory.mktemp("wheels"))
+  version = f"{sys.version_info.major}.{sys.version_info.minor}"
+  fetched = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "fetch_wheels.sh"),
+                            "--python_version", version, dest], capture_output=True, text=True,
+                           timeout=180, env={**os.environ, "PYTHON": sys.executable})
+  if fetched.returncode == 0:
+    return dest
+  if os.environ.get("CI"):
+    pytest.fail(f"benchmarks/fetch_wheels.sh failed in CI:\n{fetched.stderr[-2000:]}")
+  try:
+    for dist in _closure(["ml-collections", "pytest"]):
+      _wheel_from_installed(dist, dest)
+  except importlib.metadata.PackageNotFoundError as e:
+    pytest.skip(f"no package index (fetch_wheels.sh failed) and {e} is not installed to rebuild "
+                "its wheel from")
+  return dest
+
+
+def _blocked_env(tmp_path):
+  blocker = tmp_path / "blocker"
+  blocker.mkdir(exist_ok=True)
+  (blocker / "sitecustomize.py").write_text(SITECUSTOMIZE)
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+  return {**env, "PYTHONPATH": str(blocker), "PYTHON": sys.executable}
+
+
+def test_the_blocker_refuses_this_machines_ml_collections_and_pytest(tmp_path):
+  """The premise of the smoke test: without the carried wheels these imports fail."""
+  for module in ("ml_collections", "pytest", "yaml"):
+    r = subprocess.run([sys.executable, "-c", f"import {module}"], env=_blocked_env(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"import of {module} halted; None in sys.modules" in r.stderr, (
+        module, r.stderr)
+
+
+def test_cpu_smoke_runs_every_stage_with_only_the_carried_packages(tmp_path, carried_wheels):
+  out = tmp_path / "out"
+  r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "accelerator_check.sh"),
+                      "--cpu_smoke", "--wheels", carried_wheels, str(out)],
+                     env=_blocked_env(tmp_path), capture_output=True, text=True, timeout=300)
+  stages = [line.split("\t") for line in (out / "stages.tsv").read_text().splitlines()]
+  assert [s[0] for s in stages] == STAGES, r.stdout + r.stderr
+  assert all(s[1] == "0" for s in stages), (stages, r.stdout)
+  assert r.returncode == 0
+
+  files = {s[0]: (out / s[4]).read_text() for s in stages}
+  env = files["env"]
+  for dist in ("ml-collections", "PyYAML", "pytest"):
+    assert re.search(rf"^{dist} +\S+ \(carried wheel\)$", env, re.M), (dist, env)
+  for module in ("tensorflow", "clu"):
+    assert re.search(rf"^{module} +not importable", env, re.M), (module, env)
+  assert re.search(r"^backend +cpu$", env, re.M)
+
+  passed = re.search(r"(\d+) passed", files["tests"])
+  assert passed and int(passed.group(1)) >= 3 and "failed" not in files["tests"], files["tests"]
+  for dtype in ("float32", "bfloat16"):
+    text = files[f"throughput_{dtype}"]
+    summary = text[text.rindex("\nsummary"):]
+    rows = [l.split() for l in summary.splitlines() if re.match(r"^\s+1\s+[12]\s", l)]
+    assert sorted({int(r[1]) for r in rows}) == [1, 2], summary  # depth 1, seeds 1 and 2
+    assert dtype in text
+  assert "seeds that fit" in files["memory"]
+
+  # The run was stopped by SIGTERM and checkpointed; its checkpoints did not come into OUT_DIR.
+  assert (out / "run" / "exit_code").read_text().strip() == "75"
+  assert not any("checkpoint" in name for _, dirs, _ in os.walk(out) for name in dirs)
+  rows = long_csv.read_rows(str(out / "run" / "metrics.csv"))
+  losses = {}
+  for step, seed, name, value in rows:
+    if name == "train/loss":
+      losses.setdefault(step, []).append(value)
+  last = max(losses)
+  assert len(losses) >= 3 and len(losses[last]) == 2  # tiny preset: 2 seeds
+  report = files["run_report"]
+  assert f"train/loss at step {last}: mean {np.mean(losses[last]):.4f}" in report, report
+  assert re.search(r"seed-steps/s \(steady, steps \d+ -> \d+ in \d+ s of log time\): [0-9.]+",
+                   report), report
+  summary_md = (out / "summary.md").read_text()
+  assert "| run | 0 |" in summary_md and f"train/loss at step {last}" in summary_md
+
+
+def test_run_figures_from_a_hand_built_log_and_table():
+  log = "\n".join([
+      "23:59:50 step 0/100 ...",  # not a training line
+      "23:59:58 step 10/100  loss [3.000 2.000]  0.50 steps/s (1.0 seed-steps/s)  0:03:00 left",
+      "00:00:08 step 30/100  loss [2.000 1.000]  1.00 steps/s (2.0 seed-steps/s)  0:01:10 left",
+  ])
+  rows = [(10, 0, "train/loss", 3.0), (10, 1, "train/loss", 2.0), (30, 0, "train/loss", 2.0),
+          (30, 1, "train/loss", 1.0), (30, 0, "train/grad_norm", 9.0)]
+  fig = accelerator_report.run_figures(rows, log)
+  # 20 steps x 2 seeds in 10 s across midnight
+  assert fig["rate_steady"] == pytest.approx(4.0) and fig["steady_span"] == (10, 30, 10)
+  assert fig["rate_total"] == 2.0 and fig["seeds"] == 2
+  assert fig["loss_last"] == [2.0, 1.0] and fig["loss_first"] == [3.0, 2.0]
+  lines = accelerator_report.format_run(fig, 75)
+  assert "stopped by SIGTERM" in lines[0] and "mean 1.5000 (min 1.0000, max 2.0000)" in lines[-1]
+  with pytest.raises(ValueError, match="no train/loss row"):
+    accelerator_report.run_figures(rows[-1:], log)
