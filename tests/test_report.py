@@ -235,3 +235,38 @@ def test_figures_keep_legends_off_the_data_fractions_in_range_and_state_sentence
   runs[0] = report.load_run(os.path.join(sweep_root, "depth2"))
   assert report.analysis_sentences(runs[:1], ["tscore"]).startswith(
       "analysis on an unknown number of sentences")
+
+
+def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
+  """Seeds given different values of a per-seed config field form groups, compared with CIs."""
+  from sg_jax.report import groups
+  workdir = tmp_path / "regimes"
+  os.makedirs(workdir)
+  lambdas = [0.0, 0.0, 0.0, 0.01, 0.01, 0.01]
+  with open(workdir / "config.json", "w") as f:
+    json.dump({"task": "question", "num_seeds": 6, "first_seed": 10, "model": {"num_layers": 2},
+               "sas": {"lambdas": lambdas, "window": [0, 0]}, "train": {"num_steps": 400}}, f)
+  steps = np.arange(0, 2001, 50)
+  rows = []
+  for k, lam in enumerate(lambdas):
+    onset = 600 if lam == 0 else 1400  # suppressed seeds rise later
+    uas = 0.1 + 0.6 / (1 + np.exp(-(steps - onset) / 60.0))
+    for step, u in zip(steps, uas):
+      rows += [(step, 10 + k, "in_domain/uas", u),
+               (step, 10 + k, "out_of_domain/accuracy", 0.5 + 0.1 * k if step == 2000 else 0.2)]
+  _write(workdir / "metrics.csv", rows)
+  run = report.load_run(str(workdir))
+  assert groups.per_seed_fields(run.config) == {"sas.lambdas": lambdas}
+  found = groups.seed_groups(run)
+  assert found == {"lambdas=0.0": [10, 11, 12], "lambdas=0.01": [13, 14, 15]}
+  table = {r["group"]: r for r in groups.group_rows(run, found)}
+  # finals 0.5, 0.6, 0.7 -> mean 0.6, inside its bootstrap interval; onsets at the midpoints
+  assert table["lambdas=0.0"]["out_of_domain/accuracy"] == pytest.approx(0.6)
+  assert (table["lambdas=0.0"]["out_of_domain/accuracy_ci_low"] < 0.6
+          < table["lambdas=0.0"]["out_of_domain/accuracy_ci_high"])
+  assert table["lambdas=0.0"]["structure_onset_median"] == pytest.approx(600, abs=60)
+  assert table["lambdas=0.01"]["structure_onset_median"] == pytest.approx(1400, abs=60)
+  result = report.build_report(str(workdir))
+  assert any(p.endswith("groups_regimes.png") for p in result["figures"])
+  md = open(os.path.join(result["out_dir"], "summary.md")).read()
+  assert "## Seed groups" in md and "lambdas=0.01" in md

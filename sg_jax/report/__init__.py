@@ -42,6 +42,11 @@ figures 1-5 for one's own runs):
                              beside the right-branching baseline. The dynamics figure of
                              tparseval_f1 draws the right-, left-branching and random-tree F1
                              as dashed levels; summary.md has them as columns.
+  groups_<run>.png           (j) runs whose config gives some field one value per seed (seed
+                             groups, `groups`: e.g. SAS regimes, data mixes): per group the
+                             seed mean of UAS, training loss and the accuracies with a 95%
+                             bootstrap band, seeds' onsets marked; summary_groups.csv and a
+                             "Seed groups" table in summary.md (final values with CIs).
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -67,6 +72,7 @@ import collections
 import os
 
 from sg_jax.analysis import registry
+from sg_jax.report import groups
 from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, _task_prefix, plot_constructions,
                                    plot_dynamics, plot_early_stopping, plot_grokking,
                                    plot_inverted_u, plot_losses, plot_rules, plot_seed_spread,
@@ -169,10 +175,23 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   elif os.path.exists(path):
     os.remove(path)
 
+  group_table = []
+  for run in runs:
+    seed_sets = groups.seed_groups(run)
+    if not seed_sets:
+      continue
+    group_table += groups.group_rows(run, seed_sets)
+    path = os.path.join(out_dir, f"groups_{run.name}.png")
+    if groups.plot_groups(run, seed_sets, path, prefix) is not None:
+      figures.append(path)
+  if group_table:
+    write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
+
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
-                 threshold, saturation, tie_tolerance, seed_rows=seed_rows)
+                 threshold, saturation, tie_tolerance, seed_rows=seed_rows,
+                 extra_lines=groups.markdown_lines(group_table))
   for note in skipped:
     log.warning("%s", note)
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

@@ -39,6 +39,7 @@ class Run:
       analysis.csv merged.
     analysis_options: contents of `analysis.csv.options.json` (`sg_jax.analyze`: split, sentence
       set, `sentences_used`, ...), {} when absent.
+    config: the resolved config (`config.json`), {} when absent.
   """
 
   workdir: str
@@ -48,6 +49,7 @@ class Run:
   num_steps: int | None
   series: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]
   analysis_options: dict = dataclasses.field(default_factory=dict)
+  config: dict = dataclasses.field(default_factory=dict)
 
 
 def _to_series(rows: Iterable[tuple[int, int, str, float]]):
@@ -84,6 +86,7 @@ def load_run(workdir: str) -> Run:
       except (OSError, ValueError) as e:
         log.warning("ignoring unreadable %s.options.json: %s", analysis, e)
   depth = task = num_steps = None
+  config = {}
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
     with open(config_path) as f:
@@ -95,7 +98,7 @@ def load_run(workdir: str) -> Run:
   if depth is None and name.startswith("depth") and name[5:].isdigit():
     depth = int(name[5:])
   return Run(workdir=workdir, name=name, depth=depth, task=task or "", num_steps=num_steps,
-             series=_to_series(rows), analysis_options=analysis_options)
+             series=_to_series(rows), analysis_options=analysis_options, config=config)
 
 
 def find_runs(root: str) -> list[str]:

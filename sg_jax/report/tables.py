@@ -225,9 +225,10 @@ def _seed_lines(seed_rows: Sequence[dict]) -> list[str]:
 
 
 def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, saturation,
-                   tie_tolerance, seed_rows: Sequence[dict] = ()) -> None:
-  """Writes summary.md: the runs, the per-depth table, the rules used, the per-seed table, the
-  figures and notes."""
+                   tie_tolerance, seed_rows: Sequence[dict] = (),
+                   extra_lines: Sequence[str] = ()) -> None:
+  """Writes summary.md: the runs, the per-depth table, the rules used, the per-seed table, any
+  `extra_lines` (e.g. the seed groups' table), the figures and notes."""
   columns = [
       ("depth", "depth"), ("num_seeds", "seeds"), ("final_step", "last step"),
       ("final_in_domain_mean", "in-domain acc. (final, mean)"),
@@ -279,6 +280,7 @@ def write_markdown(path, root, runs, depth_rows, figures, skipped, threshold, sa
       "", f"**Generalising seed**: final generalisation accuracy > {threshold:g} (final = the "
       "seed's last evaluated step)."]
   lines += _seed_lines(seed_rows) if seed_rows else []
+  lines += list(extra_lines)
   lines += ["", "## Figures", ""]
   lines += [f"* `{os.path.basename(f)}`" for f in figures]
   if skipped or incomplete:

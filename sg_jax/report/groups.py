@@ -1,0 +1,166 @@
+"""Seed groups of one run: seeds that differ by a per-seed config value, compared with CIs.
+
+One vmapped run can hold several regimes side by side, e.g. the SAS regulariser's strength per
+seed (Chen et al., ICLR 2024; docs/sas.md) or a training-data mix per seed (docs/data.md): a
+config field whose value in `config.json` is a list with one entry per seed. Seeds with the same
+entries of every such field form a group; `groups_depth<D>.png` draws, per group, the seed mean
+of each compared metric with its 95% bootstrap confidence interval over seeds
+(`seed_stats.bootstrap_ci`) and marks each seed's onset (`sg_jax.analysis.onsets`), and
+summary.md gets a table of the final values per group.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from sg_jax.analysis import onsets as onsets_lib
+from sg_jax.report import seed_stats
+from sg_jax.report.reading import Run
+
+# Metrics compared between groups (those a run logged), with their onset signal
+# (`onsets_lib.SIGNALS`) and panel title.
+COMPARED = (("in_domain/uas", "structure", "UAS of the best head (in-domain)"),
+            ("train/loss", "loss_drop", "training loss (nats per token)"),
+            ("in_domain/accuracy", "in_domain", "in-domain accuracy"),
+            ("out_of_domain/accuracy", "out_of_domain", "generalisation accuracy"))
+
+
+def _flat(config: Mapping, prefix: str = "") -> dict:
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, Mapping):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def per_seed_fields(config: Mapping) -> dict[str, list]:
+  """{dotted field: [value per seed]}: the config fields given one value per seed (a list as
+  long as `num_seeds`, > 1 seed, with at least two distinct values)."""
+  num_seeds = config.get("num_seeds")
+  if not isinstance(num_seeds, int) or num_seeds < 2:
+    return {}
+  return {name: list(value) for name, value in _flat(config).items()
+          if isinstance(value, (list, tuple)) and len(value) == num_seeds
+          and len({repr(v) for v in value}) > 1}
+
+
+def seed_groups(run: Run) -> dict[str, list[int]]:
+  """{label: seeds} of a run's seed groups (`per_seed_fields`), in first-seed order; {} when the
+  run gives every seed the same config. Labels read `field=value, ...` (the section name left
+  out where the field name is unique)."""
+  fields = per_seed_fields(run.config)
+  if not fields:
+    return {}
+  first = int(run.config.get("first_seed", 0))
+  groups: dict[str, list[int]] = collections.OrderedDict()
+  for k in range(int(run.config["num_seeds"])):
+    label = ", ".join(f"{name.split('.')[-1]}={values[k]}" for name, values in fields.items())
+    groups.setdefault(label, []).append(first + k)
+  return dict(groups)
+
+
+def _final(run: Run, name: str, seed: int) -> float:
+  steps_values = run.series.get(name, {}).get(seed)
+  if steps_values is None:
+    return math.nan
+  values = steps_values[1][np.isfinite(steps_values[1])]
+  return float(values[-1]) if values.size else math.nan
+
+
+def group_rows(run: Run, groups: Mapping[str, Sequence[int]]) -> list[dict]:
+  """One dict per group: seeds, and per compared metric the final value's seed mean with its 95%
+  bootstrap CI (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`) and the median onset step
+  of its signal over the group's seeds (`<signal>_onset_median`, NaN where none)."""
+  onsets = onsets_lib.seed_onsets(run.series)
+  rows = []
+  for label, seeds in groups.items():
+    row = {"run": run.name, "group": label, "seeds": " ".join(map(str, seeds))}
+    for name, signal, _ in COMPARED:
+      if not run.series.get(name):
+        continue
+      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
+      row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+      steps = [onsets[s][signal].step for s in seeds if s in onsets and signal in onsets[s]]
+      finite = [x for x in steps if math.isfinite(x)]
+      row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
+    rows.append(row)
+  return rows
+
+
+def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_prefix: str):
+  """Per compared metric the run logged: the seed mean of each group over training with its 95%
+  bootstrap band over seeds, and each seed's onset as a tick at the bottom of the panel.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
+    fewer than two groups or none of `COMPARED`.
+  """
+  panels = [(n, sig, t) for n, sig, t in COMPARED if run.series.get(n)]
+  if len(groups) < 2 or not panels:
+    return None
+  from sg_jax.report.figures import _legend_outside, _pyplot  # pylint: disable=import-outside-toplevel
+  plt = _pyplot()
+  onsets = onsets_lib.seed_onsets(run.series)
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
+  cmap = plt.get_cmap("tab10")
+  for ax, (name, signal, title) in zip(axes[0], panels):
+    for g, (label, seeds) in enumerate(groups.items()):
+      color = cmap(g % cmap.N)
+      per_step = collections.defaultdict(list)
+      for seed in seeds:
+        if seed in run.series[name]:
+          for step, value in zip(*run.series[name][seed]):
+            if math.isfinite(value):
+              per_step[int(step)].append(float(value))
+      steps = np.array(sorted(per_step))
+      if not steps.size:
+        continue
+      mean, low, high = np.array([seed_stats.bootstrap_ci(per_step[s], num_resamples=2000)
+                                  for s in steps]).T
+      ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
+      ax.plot(steps, mean, color=color, lw=1.8, label=f"{label} ({len(seeds)} seeds)")
+      marks = [onsets[s][signal].step for s in seeds if s in onsets]
+      marks = [m for m in marks if math.isfinite(m)]
+      ax.plot(marks, [0.02] * len(marks), "|", color=color, ms=12, mew=2,
+              transform=ax.get_xaxis_transform())
+    if name == "train/loss":
+      ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    ax.grid(alpha=0.3)
+  _legend_outside(axes[0][-1]).set_title("band: 95% bootstrap CI over seeds;\n"
+                                         "ticks: onsets of each seed", prop={"size": 8})
+  fig.suptitle(f"{title_prefix}seed groups of {run.name}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+def markdown_lines(rows: Sequence[dict]) -> list[str]:
+  """The "Seed groups" section of summary.md (`group_rows` of every run with groups)."""
+  if not rows:
+    return []
+  metrics = [(n, s) for n, s, _ in COMPARED if any(n in r for r in rows)]
+  fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
+  lines = ["", "## Seed groups", "",
+           "| run | group | seeds | " + " | ".join(f"{n} (final) [95% CI] | {s} onset (median)"
+                                                 for n, s in metrics) + " |",
+           "|" + "---|" * (3 + 2 * len(metrics))]
+  for r in rows:
+    cells = [r["run"], r["group"], r["seeds"]]
+    for name, signal in metrics:
+      cells.append(f"{fmt(r.get(name))} [{fmt(r.get(name + '_ci_low'))}, "
+                   f"{fmt(r.get(name + '_ci_high'))}]" if name in r else "")
+      cells.append(fmt(r.get(f"{signal}_onset_median")))
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
+            "list with one value per seed in config.json). CI: 95% percentile bootstrap over the "
+            "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\")."]
+  return lines
