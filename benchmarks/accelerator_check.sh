@@ -119,6 +119,18 @@ install_wheels() {
   local names
   names="$(ls "$wheels"/*.whl | sed 's#.*/##; s/-.*//' | sort -u)"
   echo "installing from $wheels into $site: $(echo $names)"
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    echo "no pip: unzipping the pure-Python wheels and those tagged for this CPython instead"
+    "$py" - "$wheels" "$site" <<'PY'
+import glob, os, sys, zipfile
+tag = "cp%d%d" % sys.version_info[:2]
+for w in sorted(glob.glob(os.path.join(sys.argv[1], "*.whl"))):
+  if w.endswith("-none-any.whl") or f"-{tag}-" in os.path.basename(w):
+    zipfile.ZipFile(w).extractall(sys.argv[2])
+    print("unzipped", os.path.basename(w))
+PY
+    return
+  fi
   # shellcheck disable=SC2086  (one argument per distribution name)
   "$py" -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
     --find-links "$wheels" --target "$site" $names
