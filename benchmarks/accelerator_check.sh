@@ -71,12 +71,12 @@ if [ "$smoke" = 1 ]; then
   run_config="configs/question.py:tiny"
 else
   mode="accelerator"
-  limit_install=60; limit_env=60; limit_tests=75; limit_throughput=80; limit_memory=35
+  limit_install=60; limit_env=60; limit_tests=55; limit_throughput=90; limit_memory=35
   run_seconds=180; run_log_lines=0; limit_report=30
   tests=(tests/test_model.py tests/test_train.py::test_vmapped_seeds_equal_each_seed_trained_alone)
   # the padded layout (the default config's), no sequential baseline: 16 compiles in the limit
   throughput=(--depths=6 --seeds=1,4,16,64 --packing=off --no_sequential --steps_per_call=50
-              --min_time=2 --min_calls=2)
+              --min_time=1 --min_calls=2)
   memory=(--depths=6 --seeds=1,16 --packing=off --steps_per_call=20)
   run_config="configs/question.py:seeds=16"
 fi
