@@ -81,8 +81,9 @@ else
   run_config="configs/question.py:seeds=16"
 fi
 [ -f tests/test_layer_impl.py ] && tests=(tests/test_layer_impl.py "${tests[@]}")
-# Both layer implementations (tuned for CPU and plain flax) where train_throughput offers them.
-grep -q -- "--layer_impl" benchmarks/train_throughput.py && throughput+=(--layer_impl=both)
+# Both layer sets (model.layer_impl tuned and plain) where train_throughput offers them.
+layer_sets=()
+grep -q -- "--layer_impl" benchmarks/train_throughput.py && layer_sets=(--layer_impl=both)
 
 stage_no=0
 failed=0
@@ -193,8 +194,10 @@ run_stage env "$limit_env" bash -c env_stage
 run_stage tests "$limit_tests" env JAX_DEFAULT_MATMUL_PRECISION=highest \
   "$py" -m pytest -v -p no:cacheprovider "${tests[@]}"
 for dtype in float32 bfloat16; do
-  run_stage "throughput_$dtype" "$limit_throughput" \
-    "$py" benchmarks/train_throughput.py "${throughput[@]}" --dtype="$dtype"
+  sets=(${layer_sets[@]+"${layer_sets[@]}"})
+  [ "$smoke" = 1 ] && [ "$dtype" = bfloat16 ] && sets=()  # smoke: bf16 with auto's layer set only
+  run_stage "throughput_$dtype" "$limit_throughput" "$py" benchmarks/train_throughput.py \
+    "${throughput[@]}" ${sets[@]+"${sets[@]}"} --dtype="$dtype"
 done
 run_stage memory "$limit_memory" "$py" benchmarks/memory.py "${memory[@]}"
 run_stage run $((run_seconds + 60)) bash -c train_run
