@@ -6,7 +6,8 @@
 #   bash benchmarks/accelerator_check.sh OUT_DIR          # on the accelerator (carry wheels/)
 #   bash benchmarks/accelerator_check.sh --cpu_smoke OUT_DIR   # the same stages shrunk, CPU, < 3 min
 #
-# Options: --wheels DIR (default wheels/), --only STAGE,STAGE (default all; names below).
+# Options: --wheels DIR (default wheels/), --only STAGE,STAGE (default all; names below;
+# install always runs).
 # Stages, each with its own time limit, its output in OUT_DIR/NN_STAGE.txt, its exit code in
 # OUT_DIR/stages.tsv and summary.md; a failing stage does not stop the later ones:
 #   install      the carried wheels (ml-collections, PyYAML, pytest...) into a temporary folder
@@ -42,6 +43,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || { echo "error: missing OUT_DIR (see --help)" >&2; exit 2; }
+stages="install env tests throughput_float32 throughput_bfloat16 memory run run_report"
+for name in ${only//,/ }; do
+  [[ " $stages " == *" $name "* ]] ||
+    { echo "error: unknown stage $name in --only (stages: $stages)" >&2; exit 2; }
+done
 mkdir -p "$out" || { echo "error: cannot create OUT_DIR $out" >&2; exit 2; }
 out="$(cd "$out" && pwd)"
 py="${PYTHON:-python3}"
@@ -87,9 +93,9 @@ grep -q -- "--layer_impl" benchmarks/train_throughput.py && layer_sets=(--layer_
 
 stage_no=0
 failed=0
-: >"$out/stages.tsv"
+[ -n "$only" ] || : >"$out/stages.tsv"  # --only adds to an earlier run's table
 
-wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+wanted() { [ -z "$only" ] || [ "$1" = install ] || [[ ",$only," == *",$1,"* ]]; }
 
 # run_stage NAME LIMIT_S COMMAND...: runs COMMAND with a time limit (SIGTERM, then SIGKILL 15 s
 # later), output in OUT_DIR/NN_NAME.txt, a line in stages.tsv.

@@ -215,12 +215,13 @@ def stage_highlight(name: str, text: str) -> str:
 
 def write_summary(out_dir: str, mode: str) -> str:
   """Writes OUT_DIR/summary.md from OUT_DIR/stages.tsv (name, exit code, seconds, limit, file
-  per line) and the stages' files; returns its path."""
-  stages = []
+  per line; the last line of a stage counts) and the stages' files; returns its path."""
+  latest = {}  # a stage rerun with --only: its last line, in the place of its first
   for line in _read(os.path.join(out_dir, "stages.tsv")).splitlines():
     parts = line.split("\t")
     if len(parts) == 5:
-      stages.append(parts)
+      latest[parts[0]] = parts
+  stages = list(latest.values())
   md = [f"# Accelerator check ({mode})", "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; exit 124 = the "
         "stage ran past its limit (its file holds what it printed until then).", "",

@@ -196,3 +196,16 @@ def test_run_figures_from_a_hand_built_log_and_table():
   assert "stopped by SIGTERM" in lines[0] and "mean 1.5000 (min 1.0000, max 2.0000)" in lines[-1]
   with pytest.raises(ValueError, match="no train/loss row"):
     accelerator_report.run_figures(rows[-1:], log)
+
+
+def test_summary_keeps_the_last_try_of_each_stage_and_its_closing_lines(tmp_path):
+  (tmp_path / "stages.tsv").write_text(
+      "tests\t1\t50\t55\t03_tests.txt\nmemory\t124\t35\t35\t06_memory.txt\n"
+      "tests\t0\t40\t55\t03_tests.txt\n")  # tests rerun with --only
+  (tmp_path / "03_tests.txt").write_text("a PASSED\n===== 12 passed in 30.0s =====\n")
+  (tmp_path / "06_memory.txt").write_text("compiling\nsummary\n  wall time  3 s\n")
+  text = open(accelerator_report.write_summary(str(tmp_path), "accelerator")).read()
+  assert "| tests | 0 | 40 | 55 | 03_tests.txt |\n| memory | 124 | 35 | 35 | 06_memory.txt |" in text
+  assert "| tests | 1 |" not in text
+  assert "## tests (exit 0)\n\n```\n===== 12 passed in 30.0s =====\n```" in text
+  assert "## memory (exit 124)\n\n```\nsummary\n  wall time  3 s\n```" in text
