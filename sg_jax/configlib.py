@@ -21,6 +21,7 @@ from typing import Any
 
 import ml_collections
 
+from sg_jax import composition
 from sg_jax import tasks as tasks_lib
 
 # Shorthand keys accepted in the config string, mapped to config fields.
@@ -77,6 +78,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.data.num_train = 0
   # Dyck only: longest generated string in tokens (0 = no cap; see configs/dyck.py).
   c.data.max_length = 0
+  # Training-data composition, one value for all seeds or one per seed (sg_jax/composition.py,
+  # docs/data.md "Composition"): num_disambiguating, exclude_identity, num_types, subject_mix,
+  # subset_fraction; the defaults train on the split as generated.
+  composition.add_defaults(c.data)
 
   c.model = ml_collections.ConfigDict()
   # Depth ("num_layers" in the paper's figures).
@@ -198,6 +203,10 @@ def set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> Non
     raise ValueError(f"config field {dotted!r} expects a number, got {value!r}")
   if isinstance(old, str) and not isinstance(value, str):
     value = str(value)
+  if isinstance(old, tuple) and not isinstance(value, (tuple, list)):
+    value = (value,)  # a per-seed field given one value for all seeds
+  elif isinstance(old, tuple):
+    value = tuple(value)
   node[leaf] = value
 
 
@@ -367,6 +376,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")
   need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
   need(config.data.max_length >= 0, "data.max_length", "must be >= 0 (0 = no cap)")
+  composition.seed_mixes(config)  # raises ValueError naming a bad composition field
   # The model section's rules live with the model (`ModelConfig.__post_init__`).
   from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel  (imports jax)
   model_lib.ModelConfig.from_config(config.model, vocab_size=1)

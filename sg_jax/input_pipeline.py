@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from sg_jax import composition
 from sg_jax import evaluation
 from sg_jax import model as model_lib
 from sg_jax.analysis import uas as uas_lib
@@ -34,17 +35,70 @@ def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: 
       `make_train_fns` gets the mesh; all seeds otherwise).
 
   Returns:
-    ({'inputs', 'targets': int32 [N, L], 'lengths': int32 [N]}, capacities).
+    ({'inputs', 'targets': int32 [N, L], 'lengths': int32 [N]}, capacities); with per-seed data
+    composition (`composition`, the split then carries the line facts `load_data` added) the
+    dict also holds 'pools' [S, P] and 'pool_sizes' [S] (`composition.pools_array`).
+
+  Raises:
+    ValueError: a seed's pool has fewer lines than `train.batch_size`.
   """
   data = {"inputs": np.asarray(split.inputs, np.int32),
           "targets": np.asarray(split.targets, np.int32),
           "lengths": np.asarray(split.lengths, np.int32)}
+  if "disambiguating" in split.extras:
+    data.update(seed_pools(config, split))
   capacities = None
   if config.train.packing:
     capacities = packing_capacities(data["lengths"], int(config.train.batch_size),
                                     seeds_per_device,
                                     data["inputs"].shape[1], int(config.train.packing_buckets))
   return data, capacities
+
+
+def seed_pools(config: ml_collections.ConfigDict, split) -> dict[str, np.ndarray]:
+  """Each seed's training lines (`composition.pool`) from the line facts of `split`, logged as a
+  summary per distinct mix.
+
+  Raises:
+    ValueError: a pool smaller than one batch.
+  """
+  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
+
+  constructions = tasks.from_config(config).constructions
+  extras = split.extras
+  facts = composition.LineFacts(
+      identity=extras["identity"], construction=extras["subject"], shape=extras["shape"],
+      shapes=(), num_split=int(np.sum(~extras["disambiguating"])))
+  mixes = composition.seed_mixes(config)
+  pools = [composition.pool(m, facts, constructions) for m in mixes]
+  for k, p in enumerate(pools):
+    if len(p) < config.train.batch_size:
+      raise ValueError(f"invalid config: the data mix of seed {config.first_seed + k} keeps "
+                       f"{len(p)} training lines, fewer than train.batch_size "
+                       f"({config.train.batch_size})")
+  for line in composition.summary(mixes, pools, facts, constructions, config.first_seed):
+    log.info("%s", line)
+  return composition.pools_array(pools)
+
+
+def _add_composition(config, task, data_dir: str, examples: list) -> tuple[list, dict]:
+  """(training lines + the disambiguating lines, their facts as per-line arrays) of a run with
+  per-seed data composition (`composition`)."""
+  need = max(m.num_disambiguating for m in composition.seed_mixes(config))
+  held_out = []
+  for split in task.split_names:
+    if split != "train":
+      held_out += task.read_split(data_dir, split)
+  extra = composition.disambiguating_examples(task, need, config.data.seed, held_out)
+  if extra:
+    log.info("data composition: %d disambiguating lines (transformed, relative clause on the "
+             "subject) drawn outside the %s splits", len(extra),
+             "/".join(s for s in task.split_names if s != "train"))
+  facts = composition.line_facts(task, examples, extra)
+  return examples + extra, {"identity": facts.identity, "subject": facts.construction,
+                            "shape": facts.shape,
+                            "disambiguating": np.arange(len(examples) + len(extra))
+                            >= facts.num_split}
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
@@ -77,7 +131,11 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
     checked = f" (checked against {plain})" if path != plain and os.path.exists(plain) else ""
     log.info("%s data: %d lines from %s%s", name, len(examples), path, checked)
     check_vocabulary(examples, vocab, path, task.name)
+    facts = {}
+    if name == "train" and composition.active(config):
+      examples, facts = _add_composition(config, task, data_dir, examples)
     splits[name] = task.encode(examples, vocab)
+    splits[name].extras.update(facts)
     if name != "train" and task.constructions:
       splits[name].extras["construction"] = construction_ids(task, examples,
                                                              config.eval.max_lines)

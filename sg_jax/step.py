@@ -203,8 +203,64 @@ def packed_loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, cap
   inputs, targets = rows.pop("inputs"), rows.pop("targets")
   return loss_and_grads(params, key_data, inputs, targets, step, model, **rows)
 
+def line_sampler(data: dict, keys_S: Array, batch_size: int,
+                 pool_sizes: tuple[int, ...] | None = None, sharded: bool = False):
+  """(first_perm(step), sample(perm, step) -> (perm, idx [S, batch])): the training lines of
+  every seed at each step.
+
+  Without pools every seed draws its epochs (`epoch_permutation`) over all `num_lines` lines
+  and the epoch boundary is shared. With `data['pools']` (int32 [S_total, P], row s the lines
+  seed s draws from, `composition.pools_array`) and `data['pool_sizes']` (int32 [S_total]),
+  each seed permutes its own pool: its epochs are `pool_size // batch_size` steps, and its
+  permutation is `epoch_permutation` over `pool_size` positions, as if its pool were the whole
+  training set (so a seed in a mixed group draws the lines it draws alone, and a pool of all
+  lines draws exactly the lines of the plain path).
+
+  Args:
+    keys_S: the seeds' key data [S, 2] (the local block under `shard_map`).
+    pool_sizes: the distinct pool sizes (static), sorted; None without pools.
+    sharded: True inside `sharding.per_device` (the local seeds are rows
+      `axis_index * S .. + S` of the pools).
+  """
+  if "pools" not in data:
+    n = data["inputs"].shape[0]
+    spe = n // batch_size
+    perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(keys_S)
+
+    def sample(perm, step):
+      perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
+      return perm, jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
+
+    return perms, sample
+
+  num_local = keys_S.shape[0]
+  offset = jax.lax.axis_index(sharding.SEED_AXIS) * num_local if sharded else 0
+  pools = jax.lax.dynamic_slice_in_dim(data["pools"], offset, num_local)
+  sizes = jax.lax.dynamic_slice_in_dim(data["pool_sizes"], offset, num_local)
+  spe = sizes // batch_size
+  which = jnp.searchsorted(jnp.asarray(pool_sizes, jnp.int32), sizes)
+  width = pools.shape[1]
+
+  def perms(step):
+    def one(key, spe_s, which_s):
+      options = [jnp.pad(epoch_permutation(key, step, size, spe_s), (0, width - size))
+                 for size in pool_sizes]
+      return jnp.stack(options)[which_s]
+    return jax.vmap(one)(keys_S, spe, which)
+
+  def sample(perm, step):
+    due = step % spe == 0
+    perm = jax.lax.cond(jnp.any(due), lambda: jnp.where(due[:, None], perms(step), perm),
+                        lambda: perm)
+    pos = jax.vmap(lambda p, e: batch_indices(p, step, batch_size, e))(perm, spe)
+    return perm, jnp.take_along_axis(pools, pos, axis=1)
+
+  return perms, sample
+
+
 def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-                  batch_size: int, capacities: tuple[int, ...] | None) -> Callable:
+                  batch_size: int, capacities: tuple[int, ...] | None,
+                  pool_sizes: tuple[int, ...] | None = None, sharded: bool = False) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
   The per-seed functions (`epoch_permutation`, `batch_indices`, `loss_and_grads` or
@@ -215,15 +271,14 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
   Args of `chunk`:
     state: stacked TrainState [S, ...].
     data: {'inputs', 'targets': int32 [num_lines, length], 'lengths': int32 [num_lines]} on
-      device, shared by all seeds.
+      device, shared by all seeds; with per-seed composition also 'pools' and 'pool_sizes'
+      (`line_sampler`; `pool_sizes` then lists their distinct values).
     start_step: int32 [] global step of the first step.
     num_steps: static.
   """
 
   def chunk(state, data, start_step, num_steps):
-    n = data["inputs"].shape[0]
-    spe = n // batch_size
-    perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(state.key)
+    perms, sample = line_sampler(data, state.key, batch_size, pool_sizes, sharded)
 
     # Only the gradients depend on the layout; the optimiser update runs outside the bucket
     # `switch`, whose branches then read the parameters and return fresh buffers (an update
@@ -243,8 +298,7 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
     def body(carry, t):
       state, perm = carry
       step = start_step + t
-      perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
-      idx = jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
+      perm, idx = sample(perm, step)
       if capacities is None:
         loss, grads = padded(state.params, state.key, idx, step)
       else:
@@ -293,13 +347,17 @@ def _compiled_fields(config: ml_collections.ConfigDict) -> tuple:
 
 def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
                    capacities: tuple[int, ...] | None = None,
-                   mesh: jax.sharding.Mesh | None = None) -> TrainFns:
+                   mesh: jax.sharding.Mesh | None = None,
+                   pool_sizes: tuple[int, ...] | None = None) -> TrainFns:
   """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
 
   Args:
     config: the run config.
     vocab_size: rows of the embedding/output layers.
     capacities: packed-row buckets from `packing_capacities` (None = padded batches).
+    pool_sizes: the distinct per-seed pool sizes of a run with per-seed data composition
+      (`input_pipeline.make_train_data`; the data then holds 'pools'); None: every seed draws
+      from all lines.
     mesh: the seed mesh (`sharding.seed_mesh`) or None. With a mesh, `chunk` runs under
       `jax.shard_map`: each device trains its own seeds with no communication at all, so each
       device also picks its own packing bucket (from its seeds only: less padding) and devices
@@ -311,12 +369,13 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   one process (tests, sweeps, notebooks) reuse the compiled functions and a field read inside
   the step can never reuse functions compiled for another value of it.
   """
-  cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh)
+  cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh, pool_sizes)
   if cache_key not in _TRAIN_FNS_CACHE:
     model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
     tx = make_optimizer(config.optim, int(config.train.num_steps))
     init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
-    chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities)
+    chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
+                             sharded=mesh is not None)
     if mesh is not None:
       chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
     chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))

@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from sg_jax import checkpointing
+from sg_jax import composition
 from sg_jax import configlib
 from sg_jax import evaluation
 from sg_jax.analysis import uas
@@ -200,7 +201,10 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     # removed, so that a failed first attempt leaves nothing behind.
     workdir_lib.remove_created(created)
     raise
-  fns = make_train_fns(config, vocab.size, capacities, mesh)
+  # Per-seed data composition: the distinct pool sizes shape the compiled sampler.
+  pool_sizes = (tuple(sorted(set(host_data["pool_sizes"].tolist()))) if "pools" in host_data
+                else None)
+  fns = make_train_fns(config, vocab.size, capacities, mesh, pool_sizes)
   train_data = sharding.put_replicated(host_data, mesh)
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
@@ -242,6 +246,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
 
     last_eval = {}
     if latest is None:
+      if pool_sizes is not None:  # each seed's data mix, beside its metrics
+        table.write(0, seeds, composition.metric_rows(config, host_data["pool_sizes"]))
       last_eval = _log_eval(loop, 0, state)
       _save(loop, 0, state)
     else:
