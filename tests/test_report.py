@@ -268,5 +268,6 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert table["lambdas=0.01"]["structure_onset_median"] == pytest.approx(1400, abs=60)
   result = report.build_report(str(workdir))
   assert any(p.endswith("groups_regimes.png") for p in result["figures"])
+  assert any(p.endswith("dose_response_regimes.png") for p in result["figures"])
   md = open(os.path.join(result["out_dir"], "summary.md")).read()
   assert "## Seed groups" in md and "lambdas=0.01" in md

@@ -47,6 +47,9 @@ figures 1-5 for one's own runs):
                              seed mean of UAS, training loss and the accuracies with a 95%
                              bootstrap band, seeds' onsets marked; summary_groups.csv and a
                              "Seed groups" table in summary.md (final values with CIs).
+  dose_response_<run>.png    (k) the same runs, for each numeric per-seed field: final
+                             generalisation (all gen lines and per construction) against the
+                             field's value, seed mean with a 95% bootstrap CI.
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -183,6 +186,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     group_table += groups.group_rows(run, seed_sets)
     path = os.path.join(out_dir, f"groups_{run.name}.png")
     if groups.plot_groups(run, seed_sets, path, prefix) is not None:
+      figures.append(path)
+    path = os.path.join(out_dir, f"dose_response_{run.name}.png")
+    if groups.plot_dose_response(run, path, prefix) is not None:
       figures.append(path)
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)

@@ -164,3 +164,46 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
             "list with one value per seed in config.json). CI: 95% percentile bootstrap over the "
             "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\")."]
   return lines
+
+
+def plot_dose_response(run: Run, path: str, title_prefix: str):
+  """Final generalisation against each numeric per-seed config field (e.g. the number of
+  disambiguating questions): per value, the seed mean of the final `out_of_domain/accuracy`
+  and of each construction's (`out_of_domain/accuracy/<tag>`) with its 95% bootstrap CI.
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
+    no numeric per-seed field or no generalisation rows.
+  """
+  fields = {n: v for n, v in per_seed_fields(run.config).items()
+            if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
+  metrics = ["out_of_domain/accuracy"] + sorted(
+      n for n in run.series if n.startswith("out_of_domain/accuracy/"))
+  if not fields or not run.series.get(metrics[0]):
+    return None
+  from sg_jax.report.figures import (CONSTRUCTION_COLORS,  # pylint: disable=import-outside-toplevel
+                                     _legend_outside, _pyplot)
+  plt = _pyplot()
+  first = int(run.config.get("first_seed", 0))
+  fig, axes = plt.subplots(1, len(fields), figsize=(5 * len(fields) + 2.5, 4), squeeze=False)
+  for ax, (field, values) in zip(axes[0], fields.items()):
+    doses = sorted(set(values))
+    for name in metrics:
+      tag = name.split("/")[-1] if name.count("/") == 2 else ""
+      stats = np.array([seed_stats.bootstrap_ci(
+          [_final(run, name, first + k) for k, v in enumerate(values) if v == dose])
+          for dose in doses])
+      ax.errorbar(doses, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
+                  fmt="o-" if not tag else "s--", capsize=3, lw=2.2 if not tag else 1.2,
+                  color="black" if not tag else CONSTRUCTION_COLORS.get(tag),
+                  label="all gen lines" if not tag else tag)
+    ax.set_xlabel(field)
+    ax.set_ylabel("final generalisation accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+  _legend_outside(axes[0][-1]).set_title("seed mean, 95% bootstrap CI", prop={"size": 8})
+  fig.suptitle(f"{title_prefix}dose response of {run.name}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return fig
