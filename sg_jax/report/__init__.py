@@ -122,32 +122,26 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   prefix = _task_prefix(runs)
   figures, skipped = [], []
 
+  def optional(name: str, plot) -> None:
+    """Writes an optional figure (`plot(path)` returns None when the runs lack its rows); a stale
+    file of that name from an earlier report is removed then, as it would mislead."""
+    path = os.path.join(out_dir, name)
+    if plot(path) is not None:
+      figures.append(path)
+    elif os.path.exists(path):
+      os.remove(path)
+
   for depth in sorted(by_depth, key=lambda d: (d is None, d)):
-    path = os.path.join(out_dir, f"grokking_depth{depth if depth is not None else 'unknown'}.png")
-    plot_grokking(by_depth[depth], depth, path, saturation)
+    runs_d, label = by_depth[depth], depth if depth is not None else "unknown"
+    path = os.path.join(out_dir, f"grokking_depth{label}.png")
+    plot_grokking(runs_d, depth, path, saturation)
     figures.append(path)
-    path = os.path.join(out_dir,
-                        f"trajectories_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_trajectories(by_depth[depth], depth, path, saturation) is not None:
-      figures.append(path)
-    elif os.path.exists(path):
-      os.remove(path)
-    path = os.path.join(out_dir,
-                        f"constructions_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_constructions(by_depth[depth], depth, path, saturation) is not None:
-      figures.append(path)
-    elif os.path.exists(path):
-      os.remove(path)
-    path = os.path.join(out_dir, f"losses_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_losses(by_depth[depth], depth, path) is not None:
-      figures.append(path)
-    elif os.path.exists(path):
-      os.remove(path)
-    path = os.path.join(out_dir, f"rules_depth{depth if depth is not None else 'unknown'}.png")
-    if plot_rules(by_depth[depth], depth, path, saturation) is not None:
-      figures.append(path)
-    elif os.path.exists(path):
-      os.remove(path)
+    optional(f"trajectories_depth{label}.png",
+             lambda p: plot_trajectories(runs_d, depth, p, saturation))
+    optional(f"constructions_depth{label}.png",
+             lambda p: plot_constructions(runs_d, depth, p, saturation))
+    optional(f"losses_depth{label}.png", lambda p: plot_losses(runs_d, depth, p))
+    optional(f"rules_depth{label}.png", lambda p: plot_rules(runs_d, depth, p, saturation))
 
   seed_rows = seed_summary(runs, threshold, saturation, tie_tolerance)
   depth_rows = depth_summary(seed_rows)
@@ -172,11 +166,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
       skipped.append(f"dynamics_{metric}.png skipped: no `{metric}` rows in any analysis.csv "
                      f"(run `python -m sg_jax.analyze --workdir=<run>`)")
 
-  path = os.path.join(out_dir, "tparseval_by_length.png")
-  if plot_tparseval_by_length(by_depth, path, prefix) is not None:
-    figures.append(path)
-  elif os.path.exists(path):
-    os.remove(path)
+  optional("tparseval_by_length.png", lambda p: plot_tparseval_by_length(by_depth, p, prefix))
 
   group_table = []
   for run in runs:
@@ -184,12 +174,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     if not seed_sets:
       continue
     group_table += groups.group_rows(run, seed_sets)
-    path = os.path.join(out_dir, f"groups_{run.name}.png")
-    if groups.plot_groups(run, seed_sets, path, prefix) is not None:
-      figures.append(path)
-    path = os.path.join(out_dir, f"dose_response_{run.name}.png")
-    if groups.plot_dose_response(run, path, prefix) is not None:
-      figures.append(path)
+    optional(f"groups_{run.name}.png", lambda p: groups.plot_groups(run, seed_sets, p, prefix))
+    optional(f"dose_response_{run.name}.png",
+             lambda p: groups.plot_dose_response(run, p, prefix))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
 

@@ -186,16 +186,29 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
     columns += [(run, seed) for seed in sorted(run.series.get(SKIP_RELATIVE, {}))]
   if not columns:
     return None
-  columns = columns[:max_seeds]
+  return _seed_panels(
+      columns[:max_seeds],
+      lambda run, seed: [(*_finite(*run.series[name][seed]), label,
+                          dict(color=color, lw=1.4, marker="o", ms=2))
+                         for name, label, color in RULE_SERIES if seed in run.series.get(name, {})],
+      "fraction of gen lines",
+      f"{_task_prefix(runs)}which rule fronts the auxiliary on gen lines, "
+      f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})",
+      path, saturation)
+
+
+def _seed_panels(columns, lines_of, ylabel: str, suptitle: str, path: str, saturation: float):
+  """One panel per (run, seed) of `columns` with the curves `lines_of(run, seed)` ([(steps,
+  values, label, plot kwargs)]) on [0, 1], the seed's first step with in-domain accuracy >=
+  `saturation` dotted, and the legend right of the last panel, outside every panel."""
   plt = _pyplot()
   fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1, 3.4), sharey=True,
                            squeeze=False)
-  for c, (run, seed) in enumerate(columns):
+  runs = {id(run) for run, *_ in columns}
+  for c, (run, seed, *_) in enumerate(columns):
     ax = axes[0, c]
-    for name, label, color in RULE_SERIES:
-      if seed in run.series.get(name, {}):
-        ax.plot(*_finite(*run.series[name][seed]), color=color, lw=1.4, marker="o", ms=2,
-                label=label)
+    for steps, values, label, kwargs in lines_of(run, seed):
+      ax.plot(steps, values, label=label, **kwargs)
     sat = saturation_step(run, seed, saturation)
     if sat is not None:
       ax.axvline(sat, color="gray", ls=":", lw=1.0)
@@ -204,12 +217,11 @@ def plot_rules(runs: Sequence[Run], depth, path: str, saturation: float,
     ax.grid(alpha=0.3)
     ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
     ax.set_xlabel("training step")
-  axes[0, 0].set_ylabel("fraction of gen lines")
+  axes[0, 0].set_ylabel(ylabel)
   handles, labels = max((ax.get_legend_handles_labels() for ax in axes[0]),
                         key=lambda hl: len(hl[0]))
   _legend_outside(axes[0, -1], handles, labels, fontsize=7)
-  fig.suptitle(f"{_task_prefix(runs)}which rule fronts the auxiliary on gen lines, "
-               f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})")
+  fig.suptitle(suptitle)
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
@@ -521,35 +533,20 @@ def plot_constructions(runs: Sequence[Run], depth, path: str, saturation: float,
     columns += [(run, seed, tags) for seed in seeds]
   if not columns:
     return None
-  columns = columns[:max_seeds]
-  plt = _pyplot()
-  fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1, 3.4), sharey=True,
-                           squeeze=False)
-  for c, (run, seed, tags) in enumerate(columns):
-    ax = axes[0, c]
+
+  def lines_of(run, seed):
+    out = []
     if seed in run.series.get(GEN_ACC, {}):
-      ax.plot(*_finite(*run.series[GEN_ACC][seed]), color="black", lw=2.2, alpha=0.35,
-              label="all gen lines")
-    for tag in tags:
-      if seed in run.series[CONSTRUCTION_PREFIX + tag]:
-        ax.plot(*_finite(*run.series[CONSTRUCTION_PREFIX + tag][seed]), lw=1.4, marker="o", ms=2,
-                color=CONSTRUCTION_COLORS.get(tag), label=tag)
-    sat = saturation_step(run, seed, saturation)
-    if sat is not None:
-      ax.axvline(sat, color="gray", ls=":", lw=1.0)
-    ax.set_ylim(-0.02, 1.02)
-    ax.locator_params(axis="x", nbins=4)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"seed {seed}" if len(runs) == 1 else f"{run.name} seed {seed}")
-    ax.set_xlabel("training step")
-  axes[0, 0].set_ylabel("gen. accuracy (fraction of lines)")
-  handles, labels = max((ax.get_legend_handles_labels() for ax in axes[0]),
-                        key=lambda hl: len(hl[0]))
-  _legend_outside(axes[0, -1], handles, labels, fontsize=7)
-  fig.suptitle(f"{_task_prefix(runs)}generalisation by construction (what modifies the "
-               f"subject), {_depth_label(depth)} (dotted: in-domain acc. first >= "
-               f"{saturation:g})")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
-  return fig
+      out.append((*_finite(*run.series[GEN_ACC][seed]), "all gen lines",
+                  dict(color="black", lw=2.2, alpha=0.35)))
+    tags = [n[len(CONSTRUCTION_PREFIX):] for n in sorted(run.series)
+            if n.startswith(CONSTRUCTION_PREFIX)]
+    out += [(*_finite(*run.series[CONSTRUCTION_PREFIX + t][seed]), t,
+             dict(lw=1.4, marker="o", ms=2, color=CONSTRUCTION_COLORS.get(t)))
+            for t in tags if seed in run.series[CONSTRUCTION_PREFIX + t]]
+    return out
+
+  return _seed_panels(
+      columns[:max_seeds], lines_of, "gen. accuracy (fraction of lines)",
+      f"{_task_prefix(runs)}generalisation by construction (what modifies the subject), "
+      f"{_depth_label(depth)} (dotted: in-domain acc. first >= {saturation:g})", path, saturation)
