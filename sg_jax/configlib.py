@@ -161,6 +161,18 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.eval.dense_until = 0
   c.eval.dense_every = 100
 
+  # SAS regulariser (Chen et al. 2024; docs/sas.md, sg_jax/sas.py): loss + lambda * the mean
+  # attention on gold arcs. Per-seed tuples (one value for all, or one per seed), e.g.
+  # --config.sas.lambdas="(0.0,0.0,0.01,-0.01)"; all 0 = off (nothing is built). The original's
+  # README run: lambda 0.001 with variant "max"; its code's default: 0.01 with "sum".
+  c.sas = ml_collections.ConfigDict()
+  c.sas.lambdas = (0.0,)
+  c.sas.starts = (0,)  # first step of each seed's window
+  c.sas.ends = (0,)  # end (exclusive) of each seed's window; 0 = until the end of training
+  c.sas.variant = "sum"  # "sum" over (layer, head) or "max"
+  c.sas.p = 1.0  # sum variant: (sum of A^p)^(1/p)
+  c.sas.direction = "both"  # "both", "head" (dependent -> head only), "children"
+
   c.checkpoint = ml_collections.ConfigDict()
   # Checkpoint interval (steps); the analysis reads these.
   c.checkpoint.every = 3_000
@@ -413,6 +425,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
   need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
   need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
+  from sg_jax import sas  # pylint: disable=import-outside-toplevel  (imports jax)
+  sas.validate(config)
   need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
 
 

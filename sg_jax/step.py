@@ -26,6 +26,7 @@ import optax
 from sg_jax import configlib
 from sg_jax import evaluation
 from sg_jax import model as model_lib
+from sg_jax import sas as sas_lib
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
 from sg_jax.packing import pack_lines
@@ -260,7 +261,8 @@ def line_sampler(data: dict, keys_S: Array, batch_size: int,
 
 def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
                   batch_size: int, capacities: tuple[int, ...] | None,
-                  pool_sizes: tuple[int, ...] | None = None, sharded: bool = False) -> Callable:
+                  pool_sizes: tuple[int, ...] | None = None, sharded: bool = False,
+                  sas_options: Any = None) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
   The per-seed functions (`epoch_permutation`, `batch_indices`, `loss_and_grads` or
@@ -275,6 +277,10 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
       (`line_sampler`; `pool_sizes` then lists their distinct values).
     start_step: int32 [] global step of the first step.
     num_steps: static.
+
+  With `sas_options` (`sas.SasOptions`), the loss is `sas.regularised_loss` with each seed's
+  lambda (`sas.seed_lambdas`: `data` then also holds 'dep_head' [num_lines, length] and the
+  per-seed 'sas_lambda', 'sas_start', 'sas_end'), and `sums['sas_loss']` adds the penalty.
   """
 
   def chunk(state, data, start_step, num_steps):
@@ -299,6 +305,9 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
       state, perm = carry
       step = start_step + t
       perm, idx = sample(perm, step)
+      if sas_options is not None:  # the SAS regulariser (docs/sas.md)
+        return sas_lib.regularised_body(state, perm, idx, step, data, model, tx, capacities,
+                                        sas_options, apply_gradients), None
       if capacities is None:
         loss, grads = padded(state.params, state.key, idx, step)
       else:
@@ -373,9 +382,13 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   if cache_key not in _TRAIN_FNS_CACHE:
     model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
     tx = make_optimizer(config.optim, int(config.train.num_steps))
-    init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx)))
+    sas_options = sas_lib.options_from_config(config)
+    init_one = lambda k: init_state(k, model, tx)
+    if sas_options is not None:
+      init_one = lambda k: sas_lib.with_sas_sums(init_state(k, model, tx))
+    init = jax.jit(jax.vmap(init_one))
     chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
-                             sharded=mesh is not None)
+                             sharded=mesh is not None, sas_options=sas_options)
     if mesh is not None:
       chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
     chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))

@@ -33,6 +33,7 @@ from sg_jax import configlib
 from sg_jax import evaluation
 from sg_jax.analysis import uas
 from sg_jax import metric_logging
+from sg_jax import sas as sas_lib
 from sg_jax import model as model_lib
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
@@ -196,6 +197,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     mesh = sharding.seed_mesh(len(seeds), config.num_devices)
     per_device = len(seeds) // mesh.devices.size
     host_data, capacities = make_train_data(config, splits["train"], per_device)
+    host_data.update(sas_lib.train_arrays(config, task, vocab, workdir,  # {} when lambdas are 0
+                                          host_data["inputs"].shape[1]))
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
     # removed, so that a failed first attempt leaves nothing behind.
@@ -423,6 +426,8 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
       "train/diverged_step": diverged_step,
   }
   metrics["train/loss"] = np.where(diverged, np.nan, metrics["train/loss"])
+  if "sas_loss" in sums:  # the SAS regulariser's penalty (docs/sas.md)
+    metrics["train/sas_loss"] = sums["sas_loss"] / n
   loop.table.write(step, seeds, metrics)
   loop.summaries.write(step, seeds, metrics)
   rate = (step - loop.start_step) / max(time.time() - loop.start_time, 1e-9)

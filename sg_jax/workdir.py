@@ -67,6 +67,9 @@ def classify_config_change(name: str, old: dict, new: dict) -> str:
     return "flag"
   if name.startswith(RESUMABLE_CHANGES):
     return "free"
+  if name == "sas" and old.get("sas") is None and not any(  # a run from before config.sas
+      float(x) for x in new.get("sas", {}).get("lambdas", ())):
+    return "free"
   if name.startswith(CHANGEABLE_WITH_FLAG):
     return "flag"
   return "never"
