@@ -96,6 +96,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model.tied_embeddings = False
   # Computation dtype: float32 (default, for fidelity) or bfloat16 (fp32 master weights).
   c.model.dtype = "float32"
+  # Layers: "tuned" (CPU-tuned custom VJPs), "plain" (Flax's) or "auto" (tuned on CPU only).
+  c.model.layer_impl = "auto"
+  # Matmul precision of float32 matmuls: "default" (TF32 on recent GPUs), "high" or "highest".
+  c.model.matmul_precision = "default"
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 1e-4

@@ -12,14 +12,21 @@ training step faster (docs/performance.md):
   cheaper than threefry).
 * `unpack_lines` / `repack_lines`: the gathers between packed rows and the line layout in which
   packed rows attend (`packing.pack_lines`).
-* `attend`: scaled dot-product attention with the one-query path of incremental decoding.
+* `attention_logits` / `attention_context`: scaled dot-product attention with the one-query
+  path of incremental decoding.
 
-The architecture itself is in `model.py`.
+These speed-ups were measured on XLA's CPU backend only. `layer_set` picks, per
+`model.layer_impl`, either them ("tuned") or the stock Flax layers `nn.Dense`, `nn.LayerNorm`
+and `nn.DenseGeneral` ("plain", standard autodiff) with the same parameter names, shapes and
+initialisation, so checkpoints are interchangeable; "auto" = tuned on the CPU backend, plain on
+GPU/TPU (`resolve_layer_impl`). Both use `CoordinateDropout` and pass `model.matmul_precision` to
+every matmul (docs/performance.md "Plain vs tuned layers"). The architecture is in `model.py`.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import flax.linen as nn
@@ -91,8 +98,8 @@ def feature_index(size: int) -> Array:
   return jnp.arange(size, dtype=jnp.uint32)
 
 
-@jax.custom_vjp
-def matmul(x_NxI: Array, kernel_IxO: Array) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul(x_NxI: Array, kernel_IxO: Array, precision: Any = None) -> Array:
   """`x @ kernel` ([..., I] x [I, O] -> [..., O]) whose kernel gradient is ONE [I, O] contraction.
 
   Same value and gradients as `jnp.dot`; only how the backward pass is written differs. JAX's
@@ -105,25 +112,27 @@ def matmul(x_NxI: Array, kernel_IxO: Array) -> Array:
   Args:
     x_NxI: [..., I] activations (any number of leading axes).
     kernel_IxO: [I, O] weight of the same dtype.
+    precision: `jax.lax.Precision` of the three matmuls (forward and both gradients), or None
+      for JAX's default (`matmul_precision`).
 
   Returns:
     [..., O] activations.
   """
-  return jnp.dot(x_NxI, kernel_IxO)
+  return jnp.dot(x_NxI, kernel_IxO, precision=precision)
 
 
-def _matmul_fwd(x_NxI, kernel_IxO):
-  return jnp.dot(x_NxI, kernel_IxO), (x_NxI, kernel_IxO)
+def _matmul_fwd(x_NxI, kernel_IxO, precision):
+  return jnp.dot(x_NxI, kernel_IxO, precision=precision), (x_NxI, kernel_IxO)
 
 
-def _matmul_bwd(residuals, dy_NxO):
+def _matmul_bwd(precision, residuals, dy_NxO):
   x_NxI, kernel_IxO = residuals
   x_2d = x_NxI.reshape(-1, x_NxI.shape[-1])
   dy_2d = dy_NxO.reshape(-1, dy_NxO.shape[-1])
-  dkernel_IxO = jax.lax.dot_general(x_2d, dy_2d, (((0,), (0,)), ((), ())))
+  dkernel_IxO = jax.lax.dot_general(x_2d, dy_2d, (((0,), (0,)), ((), ())), precision=precision)
   # dx = dy kernel^T, computed as (kernel dy^T)^T: written directly, XLA on CPU copied every
   # kernel into a transposed layout on each step under the seed vmap (one seed per device).
-  dx_IxN = jax.lax.dot_general(kernel_IxO, dy_2d, (((1,), (1,)), ((), ())))
+  dx_IxN = jax.lax.dot_general(kernel_IxO, dy_2d, (((1,), (1,)), ((), ())), precision=precision)
   dx_NxI = dx_IxN.T.reshape(*dy_NxO.shape[:-1], kernel_IxO.shape[0])
   return dx_NxI, dkernel_IxO
 
@@ -204,17 +213,20 @@ class Dense(nn.Module):
     features: output size.
     kernel_init: initialiser of the float32 kernel.
     dtype: computation dtype (parameters are stored in float32).
+    precision: `jax.lax.Precision` of the matmuls or None (JAX's default).
   """
 
   features: int
   kernel_init: Any
   dtype: Any = jnp.float32
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
-    return matmul(x.astype(self.dtype), kernel.astype(self.dtype)) + bias.astype(self.dtype)
+    return (matmul(x.astype(self.dtype), kernel.astype(self.dtype), self.precision)
+            + bias.astype(self.dtype))
 
 
 class HeadProjection(nn.Module):
@@ -232,12 +244,14 @@ class HeadProjection(nn.Module):
     split: True: [..., d_model] -> [..., num_heads, head_dim]; False: the reverse.
     kernel_init: initialiser called with the kernel's shape.
     dtype: computation dtype (the kernel is stored in float32).
+    precision: `jax.lax.Precision` of the matmuls or None (JAX's default).
   """
 
   heads: tuple[int, int]
   split: bool
   kernel_init: Any
   dtype: Any = jnp.float32
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -245,11 +259,108 @@ class HeadProjection(nn.Module):
     if self.split:
       d = x.shape[-1]
       kernel = self.param("kernel", self.kernel_init, (d, h, p), jnp.float32)
-      y = matmul(x.astype(self.dtype), kernel.reshape(d, h * p).astype(self.dtype))
+      y = matmul(x.astype(self.dtype), kernel.reshape(d, h * p).astype(self.dtype),
+                 self.precision)
       return y.reshape(*x.shape[:-1], h, p)
     kernel = self.param("kernel", self.kernel_init, (h, p, h * p), jnp.float32)  # d_model = h p
     return matmul(x.reshape(*x.shape[:-2], h * p).astype(self.dtype),
-                  kernel.reshape(h * p, h * p).astype(self.dtype))
+                  kernel.reshape(h * p, h * p).astype(self.dtype), self.precision)
+
+
+# ----------------------------------------------------------------------------------------------
+# Which layers the model uses: the tuned ones above or Flax's own (`model.layer_impl`).
+
+LAYER_IMPLS = ("auto", "tuned", "plain")
+# `model.matmul_precision` -> `jax.lax.Precision` of every matmul and einsum of the model. None:
+# JAX's default (or `jax.default_matmul_precision` if set): full float32 on CPU, TF32 for float32
+# on recent NVIDIA GPUs, one bfloat16 pass on TPU; HIGH: TF32 on GPU, 3 bfloat16 passes on TPU;
+# HIGHEST: float32 (docs/performance.md "Matmul precision").
+MATMUL_PRECISIONS = {"default": None, "high": jax.lax.Precision.HIGH,
+                     "highest": jax.lax.Precision.HIGHEST}
+
+
+def reshaped_init(init: Any, shape: tuple[int, ...]) -> Any:
+  """Initialiser that draws with `init` at `shape` whatever shape it is asked for (the kernel's
+  own [d, h, p] from `HeadProjection`, a flattened [d, h p] from `nn.DenseGeneral`), so that
+  both layer sets draw the same numbers; the caller reshapes them to its kernel's shape."""
+
+  def wrapped(key, requested_shape, dtype=jnp.float32):
+    del requested_shape
+    return init(key, shape, dtype)
+
+  return wrapped
+
+
+def resolve_layer_impl(layer_impl: str) -> str:
+  """'tuned' or 'plain' for a `model.layer_impl` value.
+
+  'auto' means 'tuned' on XLA's CPU backend (`jax.default_backend()`), where the tuned layers
+  were measured faster, and 'plain' on GPU/TPU, where nothing has shown that they help
+  (docs/performance.md). Calling it with 'auto' initialises JAX's backends.
+
+  Raises:
+    ValueError: `layer_impl` is not one of `LAYER_IMPLS`.
+  """
+  if layer_impl not in LAYER_IMPLS:
+    raise ValueError(f"model.layer_impl must be one of {', '.join(LAYER_IMPLS)} "
+                     f"(got {layer_impl!r})")
+  if layer_impl == "auto":
+    return "tuned" if jax.default_backend() == "cpu" else "plain"
+  return layer_impl
+
+
+def matmul_precision(name: str) -> Any:
+  """`jax.lax.Precision` (or None, JAX's default) of a `model.matmul_precision` value.
+
+  Raises:
+    ValueError: `name` is not a key of `MATMUL_PRECISIONS`.
+  """
+  if name not in MATMUL_PRECISIONS:
+    raise ValueError(f"model.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} "
+                     f"(got {name!r})")
+  return MATMUL_PRECISIONS[name]
+
+
+def layer_set(layer_impl: str, precision_name: str = "default") -> types.SimpleNamespace:
+  """The layer constructors of `model.TransformerLM` for `model.layer_impl`/`matmul_precision`.
+
+  Both sets hold the same parameters (names, shapes, float32 storage, initialisers given by the
+  caller) and compute the same values up to float rounding; "tuned" are this module's layers
+  (custom VJPs, one 2-D matmul per head projection), "plain" Flax's `nn.Dense`, `nn.LayerNorm`
+  (two-pass variance, as `layer_norm`) and `nn.DenseGeneral` under JAX's own autodiff.
+
+  Args:
+    layer_impl: "auto", "tuned" or "plain" (`resolve_layer_impl`).
+    precision_name: "default", "high" or "highest" (`matmul_precision`).
+
+  Returns:
+    A namespace: `impl` ("tuned" | "plain"), `precision` (for the attention einsums) and the
+    constructors `dense(features, kernel_init=, dtype=, name=)` ([..., in] -> [..., features]),
+    `layer_norm(epsilon=, dtype=, name=)` ([..., D] -> [..., D]) and `head_projection(heads,
+    split=, kernel_init=, dtype=, name=)` (as `HeadProjection`).
+
+  Raises:
+    ValueError: an unknown `layer_impl` or `precision_name`.
+  """
+  impl, precision = resolve_layer_impl(layer_impl), matmul_precision(precision_name)
+  if impl == "tuned":
+    return types.SimpleNamespace(
+        impl=impl, precision=precision, dense=functools.partial(Dense, precision=precision),
+        layer_norm=LayerNorm, head_projection=functools.partial(HeadProjection,
+                                                                precision=precision))
+
+  def head_projection(heads, split, kernel_init, dtype=jnp.float32, name=None):
+    return nn.DenseGeneral(heads if split else heads[0] * heads[1],
+                           axis=-1 if split else (-2, -1), use_bias=False,
+                           kernel_init=kernel_init, dtype=dtype, param_dtype=jnp.float32,
+                           precision=precision, name=name)
+
+  return types.SimpleNamespace(
+      impl=impl, precision=precision,
+      dense=functools.partial(nn.Dense, param_dtype=jnp.float32, precision=precision),
+      layer_norm=functools.partial(nn.LayerNorm, param_dtype=jnp.float32,
+                                   use_fast_variance=False),
+      head_projection=head_projection)
 
 
 def unpack_lines(x_BxLxF: Array, unpack_BxNxM: Array) -> Array:
@@ -278,27 +389,32 @@ def repack_lines(y_BNxMxF: Array, repack_BxL: Array) -> Array:
                              axis=1)
 
 
-def attention_logits(q_BxLxHxP: Array, k_BxCxHxP: Array, one_query: bool) -> Array:
+def attention_logits(q_BxLxHxP: Array, k_BxCxHxP: Array, one_query: bool,
+                     precision: Any = None) -> Array:
   """Scaled dot products q.k / sqrt(head_dim): [B, L, H, P] x [B, C, H, P] -> [B, H, L, C].
 
   `one_query` (L = 1, a decoding step) computes them as products summed over the head
   dimension: as the batched [1, P] x [P, C] dots of the einsum, XLA on CPU took twice as long.
+  `precision`: `jax.lax.Precision` of the einsum or None (JAX's default).
   """
   p = q_BxLxHxP.shape[-1]
   dtype = q_BxLxHxP.dtype
   if one_query:
     logits_BxCxH = jnp.sum(q_BxLxHxP * k_BxCxHxP, axis=-1)
     return jnp.transpose(logits_BxCxH, (0, 2, 1))[:, :, None] / jnp.sqrt(p).astype(dtype)
-  return jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxCxHxP) / jnp.sqrt(p).astype(dtype)
+  return (jnp.einsum("bqhp,bkhp->bhqk", q_BxLxHxP, k_BxCxHxP, precision=precision)
+          / jnp.sqrt(p).astype(dtype))
 
 
-def attention_context(weights_BxHxLxC: Array, v_BxCxHxP: Array, one_query: bool) -> Array:
+def attention_context(weights_BxHxLxC: Array, v_BxCxHxP: Array, one_query: bool,
+                      precision: Any = None) -> Array:
   """Attention-weighted values: [B, H, L, C] x [B, C, H, P] -> [B, L, H, P] in v's dtype.
 
-  `one_query` as in `attention_logits`.
+  `one_query` and `precision` as in `attention_logits`.
   """
   dtype = v_BxCxHxP.dtype
   if one_query:
     weights_BxCxHx1 = jnp.transpose(weights_BxHxLxC[:, :, 0], (0, 2, 1))[..., None].astype(dtype)
     return jnp.sum(weights_BxCxHx1 * v_BxCxHxP, axis=1)[:, None]
-  return jnp.einsum("bhqk,bkhp->bqhp", weights_BxHxLxC.astype(dtype), v_BxCxHxP)
+  return jnp.einsum("bhqk,bkhp->bqhp", weights_BxHxLxC.astype(dtype), v_BxCxHxP,
+                    precision=precision)

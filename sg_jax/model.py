@@ -52,6 +52,9 @@ class ModelConfig:
     max_len: longest sequence the sinusoidal position table covers.
     dtype: computation dtype ("float32" or "bfloat16"); parameters stay float32.
     layer_norm_eps: LayerNorm epsilon (PyTorch's default 1e-5).
+    layer_impl: "tuned" (`layers.py`'s CPU layers), "plain" (Flax's) or "auto" (tuned on CPU,
+      plain on GPU/TPU); same parameters either way (`layers.layer_set`).
+    matmul_precision: "default", "high" or "highest" for every matmul (`layers.MATMUL_PRECISIONS`).
   """
 
   vocab_size: int
@@ -64,6 +67,8 @@ class ModelConfig:
   max_len: int = 512
   dtype: str = "float32"
   layer_norm_eps: float = 1e-5
+  layer_impl: str = "auto"
+  matmul_precision: str = "default"
 
   def __post_init__(self):
     # The one statement of the model fields' rules: configlib.validate checks a run config's
@@ -77,6 +82,9 @@ class ModelConfig:
         (self.d_ff >= 1, "d_ff", "must be >= 1"),
         (0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)"),
         (self.dtype in ("float32", "bfloat16"), "dtype", "must be float32 or bfloat16"),
+        (self.layer_impl in layers.LAYER_IMPLS, "layer_impl", "must be auto, tuned or plain"),
+        (self.matmul_precision in layers.MATMUL_PRECISIONS, "matmul_precision",
+         "must be default, high or highest"),
     )
     for ok, name, rule in rules:
       if not ok:
@@ -140,16 +148,6 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
 def causal_mask(length: int) -> Array:
   """Boolean [length, length] mask, True where query position q may attend to key k <= q."""
   return jnp.tril(jnp.ones((length, length), dtype=bool))
-
-
-def _reshaped(init, shape):
-  """Initialiser that draws with `init` and reshapes to the requested Flax kernel shape."""
-
-  def wrapped(key, requested_shape, dtype=jnp.float32):
-    del requested_shape
-    return init(key, shape, dtype)
-
-  return wrapped
 
 
 def mean_ablate(x: Array, mask: Array, means: Array | None) -> Array:
@@ -217,10 +215,10 @@ class MultiHeadAttention(nn.Module):
     d, h, p = cfg.d_model, cfg.num_heads, cfg.head_dim
     if ids_BxL is None or positions_BxL is None:
       ids_BxL, positions_BxL = layers.default_token_ids_and_positions(*x_BxLxD.shape[:2])
-    dtype = jnp.dtype(cfg.dtype)
-    proj = lambda name, fan_out: layers.HeadProjection(
+    dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
+    proj = lambda name, fan_out: lay.head_projection(
         (h, p), split=True, dtype=dtype, name=name,
-        kernel_init=_reshaped(xavier_uniform(d, fan_out), (d, h, p)))
+        kernel_init=layers.reshaped_init(xavier_uniform(d, fan_out), (d, h, p)))
     q_BxLxHxP = proj("query", d)(x_BxLxD)
     k_BxLxHxP = proj("key", 2 * d)(x_BxLxD)
     v_BxLxHxP = proj("value", 2 * d)(x_BxLxD)
@@ -234,7 +232,7 @@ class MultiHeadAttention(nn.Module):
       ids_BxL, positions_BxL = layers.default_token_ids_and_positions(*q_BxLxHxP.shape[:2])
       mask_BxHxLxL = causal_mask(q_BxLxHxP.shape[1])[None, None]
     one_query = decode and q_BxLxHxP.shape[1] == 1
-    logits_BxHxLxL = layers.attention_logits(q_BxLxHxP, k_BxLxHxP, one_query)
+    logits_BxHxLxL = layers.attention_logits(q_BxLxHxP, k_BxLxHxP, one_query, lay.precision)
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
     weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
     self.sow(INTERMEDIATES, "attention", weights_BxHxLxL)
@@ -243,15 +241,15 @@ class MultiHeadAttention(nn.Module):
              + positions_BxL.astype(jnp.uint32)[:, None, None, :])
     dropped = layers.CoordinateDropout(cfg.dropout, name="attention_dropout")(
         weights_BxHxLxL, ids_BxL[:, None, :, None], index, deterministic)
-    ctx_BxLxHxP = layers.attention_context(dropped, v_BxLxHxP, one_query)
+    ctx_BxLxHxP = layers.attention_context(dropped, v_BxLxHxP, one_query, lay.precision)
     if lines is not None:
       ctx_BxLxHxP = layers.repack_lines(ctx_BxLxHxP, repack_BxL)
     if head_mask_H is not None:
       ctx_BxLxHxP = mean_ablate(ctx_BxLxHxP, head_mask_H[:, None], head_means)
     self.sow(INTERMEDIATES, "heads", ctx_BxLxHxP)
-    return layers.HeadProjection(
+    return lay.head_projection(
         (h, p), split=False, dtype=dtype, name="out",
-        kernel_init=_reshaped(xavier_uniform(d, d), (h, p, d)))(ctx_BxLxHxP)
+        kernel_init=layers.reshaped_init(xavier_uniform(d, d), (h, p, d)))(ctx_BxLxHxP)
 
   def _update_cache(self, k_BxLxHxP: Array, v_BxLxHxP: Array, positions_BxL: Array
                     ) -> tuple[Array, Array, Array]:
@@ -284,25 +282,25 @@ class TransformerLayer(nn.Module):
                mlp_means: Array | None = None) -> Array:
     """Returns the layer's output [B, L, d_model]; masks and means are this layer's slices."""
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
+    dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
     ids = ids_BxL[..., None]
     drop = lambda y, name: layers.CoordinateDropout(cfg.dropout, name=name)(
         y, ids, layers.feature_index(y.shape[-1]), deterministic)
     attn_BxLxD = MultiHeadAttention(cfg, name="attention")(
         x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines, decode,
         head_mask_H, head_means)
-    x_BxLxD = layers.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
+    x_BxLxD = lay.layer_norm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
-    h_BxLxF = layers.Dense(cfg.d_ff, dtype=dtype, name="linear1",
-                           kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
-                               x_BxLxD)
+    h_BxLxF = lay.dense(cfg.d_ff, dtype=dtype, name="linear1",
+                        kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
+                            x_BxLxD)
     h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
-    ff_BxLxD = layers.Dense(cfg.d_model, dtype=dtype, name="linear2",
-                            kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
+    ff_BxLxD = lay.dense(cfg.d_model, dtype=dtype, name="linear2",
+                         kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
     if mlp_mask is not None:
       ff_BxLxD = mean_ablate(ff_BxLxD, mlp_mask, mlp_means)
     self.sow(INTERMEDIATES, "mlp", ff_BxLxD)
-    return layers.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
+    return lay.layer_norm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
         x_BxLxD + drop(ff_BxLxD, "output_dropout"))
 
 
@@ -428,12 +426,14 @@ class TransformerLM(nn.Module):
           at(head_mask, i), at(head_means, i), at(mlp_mask, i), at(mlp_means, i))
       self.sow(INTERMEDIATES, "hidden", x_BxLxD)
 
-    if cfg.tied_embeddings:
-      logits_BxLxV = embed.attend(x_BxLxD.astype(jnp.float32))
+    lay = layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
+    if cfg.tied_embeddings:  # embed.attend, at the model's matmul precision
+      logits_BxLxV = jnp.dot(x_BxLxD.astype(jnp.float32), embed.embedding.T,
+                             precision=lay.precision)
     else:
-      logits_BxLxV = layers.Dense(cfg.vocab_size, name="output",
-                                  kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
-                                      x_BxLxD.astype(jnp.float32))
+      logits_BxLxV = lay.dense(cfg.vocab_size, name="output",
+                               kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
+                                   x_BxLxD.astype(jnp.float32))
     return logits_BxLxV.astype(jnp.float32)
 
 
