@@ -14,12 +14,18 @@ Several processes of one multi-process run on the same host (`python -m sg_jax.m
 --multihost` with a loopback coordinator address) share its cores: `share_among_processes`
 gives each of them its share of the devices (2 x cores / processes).
 
+Only CPU-only hosts are split: where JAX will run on a GPU or TPU (`accelerator_expected`), the
+seeds go to the accelerators and extra CPU devices would only cost host memory and threads.
+
 This module must not import JAX at import time: the flag is read when JAX initialises its CPU
 backend.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
+import importlib.util
 import ipaddress
 import os
 import sys
@@ -37,12 +43,47 @@ def default_device_count() -> int:
   return 2 * cores
 
 
+# Device files of the accelerators JAX's plugins drive: NVIDIA GPUs, AMD GPUs (ROCm), TPU VMs
+# (v2-v4 expose /dev/accel*, v5e and later /dev/vfio/<n>).
+GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/kfd")
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+
+
+def _jax_plugins() -> list[str]:
+  """Installed JAX PJRT plugins (the `jax_plugins` entry points JAX itself loads, e.g.
+  `xla_cuda12` of the jax-cuda12-plugin wheel, and the `jax_plugins` namespace modules)."""
+  names = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+  spec = importlib.util.find_spec("jax_plugins")
+  for path in (spec.submodule_search_locations or []) if spec else []:
+    names += [n for n in os.listdir(path) if not n.startswith(("_", "."))]
+  return names
+
+
+def accelerator_expected() -> bool:
+  """Whether JAX in this process will run on a GPU or TPU, decided without importing JAX.
+
+  JAX_PLATFORMS (or the older JAX_PLATFORM_NAME), when set, decides: an accelerator is
+  expected if it names any platform but `cpu`. Otherwise JAX uses an accelerator when both its
+  plugin and the device are there: a PJRT plugin (`_jax_plugins`) and a GPU device file
+  (`GPU_DEVICE_FILES`), or the libtpu package (or TPU_LIBRARY_PATH) and a TPU device file
+  (`TPU_DEVICE_GLOBS`). A plugin without a device, or a device without a plugin, leaves JAX on
+  the CPU, and so returns False.
+  """
+  platforms = os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_PLATFORM_NAME") or ""
+  if platforms.strip():
+    return any(p.strip().lower() not in ("", "cpu") for p in platforms.split(","))
+  gpu = any(os.path.exists(f) for f in GPU_DEVICE_FILES) and bool(_jax_plugins())
+  tpu_lib = bool(os.environ.get("TPU_LIBRARY_PATH")) or importlib.util.find_spec("libtpu")
+  tpu = bool(tpu_lib) and any(glob.glob(g) for g in TPU_DEVICE_GLOBS)
+  return gpu or tpu
+
+
 def configure_cpu_devices(num_devices: int = 0) -> bool:
   """Adds `FLAG=<num_devices>` to the XLA_FLAGS environment variable before JAX starts.
 
-  Does nothing when XLA_FLAGS already sets the flag (the user's choice wins) or when JAX has
-  already been imported (too late to take effect). GPU/TPU hosts are unaffected: JAX's default
-  devices there are the accelerators, and the CPU devices stay unused.
+  Does nothing when XLA_FLAGS already sets the flag (the user's choice wins), when JAX has
+  already been imported (too late to take effect), or when JAX will run on a GPU or TPU
+  (`accelerator_expected`): only CPU-only hosts are split.
 
   Args:
     num_devices: CPU devices to create; 0 = 2 x the cores this process may run on.
@@ -52,7 +93,7 @@ def configure_cpu_devices(num_devices: int = 0) -> bool:
   """
   global _configured
   flags = os.environ.get("XLA_FLAGS", "")
-  if FLAG in flags or "jax" in sys.modules:
+  if FLAG in flags or "jax" in sys.modules or accelerator_expected():
     return False
   if num_devices <= 0:
     num_devices = default_device_count()
