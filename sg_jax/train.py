@@ -31,6 +31,7 @@ from sg_jax import checkpointing
 from sg_jax import composition
 from sg_jax import configlib
 from sg_jax import evaluation
+from sg_jax import layers
 from sg_jax.analysis import uas
 from sg_jax import metric_logging
 from sg_jax import sas as sas_lib
@@ -212,6 +213,9 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
+  log.info("model layers: %s (model.layer_impl=%s, %s backend), matmul precision %s",
+           layers.resolve_layer_impl(config.model.layer_impl), config.model.layer_impl,
+           jax.default_backend(), config.model.matmul_precision)
   eval_data = sharding.put_replicated(
       {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
                                   task.eval_fields)

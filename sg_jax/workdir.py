@@ -37,7 +37,9 @@ RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call",
 # neither a parameter shape nor what a step is (its data, batch, seeds, model, optimiser state).
 CHANGEABLE_WITH_FLAG = ("train.num_steps", "optim.learning_rate", "optim.schedule",
                         "optim.warmup_steps", "optim.decay_steps", "optim.cooldown_steps",
-                        "train.packing", "train.packing_buckets")
+                        "train.packing", "train.packing_buckets",
+                        # same parameters and computation, other float rounding (docs/model.md)
+                        "model.layer_impl", "model.matmul_precision")
 
 
 class Preempted(Exception):

@@ -173,18 +173,19 @@ def test_bad_layer_impl_or_matmul_precision_is_a_one_line_error(load_config):
 
 def test_training_steps_with_plain_layers_equal_tuned(tiny_config, tmp_path):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
-  losses, params = {}, {}
+  losses, params, fns_of = {}, {}, {}
   for impl in ("tuned", "plain"):
     config = tiny_config(**{"model.layer_impl": impl, "train.packing": False})
     _, vocab, splits = train.load_data(config, str(tmp_path))
     host, caps = train.make_train_data(config, splits["train"], 2)
-    fns = step_lib.make_train_fns(config, vocab.size, caps)
+    fns = fns_of[impl] = step_lib.make_train_fns(config, vocab.size, caps)
     state = fns.init(train.seed_keys([0, 1]))
     state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host),
                       jnp.asarray(0, jnp.int32), 5)
     losses[impl] = np.asarray(state.sums["loss"])
     params[impl] = np.concatenate([np.asarray(x).ravel()
                                    for x in jax.tree_util.tree_leaves(state.params)])
+  assert fns_of["plain"] is not fns_of["tuned"]  # compiled per layer_impl, never shared
   assert losses["tuned"].shape == (2,) and np.all(losses["tuned"] > 0)
   np.testing.assert_allclose(losses["plain"], losses["tuned"], rtol=1e-5)
   np.testing.assert_allclose(params["plain"], params["tuned"], rtol=0, atol=1e-5)
