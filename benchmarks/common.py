@@ -6,6 +6,7 @@ Imported by `benchmarks/train_throughput.py` and `benchmarks/memory.py` (run the
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -21,7 +22,7 @@ host_devices.configure_cpu_devices()  # as `python -m sg_jax.main` does, before 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import configlib, train  # noqa: E402
+from sg_jax import configlib, layers, train  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
@@ -86,8 +87,10 @@ def print_table(header: list[str], rows: list[list[str]], widths=None) -> None:
 # Data, config and the sg_jax entry points.
 
 
-def make_config(depth: int, num_seeds: int, args, packing: bool):
-  """Question-formation config (= configs/question.py) at `depth` with the benchmark's fields."""
+def make_config(depth: int, num_seeds: int, args, packing: bool, layer_impl: str | None = None):
+  """Question-formation config (= configs/question.py) at `depth` with the benchmark's fields:
+  `args.dtype`, `args.matmul_precision` and `layer_impl` (default: the first of
+  `args.layer_impls`) where the script has them."""
   config = configlib.apply_config_string(configlib.base_config("question"), f"depth={depth}",
                                          configlib.PRESETS)
   if args.quick:
@@ -98,7 +101,20 @@ def make_config(depth: int, num_seeds: int, args, packing: bool):
   config.model.dtype = args.dtype
   config.train.steps_per_call = args.steps_per_call
   config.train.packing = packing
+  config.model.matmul_precision = getattr(args, "matmul_precision", "default")
+  config.model.layer_impl = layer_impl or (getattr(args, "layer_impls", None) or ["auto"])[0]
   return config
+
+
+def layer_impls(text: str) -> list[str]:
+  """`--layer_impl` (argparse type) -> the layer sets to time, resolved: 'both' -> [tuned,
+  plain]; else a comma list of tuned, plain, auto (what `model.layer_impl=auto` picks on this
+  backend). Raises argparse.ArgumentTypeError for another name."""
+  names = ["tuned", "plain"] if text == "both" else [x.strip() for x in text.split(",")]
+  try:
+    return list(dict.fromkeys(layers.resolve_layer_impl(n) for n in names if n))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"{e}, or both") from None
 
 
 def train_layout(config, split, seeds_per_device: int):

@@ -4,6 +4,7 @@ Plain script (prints tables; not a unit test):
   python benchmarks/memory.py                         # depths 2,6,10; seeds 1,2,4,8
   python benchmarks/memory.py --quick                 # < 1 minute on a 2-core CPU
   python benchmarks/memory.py --depths=6 --seeds=1,4,16 --packing=on
+  python benchmarks/memory.py --seeds=1,4 --packing=on --layer_impl=both
 
 Model: the reference-size TransformerLM (docs/REFERENCE.md §1: d_model 512, 8 heads, feed-forward 2048,
 batch 8, AdamW) on question formation; `--quick` shrinks it (depth 2, d_model 128, 4 heads, d_ff
@@ -46,8 +47,8 @@ import numpy as np  # noqa: E402
 
 from sg_jax import evaluation, train  # noqa: E402
 
-from common import (_ints, load_average, machine_rows, make_config,  # noqa: E402
-                    print_rows, print_table, table_line, train_fns,
+from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
+                    make_config, print_rows, print_table, table_line, train_fns,
                     train_layout)
 CAPACITIES_GB = (16, 40, 80, 141)
 GB = 1e9
@@ -159,6 +160,9 @@ def parse_args(argv=None):
   parser.add_argument("--length", type=int, default=0,
                       help="padded line length (0 = longest generated line + 1)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--layer_impl", type=layer_impls, default=None, dest="layer_impls",
+                      help="layer sets (model.layer_impl): tuned, plain, a comma list or both; "
+                           "default what auto picks on this backend (CPU: tuned)")
   parser.add_argument("--no_run", action="store_true",
                       help="GPU/TPU: skip running the calls for memory_stats()")
   args = parser.parse_args(argv)
@@ -166,6 +170,8 @@ def parse_args(argv=None):
     args.depths = [2] if args.quick else [2, 6, 10]
   if args.seeds is None:
     args.seeds = [1, 2] if args.quick else [1, 2, 4, 8]
+  if args.layer_impls is None:
+    args.layer_impls = layer_impls("auto")
   if args.quick:
     args.steps_per_call = min(args.steps_per_call, 10)
   if args.packing == "auto":
@@ -201,8 +207,9 @@ def main(argv=None):
   lengths = splits["train"].lengths
   print_rows("training memory per seed", machine_rows() + [
       ("model", f"d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, vocab {vocab.size}, "
-                f"{args.dtype}" + ("  [--quick: SMALLER than the reference 512/8/2048]"
-                                   if args.quick else " (reference size)")),
+                f"{args.dtype}, layers {'/'.join(args.layer_impls)}"
+                + ("  [--quick: SMALLER than the reference 512/8/2048]"
+                   if args.quick else " (reference size)")),
       ("training call", f"seed-vmapped chunk of {args.steps_per_call} steps, batch "
                         f"{base.train.batch_size} lines per seed, AdamW, state donated"),
       ("data", f"{len(lengths)} generated question-formation train lines (length mean "
@@ -217,25 +224,26 @@ def main(argv=None):
     print("  note: CPU backend: matmul fusions keep their scratch outside XLA's buffer "
           "assignment, so temp is a lower bound here; run on the target GPU/TPU for sizing.")
 
-  header = ["depth", "layout", "seeds", "state MB", "argument MB", "output MB", "alias MB",
-            "temp MB", "train peak MB", "eval temp MB", "eval peak MB", "measured MB",
+  header = ["depth", "layout", "layers", "seeds", "state MB", "argument MB", "output MB",
+            "alias MB", "temp MB", "train peak MB", "eval temp MB", "eval peak MB", "measured MB",
             "compile s"]
   print("\n  per compiled call (MB = 1e6 bytes)")
   live_widths = [max(len(h), 6) for h in header]
   print_table(header, [], live_widths)
   detail, fits = [], []
   for depth in args.depths:
-    for packing in args.layouts:
+    for packing, impl in [(p, i) for p in args.layouts for i in args.layer_impls]:
       peaks = []
       for num_seeds in args.seeds:
-        config = make_config(depth, num_seeds, args, packing)
+        config = make_config(depth, num_seeds, args, packing, impl)
         r = compiled_memory(config, vocab, splits, num_seeds, eval_batches)
         measured = None
         if not args.no_run and jax.default_backend() != "cpu":
           measured = measured_peak(r["fns"], r["host"], num_seeds, eval_batches, vocab,
                                    args.steps_per_call)
         peaks.append(r["peak"] if measured is None else max(r["peak"], measured))
-        row = [depth, "packed" if packing else "padded", num_seeds, f"{r['state'] / MB:.0f}",
+        row = [depth, "packed" if packing else "padded", impl, num_seeds,
+               f"{r['state'] / MB:.0f}",
                f"{r['argument'] / MB:.0f}", f"{r['output'] / MB:.0f}", f"{r['alias'] / MB:.0f}",
                f"{r['temp'] / MB:.0f}", f"{r['train'] / MB:.0f}", f"{r['eval_temp'] / MB:.0f}",
                f"{r['eval'] / MB:.0f}", "-" if measured is None else f"{measured / MB:.0f}",
@@ -244,7 +252,7 @@ def main(argv=None):
         print(table_line(row, live_widths))
         sys.stdout.flush()
       const, slope = fit(args.seeds, peaks)
-      fits.append((depth, packing, const, slope))
+      fits.append((depth, packing, impl, const, slope))
 
   print_rows("summary", [("load average at end", load_average()),
                          ("wall time", f"{time.perf_counter() - t_start:.0f} s")])
@@ -252,13 +260,14 @@ def main(argv=None):
   print("\n  seeds that fit (fit of max(train, eval peak) = constant + slope x seeds; "
         "100% of memory / in parentheses at 75%, JAX's default GPU pre-allocation)")
   fit_rows = []
-  for depth, packing, const, slope in fits:
-    row = [depth, "packed" if packing else "padded", f"{slope / MB:.0f}", f"{const / MB:.0f}"]
+  for depth, packing, impl, const, slope in fits:
+    row = [depth, "packed" if packing else "padded", impl, f"{slope / MB:.0f}",
+           f"{const / MB:.0f}"]
     for cap in CAPACITIES_GB:
       row.append(f"{seeds_that_fit(cap * GB, const, slope)} "
                  f"({seeds_that_fit(0.75 * cap * GB, const, slope)})")
     fit_rows.append(row)
-  print_table(["depth", "layout", "MB per seed", "constant MB"]
+  print_table(["depth", "layout", "layers", "MB per seed", "constant MB"]
               + [f"{c} GB" for c in CAPACITIES_GB], fit_rows)
   return fits
 

@@ -5,6 +5,7 @@ Plain script (prints tables; not a unit test):
   python benchmarks/train_throughput.py --quick              # < 1 minute on a 2-core CPU
   python benchmarks/train_throughput.py --depths=6 --seeds=1,4,8 --breakdown
   python benchmarks/train_throughput.py --packing=off --no_sequential --dtype=bfloat16
+  python benchmarks/train_throughput.py --depths=6 --seeds=1,4 --packing=on --layer_impl=both
 
 Model: the reference-size TransformerLM (docs/REFERENCE.md §1: d_model 512, 8 heads, feed-forward 2048,
 dropout 0.1, batch 8 lines per seed and step, AdamW + clipping) on question formation; `--quick`
@@ -13,7 +14,9 @@ lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only 
 is used), encoded and laid out exactly as `sg_jax.train` does (`train.make_train_data`, packed
 rows when `config.train.packing` is on).
 
-Measured, per depth, seed count, device count (`--num_devices`) and layout (padded / packed):
+Measured, per depth, seed count, device count (`--num_devices`), layout (padded / packed) and
+layer set (`--layer_impl`: `model.layer_impl` tuned / plain, default what "auto" picks here; all
+at `--matmul_precision`, `model.matmul_precision`):
 * vmapped: `train.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
   steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
   CPU-only machine the host is split into 2 x cores devices by `sg_jax.host_devices`, as
@@ -27,15 +30,15 @@ Measured, per depth, seed count, device count (`--num_devices`) and layout (padd
   training set and a per-seed permutation, packed with `train.pack_lines` when packing is on):
   only the per-step dispatch, the missing seed axis and the single device differ.
   `--seq_steps` steps per seed, one untimed compile step before.
-* with `--breakdown`, per depth: the parts of one seed's step timed alone (forward, backward,
-  optimiser, the whole step) and the step's matmuls alone (`step_matmuls`, `time_matmuls`:
+* with `--breakdown`, per depth (first `--layer_impl` only): the parts of one seed's step timed
+  alone (forward, backward, optimiser, the whole step) and the step's matmuls alone (`step_matmuls`, `time_matmuls`:
   every dot_general of a packed step, on random operands of the same shapes, one after another,
   at each seed count),
   and the MFU ceilings these set (model FLOPs at the peak / time of the matmuls, with and
   without the optimiser's time added).
 * the matmul peak of the machine, measured in the same run (before and after the grid, the
   larger is used): best of several `jnp.dot` of two `--peak_size`-square matrices in the model's
-  dtype, at JAX's default matmul precision (the same the model runs at).
+  dtype, at `--matmul_precision` (the same the model runs at).
 
 Model FLOPs are counted on REAL (non-padding) tokens only, per seed and step (printed in the
 output): 6 * N * T + 12 * depth * d_model * P, where N = non-embedding matmul parameters
@@ -63,8 +66,9 @@ import numpy as np  # noqa: E402
 
 from sg_jax import sharding, train  # noqa: E402
 
-from common import (_ints, load_average, machine_rows, make_config,  # noqa: E402
-                    print_rows, print_table, table_line, train_fns, train_layout)
+from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
+                    make_config, print_rows, print_table, table_line, train_fns, train_layout)
+from sg_jax import layers  # noqa: E402
 
 
 def question_split(num_train: int, seed: int = 0):
@@ -126,12 +130,13 @@ def model_flops_per_seed_step(config, vocab_size: int, lengths: np.ndarray) -> d
           "attention": attention, "total": dense + attention}
 
 
-def matmul_peak(size: int, dtype: str, trials: int = 5) -> float:
-  """Best FLOP/s of `jnp.dot` of two [size, size] matrices (several back-to-back per trial)."""
+def matmul_peak(size: int, dtype: str, trials: int = 5, precision: str = "default") -> float:
+  """Best FLOP/s of `jnp.dot` of two [size, size] matrices (several back-to-back per trial) at
+  `precision` (a `model.matmul_precision` value)."""
   ka, kb = jax.random.split(jax.random.key(0))
   a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
   b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
-  dot = jax.jit(jnp.dot)
+  dot = jax.jit(lambda x, y: jnp.dot(x, y, precision=layers.matmul_precision(precision)))
   dot(a, b).block_until_ready()
   t0 = time.perf_counter()
   dot(a, b).block_until_ready()
@@ -434,6 +439,12 @@ def parse_args(argv=None):
                       help="generated training lines (default 5000; quick: 2000)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="model compute dtype (and of the matmul-peak measurement)")
+  parser.add_argument("--layer_impl", type=layer_impls, default=None, dest="layer_impls",
+                      help="layer sets to time (model.layer_impl): tuned, plain, a comma list "
+                           "or both; default what auto picks on this backend (CPU: tuned)")
+  parser.add_argument("--matmul_precision", choices=tuple(layers.MATMUL_PRECISIONS),
+                      default="default", help="model.matmul_precision of every matmul (and of "
+                                              "the peak measurement)")
   parser.add_argument("--peak_size", type=int, default=None,
                       help="matrix size of the peak measurement (default 8192 on GPU/TPU, "
                            "2048 on CPU; quick: 1024)")
@@ -447,6 +458,8 @@ def parse_args(argv=None):
     args.depths = [2] if args.quick else [2, 6, 10]
   if args.seeds is None:
     args.seeds = [1, 2] if args.quick else [1, 2, 4, 8, 16]
+  if args.layer_impls is None:
+    args.layer_impls = layer_impls("auto")
   if args.steps_per_call is None:
     args.steps_per_call = 5 if args.quick else (16 if cpu else 100)
   if args.min_time is None:
@@ -475,7 +488,8 @@ def main(argv=None):
   base = make_config(args.depths[0], 1, args, False)
   m = base.model
   model_desc = (f"d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, dropout "
-                f"{m.dropout}, vocab {vocab.size}, {args.dtype}"
+                f"{m.dropout}, vocab {vocab.size}, {args.dtype}, matmul precision "
+                f"{args.matmul_precision}, layers {'/'.join(args.layer_impls)}"
                 + ("  [--quick: SMALLER than the reference 512/8/2048]" if args.quick else
                    " (reference size)"))
   print_rows("training throughput", machine_rows() + [
@@ -495,7 +509,7 @@ def main(argv=None):
                         "causal query-key pairs"),
   ])
 
-  peak_before = matmul_peak(args.peak_size, args.dtype)
+  peak_before = matmul_peak(args.peak_size, args.dtype, precision=args.matmul_precision)
   print(f"  matmul peak (start)  {peak_before / 1e9:.1f} GFLOP/s ({args.peak_size}^2 "
         f"{args.dtype} jnp.dot, best of 5)")
 
@@ -523,8 +537,8 @@ def main(argv=None):
                     f"{a['seconds'] * 1e3:.1f}", f"{a['dot_flops'] / a['seconds'] / 1e9:.0f}"]
                    for (d, n), a in alone.items() if d == depth])
 
-  header = ["depth", "seeds", "dev", "layout", "pad %", "compile s", "seed-steps/s", "tokens/s",
-            "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
+  header = ["depth", "seeds", "dev", "layout", "layers", "pad %", "compile s", "seed-steps/s",
+            "tokens/s", "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
   print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / start "
         "peak, the summary uses the larger of start and end peaks; "
         "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
@@ -538,8 +552,8 @@ def main(argv=None):
           f"({flops['attention'] / flops['total']:.1%} attention) per seed-step")
     for num_seeds in args.seeds:
       keys = train.seed_keys(list(range(num_seeds)))
-      for packing in args.layouts:
-        config = make_config(depth, num_seeds, args, packing)
+      for packing, impl in [(p, i) for p in args.layouts for i in args.layer_impls]:
+        config = make_config(depth, num_seeds, args, packing, impl)
         seq, device_counts = None, []
         for max_devices in args.num_devices:
           mesh = sharding.seed_mesh(num_seeds, max_devices)
@@ -561,9 +575,9 @@ def main(argv=None):
                                            seq_caps, args.seq_steps)
             seq = args.seq_steps * num_seeds / seq_total
             del data
-          results[(depth, num_seeds, packing, mesh.devices.size)] = {
+          results[(depth, num_seeds, packing, mesh.devices.size, impl)] = {
               "rate": rate, "seq": seq, "pad": pad, "gflops": gflops}
-          row = [depth, num_seeds, mesh.devices.size, "packed" if packing else "padded",
+          row = [depth, num_seeds, mesh.devices.size, "packed" if packing else "padded", impl,
                  f"{100 * pad:.1f}", f"{first:.1f}", f"{rate:.3f}",
                  f"{rate * flops['tokens']:.0f}", f"{gflops:.1f}",
                  f"{100 * gflops * 1e9 / peak_before:.1f}",
@@ -576,7 +590,7 @@ def main(argv=None):
           sys.stdout.flush()
           del fns
 
-  peak_after = matmul_peak(args.peak_size, args.dtype)
+  peak_after = matmul_peak(args.peak_size, args.dtype, precision=args.matmul_precision)
   peak = max(peak_before, peak_after)
   final = []
   for row, gflops, seq, flops in rows:
@@ -621,11 +635,11 @@ def print_targets(args, results, peak: float) -> None:
   lines = []
   best_layout = lambda d, s: max((r for (dd, ss, *_), r in results.items() if (dd, ss) == (d, s)),
                                  key=lambda r: r["rate"], default=None)
-  for (d, s, packing, devices), r in sorted(results.items()):
+  for (d, s, packing, devices, impl), r in sorted(results.items()):
     if d == 6 and s in (4, 8):
       mfu = r["gflops"] * 1e9 / peak
       lines.append((f"depth 6, {s} seeds on {devices} device(s), "
-                    f"{'packed' if packing else 'padded'}: MFU >= 75%",
+                    f"{'packed' if packing else 'padded'}, {impl} layers: MFU >= 75%",
                     f"{100 * mfu:.1f}% {'ok' if mfu >= 0.75 else 'MISSED'}"))
   for d in args.depths:
     r = best_layout(d, 8)
@@ -641,7 +655,7 @@ def print_targets(args, results, peak: float) -> None:
     if r1 and r16:
       lines.append((f"depth {d}: seed-steps/s at 16 seeds / at 1 (GPU target >= 10)",
                     f"{r16['rate'] / r1['rate']:.1f}"))
-  pads = [r["pad"] for (_, _, p, _), r in results.items() if p]
+  pads = [r["pad"] for (_, _, p, *_), r in results.items() if p]
   if pads:
     lines.append(("padding with packing <= 10%", f"max {100 * max(pads):.1f}% "
                                                  f"{'ok' if max(pads) <= 0.10 else 'MISSED'}"))

@@ -133,3 +133,38 @@ def test_profile_breakdown_reads_cumulative_times(tmp_path):
   parts = analysis_throughput.profile_breakdown(path)
   assert parts["  of which packing the passes"] > 0
   assert parts["tscore + tparseval"] == 0 and parts["analyze"] == 0
+
+
+# ------------------------------------------------------------------- layer sets and memory.py
+
+
+def test_layer_impl_and_matmul_precision_options_reach_the_config():
+  """`--layer_impl` (tuned, plain, a comma list, both; default auto's pick: tuned on CPU) and
+  `--matmul_precision` set `model.layer_impl` / `model.matmul_precision` of every timed config."""
+  import common  # pylint: disable=import-outside-toplevel
+  args = train_throughput.parse_args(["--depths=6", "--seeds=1,4"])
+  assert args.layer_impls == ["tuned"] and args.matmul_precision == "default"
+  args = train_throughput.parse_args(["--layer_impl=both", "--matmul_precision=highest"])
+  assert args.layer_impls == ["tuned", "plain"]
+  config = common.make_config(6, 4, args, True, "plain")
+  assert (config.model.layer_impl, config.model.matmul_precision) == ("plain", "highest")
+  assert common.make_config(6, 4, args, True).model.layer_impl == "tuned"  # the first one
+  assert train_throughput.parse_args(["--layer_impl=plain,auto"]).layer_impls == ["plain",
+                                                                                   "tuned"]
+  for bad in (["--layer_impl=fast"], ["--matmul_precision=max"]):
+    with pytest.raises(SystemExit):
+      train_throughput.parse_args(bad)
+
+
+def test_memory_fit_and_seeds_per_accelerator_on_hand_built_sizes():
+  import memory  # pylint: disable=import-outside-toplevel
+  # 300 MB + 600 MB per seed: 16 GB holds (16000 - 300) // 600 = 26 seeds, 75% of it 19.
+  const, slope = memory.fit([1, 2, 4, 8], [300e6 + 600e6 * n for n in (1, 2, 4, 8)])
+  np.testing.assert_allclose((const, slope), (300e6, 600e6), rtol=1e-9)
+  assert [memory.seeds_that_fit(g * memory.GB, const, slope) for g in memory.CAPACITIES_GB] == [
+      26, 66, 132, 234]
+  assert memory.seeds_that_fit(0.75 * 16 * memory.GB, const, slope) == 19
+  assert memory.seeds_that_fit(0.2e9, const, slope) == 0  # not even the constant fits
+  assert memory.fit([2], [1e9]) == (0.0, 5e8)  # one seed count: proportional
+  args = memory.parse_args(["--layer_impl=both", "--depths=2,6,10"])
+  assert args.layer_impls == ["tuned", "plain"] and args.depths == [2, 6, 10]
