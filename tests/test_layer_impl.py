@@ -105,7 +105,9 @@ def test_plain_layers_equal_tuned_in_logits_loss_and_every_gradient(packed):
 
 
 def test_auto_is_tuned_on_cpu_and_plain_on_accelerators(monkeypatch):
-  assert jax.default_backend() == "cpu"
+  here = "tuned" if jax.default_backend() == "cpu" else "plain"
+  assert layers.resolve_layer_impl("auto") == here
+  monkeypatch.setattr(layers.jax, "default_backend", lambda: "cpu")
   assert layers.resolve_layer_impl("auto") == "tuned"
   for backend in ("gpu", "tpu"):
     monkeypatch.setattr(layers.jax, "default_backend", lambda b=backend: b)
@@ -148,7 +150,10 @@ def test_matmul_precision_reaches_every_matmul_forward_and_backward(impl):
     # more for each (the tied output's gradient reaches the embedding by a gather, no matmul).
     assert len(got) == 3 * (8 + 1), len(got)
     assert all(p in (highest, (highest, highest)) for p in got), set(map(str, got))
-  assert all(p is None for p in _dot_precisions(_config(impl)))
+  # "default" leaves the precision to JAX: what a plain jnp.dot gets (None, or the value of
+  # JAX_DEFAULT_MATMUL_PRECISION where that is set).
+  plain_dot = jax.make_jaxpr(jnp.dot)(jnp.ones((2, 2)), jnp.ones((2, 2))).eqns[0].params
+  assert all(p == plain_dot["precision"] for p in _dot_precisions(_config(impl)))
   high = _dot_precisions(_config(impl, matmul_precision="high"))
   assert {str(p) for p in high} <= {str(jax.lax.Precision.HIGH),
                                     str((jax.lax.Precision.HIGH,) * 2)}
