@@ -87,9 +87,6 @@ else
   run_config="configs/question.py:seeds=16"
 fi
 [ -f tests/test_layer_impl.py ] && tests=(tests/test_layer_impl.py "${tests[@]}")
-# Both layer sets (model.layer_impl tuned and plain) where train_throughput offers them.
-layer_sets=()
-grep -q -- "--layer_impl" benchmarks/train_throughput.py && layer_sets=(--layer_impl=both)
 
 stage_no=0
 failed=0
@@ -200,10 +197,10 @@ run_stage env "$limit_env" bash -c env_stage
 run_stage tests "$limit_tests" env JAX_DEFAULT_MATMUL_PRECISION=highest \
   "$py" -m pytest -v -p no:cacheprovider "${tests[@]}"
 for dtype in float32 bfloat16; do
-  sets=(${layer_sets[@]+"${layer_sets[@]}"})
-  [ "$smoke" = 1 ] && [ "$dtype" = bfloat16 ] && sets=()  # smoke: bf16 with auto's layer set only
+  layer_sets=both  # model.layer_impl tuned and plain; the smoke's bf16: auto's pick only
+  [ "$smoke" = 1 ] && [ "$dtype" = bfloat16 ] && layer_sets=auto
   run_stage "throughput_$dtype" "$limit_throughput" "$py" benchmarks/train_throughput.py \
-    "${throughput[@]}" ${sets[@]+"${sets[@]}"} --dtype="$dtype"
+    "${throughput[@]}" --layer_impl="$layer_sets" --dtype="$dtype"
 done
 run_stage memory "$limit_memory" "$py" benchmarks/memory.py "${memory[@]}"
 run_stage run $((run_seconds + 60)) bash -c train_run
