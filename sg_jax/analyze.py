@@ -54,12 +54,14 @@ from absl import flags
 from absl import logging
 
 from sg_jax import checkpointing
+from sg_jax import cli_options
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import metric_logging
 from sg_jax.analysis import pipeline, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
+from sg_jax.cli_options import parse_list  # noqa: F401  (the CLI's --steps/--seeds parser)
 from sg_jax.model import ModelConfig
 
 HEADER = ("step", "seed", "name", "value")
@@ -102,16 +104,6 @@ flags.mark_flags_as_required(["workdir"])
 log = py_logging.getLogger("sg_jax.analyze")
 
 
-def parse_list(text: str, what: str) -> list[int] | None:
-  """'all' -> None; '3000,6000' -> [3000, 6000]. Raises ValueError naming `what`."""
-  if text.strip().lower() == "all":
-    return None
-  try:
-    return [int(x) for x in text.split(",") if x.strip()]
-  except ValueError:
-    raise ValueError(f"--{what} must be 'all' or comma-separated integers, got {text!r}") from None
-
-
 def parse_metrics(text: str) -> list[str]:
   """'tscore,tparseval' -> ['tscore', 'tparseval']. Raises ValueError for an unknown group."""
   groups = [m.strip() for m in text.split(",") if m.strip()]
@@ -123,28 +115,9 @@ def parse_metrics(text: str) -> list[str]:
 
 
 def check_options(path: str, options: dict) -> None:
-  """Records the value-changing options beside the CSV; refuses different ones.
-
-  An options file that predates an option is read with the value used before the option existed
-  (`LEGACY_OPTIONS`). Other entries of the file (e.g. `sentences_used`) are kept.
-
-  Raises:
-    ValueError: the CSV was written with other options.
-  """
-  opt_path = path + ".options.json"
-  old = {}
-  if os.path.exists(opt_path):
-    with open(opt_path) as f:
-      old = json.load(f)
-    was = lambda k: old.get(k, LEGACY_OPTIONS.get(k))
-    diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
-    if diff:
-      raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
-                       "another --output or the same options")
-  elif os.path.exists(path) and os.path.getsize(path) > 0:
-    log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
-  with fileio.open_atomic(opt_path) as f:
-    json.dump({**old, **options}, f, indent=1)
+  """`cli_options.check_options` with the analysis's `LEGACY_OPTIONS` (an options file that
+  predates an option is read with the value used before the option existed)."""
+  cli_options.check_options(path, options, LEGACY_OPTIONS)
 
 
 def record_sentences(path: str, data: dict) -> None:

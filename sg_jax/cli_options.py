@@ -1,0 +1,50 @@
+"""Option handling shared by the CLIs that append to a workdir's tables (`sg_jax.analyze`,
+`sg_jax.prune`): step/seed lists, and the value-changing options recorded beside a CSV."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Mapping
+
+from sg_jax import fileio
+
+log = logging.getLogger("sg_jax")
+
+
+def parse_list(text: str, what: str) -> list[int] | None:
+  """'all' -> None; '3000,6000' -> [3000, 6000]. Raises ValueError naming `what`."""
+  if text.strip().lower() == "all":
+    return None
+  try:
+    return [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--{what} must be 'all' or comma-separated integers, got {text!r}") from None
+
+
+def check_options(path: str, options: dict, legacy: Mapping[str, object] | None = None) -> None:
+  """Records the value-changing options beside the CSV (`<path>.options.json`); refuses
+  different ones.
+
+  An options file that predates an option is read with its `legacy` value (None when not
+  given). Other entries of the file (e.g. `sentences_used`) are kept.
+
+  Raises:
+    ValueError: the CSV was written with other options.
+  """
+  legacy = legacy or {}
+  opt_path = path + ".options.json"
+  old = {}
+  if os.path.exists(opt_path):
+    with open(opt_path) as f:
+      old = json.load(f)
+    was = lambda k: old.get(k, legacy.get(k))
+    diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
+    if diff:
+      raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
+                       "another --output or the same options")
+  elif os.path.exists(path) and os.path.getsize(path) > 0:
+    log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
+  with fileio.open_atomic(opt_path) as f:
+    json.dump({**old, **options}, f, indent=1)

@@ -1,0 +1,329 @@
+r"""Pruning CLI: hard-concrete subnetworks of trained checkpoints (the heuristic core).
+
+  python -m sg_jax.prune --workdir=runs/quick --sparsities=0.25,0.5 --pruning_seeds=2
+  python -m sg_jax.prune --workdir=runs/grok --steps=all --seeds=0,1 --sparsities=0.3,0.5,0.7 \
+      --pruning_seeds=4 --objective=task:gen
+
+For each selected checkpoint (default: the last) it restores the seeds' parameters, computes the
+mean head and MLP outputs over the real tokens of the first `--num_lines` training lines, and
+trains one set of hard-concrete gates per (training seed x sparsity level x pruning seed) in ONE
+compiled program (vmapped; `sg_jax.pruning.run`), `--steps_per_call` steps per call. Each run's
+gates are then binarised (the original's per-group rule, or `--binarise=global`) and the
+subnetwork is evaluated with the task's own metrics (in-domain and out-of-domain accuracy and
+loss, and the rule agreements of question formation) and its KL to the full model on the pruning
+lines. Rows `step,seed,sparsity,pruning_seed,name,value` are appended to `WORKDIR/pruning.csv`
+(`--output`); the full model's rows have sparsity 0 and pruning_seed -1. The masks are saved to
+`WORKDIR/pruning/masks_step<N>.npz`. Runs already in the CSV are skipped, so the command can be
+rerun after a crash or with more levels and seeds. The method, its defaults and their sources
+are in docs/pruning.md (Bhaskar, Friedman & Chen, ACL 2024; docs/REFERENCE.md §2).
+
+Per run it writes: achieved_sparsity (fraction of heads and MLP blocks off in the binarised
+subnetwork), achieved_sparsity_params (weighted by parameter count), expected_sparsity (mean
+P(z = 0) of the trained gates), final_objective (mean objective over the last 10% of steps, with
+sampled gates), lambda1, lambda2, kl (binarised subnetwork vs the full model, nats per target
+token) and `in_domain/...`, `out_of_domain/...` as metrics.csv names them.
+"""
+
+from __future__ import annotations
+
+import logging as py_logging
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+
+from sg_jax import checkpointing
+from sg_jax import metric_logging
+from sg_jax.cli_options import check_options, parse_list
+from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.pruning import evaluate as evaluate_lib
+from sg_jax.pruning import hard_concrete
+from sg_jax.pruning import means as means_lib
+from sg_jax.pruning import objective as objective_lib
+from sg_jax.pruning import run as run_lib
+from sg_jax.pruning import table
+
+log = py_logging.getLogger("sg_jax.prune")
+
+# Final masks: the original's per-group rule (the rest open), the same with the original's 0.5
+# threshold of the rest's soft values, or the global top-k (`hard_concrete`).
+BINARISE = ("group", "group_threshold", "global")
+
+
+def parse_sparsities(text: str) -> list[float]:
+  """'0.3,0.5' -> [0.3, 0.5]. Raises ValueError unless every level is a number in (0, 1)."""
+  try:
+    levels = [float(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--sparsities must be comma-separated numbers in (0, 1), got {text!r}"
+                     ) from None
+  bad = [x for x in levels if not 0.0 < x < 1.0]
+  if bad or not levels or len(set(map(table.level_key, levels))) != len(levels):
+    raise ValueError(f"--sparsities must be distinct numbers in (0, 1), got {text!r}")
+  return levels
+
+
+def _select_steps(workdir: str, steps: list[int] | None, last_only: bool) -> list[int]:
+  if not os.path.isdir(workdir):
+    raise checkpointing.CheckpointError(f"workdir {workdir} does not exist")
+  available = checkpointing.all_steps(workdir)
+  if not available:
+    raise checkpointing.CheckpointError(
+        f"no checkpoint in {checkpointing.checkpoint_dir(workdir)}")
+  if last_only:
+    return [available[-1]]
+  if steps is None:
+    return available
+  missing = sorted(set(steps) - set(available))
+  if missing:
+    raise checkpointing.CheckpointError(
+        f"no checkpoint for steps {missing} in {workdir}; available: {available}")
+  return sorted(steps)
+
+
+def _encoded(task, config, workdir, vocab, split: str):
+  """The encoded lines of `split` of the run's data folder.
+
+  Raises:
+    ValueError: the task has no such split file.
+  """
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  try:
+    return task.encode(task.read_split(data_dir, split), vocab)
+  except (FileNotFoundError, KeyError, ValueError) as e:
+    raise ValueError(f"cannot read split {split!r} of {data_dir} for the objective: {e}"
+                     ) from None
+
+
+def _lines(split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
+  n = min(num_lines, len(split)) if num_lines else len(split)
+  return {prefix + "inputs": jnp.asarray(means_lib.batch_lines(
+              np.asarray(split.inputs)[:n], batch_size)),
+          prefix + "targets": jnp.asarray(means_lib.batch_lines(
+              np.asarray(split.targets)[:n], batch_size))}
+
+
+def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = None,
+          last_only: bool = True, seeds: list[int] | None = None, pruning_seeds: int = 4,
+          num_steps: int = 0, sparsity_warmup_steps: int = -1, warmup_type: str = "linear",
+          objective: str = "kl", ablation: str = "mean", sparsity_from: str = "expected",
+          weight_by_params: bool = False, binarise: str = "group", num_lines: int = 1000,
+          batch_size: int = 16, eval_lines: int = 0, steps_per_call: int = 100,
+          output: str = "pruning.csv") -> dict[str, object]:
+  """Prunes the selected checkpoints (module docstring); returns a summary.
+
+  Args: as the flags. `last_only` (the default `--steps=last`) takes the last checkpoint;
+  otherwise `steps` (None = all). `num_steps` 0 and `sparsity_warmup_steps` -1 take
+  `run.default_steps` of the highest level; `eval_lines` 0 takes the run's `eval.max_lines`.
+
+  Returns:
+    {'rows_written': n, 'runs': r, 'seconds': wall time of the pruning programs, 'steps': [...]}.
+
+  Raises:
+    checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
+    ValueError: bad options, unknown seeds, options differing from the CSV's.
+  """
+  from sg_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+
+  if pruning_seeds < 1 or num_lines < 0 or batch_size < 1 or steps_per_call < 1:
+    raise ValueError("--pruning_seeds, --batch_size and --steps_per_call must be >= 1 and "
+                     "--num_lines >= 0")
+  if binarise not in BINARISE:
+    raise ValueError(f"--binarise must be one of {BINARISE}, got {binarise!r}")
+  goal = objective_lib.parse_objective(objective)
+  warmup, total = run_lib.default_steps(max(sparsities))
+  settings = run_lib.Settings(
+      num_steps=num_steps or total,
+      sparsity_warmup_steps=warmup if sparsity_warmup_steps < 0 else sparsity_warmup_steps,
+      warmup_type=warmup_type, sparsity_from=sparsity_from, weight_by_params=weight_by_params,
+      objective=goal.kind, ablation=ablation)
+  todo_steps = _select_steps(workdir, steps, last_only)
+  path = os.path.join(workdir, output)
+  check_options(path, {"objective": str(goal), "ablation": ablation, "num_steps":
+                       settings.num_steps, "sparsity_warmup_steps":
+                       settings.sparsity_warmup_steps, "warmup_type": warmup_type,
+                       "sparsity_from": sparsity_from, "weight_by_params": weight_by_params,
+                       "binarise": binarise, "num_lines": num_lines, "batch_size": batch_size})
+  done, full_done = table.done_runs(path), table.done_full_models(path)
+  writer = table.PruningCsv(path)
+  levels = [table.level_key(s) for s in sparsities]
+  grid = [(lv, ps) for lv in levels for ps in range(pruning_seeds)]
+  data_cache = {}
+  rows_written = runs_done = 0
+  seconds = 0.0
+  for step in todo_steps:
+    restored = checkpointing.restore(workdir, step, params_only=True)
+    run_seeds = list(restored.seeds)
+    if seeds is not None and sorted(set(seeds) - set(run_seeds)):
+      raise ValueError(f"seeds {sorted(set(seeds) - set(run_seeds))} are not in the run; "
+                       f"seeds: {run_seeds}")
+    chosen = [s for s in (seeds if seeds is not None else run_seeds)
+              if any((step, s, lv, ps) not in done for lv, ps in grid)]
+    if not chosen:
+      log.info("step %d: every run is in %s already", step, path)
+      continue
+    config = restored.config
+    vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+    if not data_cache:
+      task, _, splits = input_pipeline.load_data(config, workdir)
+      data_cache["task"] = task
+      data_cache["train"] = _lines(splits["train"], num_lines, batch_size)
+      if goal.split is not None:
+        data_cache["train"].update(_lines(_encoded(task, config, workdir, vocab, goal.split),
+                                          num_lines, batch_size, "split_"))
+      data_cache["eval"] = {
+          name: input_pipeline.prepare_eval_batches(
+              splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
+              task.eval_fields) for name in ("in_domain", "out_of_domain")}
+      data_cache["means_inputs"] = np.asarray(splits["train"].inputs)[
+          :num_lines or len(splits["train"])]
+    task, data = data_cache["task"], data_cache["train"]
+    longest = max(data["inputs"].shape[-1], *(b["inputs"].shape[-1]
+                                             for b in data_cache["eval"].values()))
+    model_config = ModelConfig.from_config(config.model, vocab.size, max_len=max(512, longest))
+    idx = np.array([run_seeds.index(s) for s in chosen])
+    params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
+                                      restored.state["params"])
+    means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
+                                                          data_cache["means_inputs"])))
+    keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in grid])
+                      for s in chosen])
+    targets = jnp.asarray([[lv for lv, _ in grid]] * len(chosen), jnp.float32)
+    states = run_lib.init_runs(keys, model_config, settings)
+    log.info("step %d: pruning %d runs (%d seeds x %d levels x %d pruning seeds), %d steps, "
+             "objective %s", step, len(chosen) * len(grid), len(chosen), len(levels),
+             pruning_seeds, settings.num_steps, goal)
+    t0 = time.time()
+    tail = max(1, settings.num_steps // 10)
+    history = []
+    for n in run_lib.num_calls(settings.num_steps, steps_per_call):
+      states, metrics = run_lib.train_runs(states, params_S, means_S, targets, data,
+                                           num_steps=n, config=model_config, settings=settings)
+      history.append(jax.device_get(metrics["objective"]))
+      done_steps = int(jax.device_get(states.step)[0, 0])
+      log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity %s (%.0f s)",
+               step, done_steps, settings.num_steps, float(np.mean(history[-1][-1])),
+               np.round(np.asarray(metrics["expected_sparsity"][-1]).mean(0), 3),
+               time.time() - t0)
+    seconds += time.time() - t0
+    final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
+    la_heads = np.asarray(states.log_alpha["heads"])
+    la_mlp = np.asarray(states.log_alpha["mlp"])
+    if binarise in ("group", "group_threshold"):
+      head_keep, mlp_keep = hard_concrete.deterministic_masks(la_heads, la_mlp,
+                                                              binarise == "group_threshold")
+    else:
+      pairs = [[hard_concrete.global_masks(la_heads[i, k], la_mlp[i, k], grid[k][0])
+                for k in range(len(grid))] for i in range(len(chosen))]
+      head_keep = np.asarray([[p[0] for p in row] for row in pairs])
+      mlp_keep = np.asarray([[p[1] for p in row] for row in pairs])
+    evaluator = evaluate_lib.make_evaluator(task, model_config, vocab, data_cache["eval"],
+                                            ablation)
+    h_mask, m_mask = jnp.asarray(head_keep, jnp.float32), jnp.asarray(mlp_keep, jnp.float32)
+    results = evaluate_lib.to_rows(evaluator(params_S, means_S, h_mask, m_mask))
+    full = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.ones_like(h_mask[:, :1]),
+                                          jnp.ones_like(m_mask[:, :1])))
+    kl = np.asarray(evaluate_lib.subnetwork_kl(params_S, means_S, h_mask, m_mask,
+                                               data, config=model_config, ablation=ablation))
+    weights = objective_lib.unit_param_counts(model_config)
+    expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
+        h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None
+    )))(states.log_alpha["heads"], states.log_alpha["mlp"]))
+    rows = []
+    for i, s in enumerate(chosen):
+      if (step, s) not in full_done:
+        rows += [(step, s, 0.0, table.FULL_MODEL, name, v[i, 0]) for name, v in full.items()]
+      for k, (lv, ps) in enumerate(grid):
+        if (step, s, lv, ps) in done:
+          continue
+        units = head_keep[i, k].size + mlp_keep[i, k].size
+        kept = head_keep[i, k].sum() + mlp_keep[i, k].sum()
+        kept_params = (weights[0] * head_keep[i, k]).sum() + (weights[1] * mlp_keep[i, k]).sum()
+        per_run = {table.MARKER: 1.0 - kept / units,
+                   "achieved_sparsity_params": 1.0 - kept_params / (weights[0].sum()
+                                                                     + weights[1].sum()),
+                   "expected_sparsity": expected[i, k], "final_objective": final_objective[i, k],
+                   "lambda1": states.lambdas[i, k, 0], "lambda2": states.lambdas[i, k, 1],
+                   "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}
+        rows += [(step, s, lv, ps, name, float(v)) for name, v in per_run.items()]
+        runs_done += 1
+    writer.append(rows)
+    rows_written += len(rows)
+    flat = lambda a: a.reshape((-1,) + a.shape[2:])
+    table.save_masks(workdir, step, {
+        "seed": np.repeat(chosen, len(grid)), "sparsity": np.tile([g[0] for g in grid],
+                                                                  len(chosen)),
+        "pruning_seed": np.tile([g[1] for g in grid], len(chosen)),
+        "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
+        "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)})
+    achieved = {lv: [round(float(1.0 - (head_keep[i, k].sum() + mlp_keep[i, k].sum())
+                                 / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
+                     for i in range(len(chosen)) for k in range(len(grid)) if grid[k][0] == lv]
+                for lv in levels}
+    log.info("step %d: %d runs in %.1f s; achieved sparsity per level %s; -> %s", step,
+             len(chosen) * len(grid), time.time() - t0, achieved, path)
+  return {"rows_written": rows_written, "runs": runs_done, "seconds": seconds,
+          "steps": todo_steps}
+
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
+_STEPS = flags.DEFINE_string("steps", "last", "'last', 'all' or comma-separated checkpoint steps.")
+_SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated training seed ids.")
+_SPARSITIES = flags.DEFINE_string("sparsities", "0.3,0.5,0.7",
+                                  "Target sparsity levels in (0, 1): fraction of heads and MLP "
+                                  "blocks removed.")
+_PRUNING_SEEDS = flags.DEFINE_integer("pruning_seeds", 4, "Pruning runs per level and seed.")
+_NUM_STEPS = flags.DEFINE_integer("num_steps", 0, "Pruning steps (0 = the scaled original "
+                                  "schedule of the highest level, docs/pruning.md).")
+_WARMUP = flags.DEFINE_integer("sparsity_warmup_steps", -1, "Steps of the target's rise (-1 = "
+                               "the scaled original schedule).")
+_WARMUP_TYPE = flags.DEFINE_enum("warmup_type", "linear", ["linear", "log"],
+                                 "Rise of the target sparsity.")
+_OBJECTIVE = flags.DEFINE_string("objective", "kl", "kl | task:SPLIT | train_minus_gen.")
+_ABLATION = flags.DEFINE_enum("ablation", "mean", ["mean", "zero"], "What a pruned unit outputs.")
+_SPARSITY_FROM = flags.DEFINE_enum("sparsity_from", "expected", ["expected", "sampled"],
+                                   "Sparsity in the penalty: closed form or sampled gates.")
+_WEIGHT = flags.DEFINE_bool("weight_by_params", False, "Weight units by parameter count.")
+_BINARISE = flags.DEFINE_enum("binarise", "group", list(BINARISE),
+                              "Final mask: the original's per-group rule, the same with its 0.5 "
+                              "threshold, or the global top-k.")
+_NUM_LINES = flags.DEFINE_integer("num_lines", 1000, "Training lines for the means and the KL "
+                                  "(0 = all).")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "Lines per pruning step.")
+_EVAL_LINES = flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
+                                   "eval.max_lines).")
+_PER_CALL = flags.DEFINE_integer("steps_per_call", 100, "Pruning steps per compiled call.")
+_OUTPUT = flags.DEFINE_string("output", "pruning.csv", "CSV file (relative to --workdir).")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  metric_logging.setup_cli_logging()
+  try:
+    steps_text = _STEPS.value.strip().lower()
+    result = prune(
+        _WORKDIR.value, sparsities=parse_sparsities(_SPARSITIES.value),
+        steps=None if steps_text == "last" else parse_list(_STEPS.value, "steps"),
+        last_only=steps_text == "last", seeds=parse_list(_SEEDS.value, "seeds"),
+        pruning_seeds=_PRUNING_SEEDS.value, num_steps=_NUM_STEPS.value,
+        sparsity_warmup_steps=_WARMUP.value, warmup_type=_WARMUP_TYPE.value,
+        objective=_OBJECTIVE.value, ablation=_ABLATION.value, sparsity_from=_SPARSITY_FROM.value,
+        weight_by_params=_WEIGHT.value, binarise=_BINARISE.value, num_lines=_NUM_LINES.value,
+        batch_size=_BATCH.value, eval_lines=_EVAL_LINES.value, steps_per_call=_PER_CALL.value,
+        output=_OUTPUT.value)
+  except (ValueError, checkpointing.CheckpointError) as e:
+    sys.exit(f"error: {e}")
+  print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "
+        f"({result['seconds']:.1f} s of pruning) in {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

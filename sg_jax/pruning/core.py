@@ -1,0 +1,195 @@
+"""Aggregations of pruning runs: effective size, the heuristic core, overlaps and ablation masks
+(Bhaskar, Friedman & Chen, ACL 2024; docs/pruning.md states the definitions).
+
+Units are flattened as `flat_units`: the num_layers x num_heads heads in layer order, then the
+num_layers MLP blocks. A mask is bool, True = the unit is kept. Everything here is numpy on
+host tables; nothing is compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+TOLERANCE = 0.03  # the original's: within 0.03 (absolute) of the full model's accuracy
+VARIANTS = ("mean", "in_domain", "out_of_domain")
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def flat_units(head_mask, mlp_mask) -> np.ndarray:
+  """bool [..., num_layers * num_heads + num_layers]: heads (layer-major), then MLP blocks."""
+  heads = np.asarray(head_mask, bool)
+  mlp = np.asarray(mlp_mask, bool)
+  return np.concatenate([heads.reshape(heads.shape[:-2] + (-1,)), mlp], axis=-1)
+
+
+def split_units(units, num_layers: int, num_heads: int) -> tuple[np.ndarray, np.ndarray]:
+  """The inverse of `flat_units`: ([..., num_layers, num_heads], [..., num_layers])."""
+  units = np.asarray(units)
+  heads = units[..., :num_layers * num_heads]
+  return (heads.reshape(units.shape[:-1] + (num_layers, num_heads)),
+          units[..., num_layers * num_heads:])
+
+
+def unit_names(num_layers: int, num_heads: int) -> list[str]:
+  """'l{layer}_h{head}' for the heads, then 'l{layer}_mlp', in `flat_units` order."""
+  return ([f"l{l}_h{h}" for l in range(num_layers) for h in range(num_heads)]
+          + [f"l{l}_mlp" for l in range(num_layers)])
+
+
+def effective_sparsity(accuracy_by_level: Mapping[float, float], full_accuracy: float,
+                       tolerance: float = TOLERANCE) -> float:
+  """The highest sparsity whose accuracy is >= full_accuracy - tolerance, scanning the levels
+  from high to low and taking the first that qualifies (the original's rule); 0 (the full
+  model) when none does."""
+  for level in sorted(accuracy_by_level, reverse=True):
+    if accuracy_by_level[level] >= full_accuracy - tolerance:
+      return float(level)
+  return 0.0
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+  """(mean, half-width of the two-sided 95% Student-t interval); half-width nan for one value.
+
+  Raises:
+    ValueError: no value.
+  """
+  values = np.asarray(values, np.float64)
+  if values.size == 0:
+    raise ValueError("mean_ci needs at least one value")
+  if values.size == 1:
+    return float(values[0]), float("nan")
+  df = values.size - 1
+  t = _T975[df - 1] if df <= len(_T975) else 1.96
+  return float(values.mean()), float(t * values.std(ddof=1) / np.sqrt(values.size))
+
+
+def effective_size(in_domain: Mapping[float, Sequence[float]],
+                   out_of_domain: Mapping[float, Sequence[float]], full_in_domain: float,
+                   full_out_of_domain: float, tolerance: float = TOLERANCE
+                   ) -> dict[str, dict[str, float]]:
+  """Effective size = 1 - effective sparsity, per pruning seed, as a mean and 95% CI.
+
+  Args:
+    in_domain, out_of_domain: {sparsity level: accuracy per pruning seed [P]} (the same levels
+      and seed order in both).
+    full_in_domain, full_out_of_domain: the full model's accuracies.
+    tolerance: the allowed drop (absolute).
+
+  Returns:
+    {variant: {'mean', 'ci', 'per_seed' (list)}} for 'mean' (the in- and out-of-domain
+    accuracies averaged, against the averaged full accuracy), 'in_domain' and
+    'out_of_domain'.
+
+  Raises:
+    ValueError: the tables have different levels or numbers of seeds.
+  """
+  levels = sorted(in_domain)
+  if sorted(out_of_domain) != levels or len({len(in_domain[l]) for l in levels}
+                                            | {len(out_of_domain[l]) for l in levels}) != 1:
+    raise ValueError("in_domain and out_of_domain need the same levels and pruning seeds")
+  num_seeds = len(in_domain[levels[0]])
+  tables = {
+      "mean": ({l: [(a + b) / 2 for a, b in zip(in_domain[l], out_of_domain[l])]
+                for l in levels}, (full_in_domain + full_out_of_domain) / 2),
+      "in_domain": (in_domain, full_in_domain),
+      "out_of_domain": (out_of_domain, full_out_of_domain),
+  }
+  out = {}
+  for variant, (acc, full) in tables.items():
+    sizes = [1.0 - effective_sparsity({l: acc[l][p] for l in levels}, full, tolerance)
+             for p in range(num_seeds)]
+    mean, ci = mean_ci(sizes)
+    out[variant] = {"mean": mean, "ci": ci, "per_seed": sizes}
+  return out
+
+
+def inclusion_frequency(masks) -> np.ndarray:
+  """Fraction of subnetworks that keep each unit: float [U] from bool masks [P, U]."""
+  return np.asarray(masks, bool).mean(axis=0)
+
+
+def heuristic_core(masks) -> np.ndarray:
+  """The units kept by EVERY subnetwork of `masks` (bool [P, U], e.g. the pruning seeds of one
+  sparsity level of one checkpoint and training seed): bool [U].
+
+  Raises:
+    ValueError: no subnetwork.
+  """
+  masks = np.asarray(masks, bool)
+  if masks.ndim != 2 or masks.shape[0] == 0:
+    raise ValueError(f"heuristic_core needs masks [subnetworks >= 1, units], got {masks.shape}")
+  return masks.all(axis=0)
+
+
+def jaccard(a, b) -> float:
+  """|a & b| / |a | b| of two bool unit sets (1 when both are empty)."""
+  a, b = np.asarray(a, bool), np.asarray(b, bool)
+  union = np.logical_or(a, b).sum()
+  return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def pairwise_jaccard(sets) -> np.ndarray:
+  """float [N, N] Jaccard overlaps of N unit sets (bool [N, U]), e.g. the cores of the seeds."""
+  sets = np.asarray(sets, bool)
+  return np.array([[jaccard(a, b) for b in sets] for a in sets])
+
+
+def force_units(mask, keep: Sequence[int] = (), remove: Sequence[int] = ()) -> np.ndarray:
+  """A copy of `mask` (bool [..., U]) with the units `keep` forced in and `remove` forced out.
+
+  Raises:
+    ValueError: a unit both kept and removed, or out of range.
+  """
+  mask = np.array(mask, bool)
+  both = set(keep) & set(remove)
+  bad = [u for u in list(keep) + list(remove) if not 0 <= u < mask.shape[-1]]
+  if both or bad:
+    raise ValueError(f"units forced both in and out {sorted(both)} or out of range {bad} "
+                     f"(units: {mask.shape[-1]})")
+  mask[..., list(keep)] = True
+  mask[..., list(remove)] = False
+  return mask
+
+
+def remove_one_at_a_time(mask, units: Sequence[int]) -> np.ndarray:
+  """bool [len(units), U]: `mask` (bool [U]) with each of `units` removed in turn."""
+  return np.stack([force_units(mask, remove=[u]) for u in units])
+
+
+def core_ablation_masks(core, num_heads_total: int, num_draws: int, seed: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray]:
+  """Full-model masks for core ablation and its random baseline.
+
+  Args:
+    core: bool [U] (`flat_units` order), the core.
+    num_heads_total: how many of the U units are heads (num_layers * num_heads); the baseline
+      draws only heads, as many as the core has heads, outside the core.
+    num_draws: random draws.
+    seed: numpy seed of the draws.
+
+  Returns:
+    (bool [U]: everything but the core; bool [num_draws, U]: everything but as many random
+    non-core heads as the core has heads, MLP blocks of the core removed too).
+
+  Raises:
+    ValueError: fewer non-core heads than core heads.
+  """
+  core = np.asarray(core, bool)
+  ablate_core = ~core
+  core_heads = np.flatnonzero(core[:num_heads_total])
+  others = np.flatnonzero(~core[:num_heads_total])
+  if len(others) < len(core_heads):
+    raise ValueError(f"the core has {len(core_heads)} heads but only {len(others)} heads are "
+                     "outside it: no random baseline of the same size")
+  rng = np.random.default_rng(seed)
+  draws = np.ones((num_draws, core.size), bool)
+  draws[:, num_heads_total:] = ~core[num_heads_total:]
+  for d in range(num_draws):
+    draws[d, rng.choice(others, size=len(core_heads), replace=False)] = False
+  return ablate_core, draws

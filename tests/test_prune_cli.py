@@ -1,0 +1,116 @@
+"""Tests of the pruning CLI (`sg_jax.prune`) on a tiny two-seed workdir: the CSV's columns and
+rows per run, the masks file, a rerun that adds nothing, a larger grid that adds only the new
+runs, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax import checkpointing, configlib, prune
+from sg_jax.model import ModelConfig, init_params
+from sg_jax.pruning import table
+
+tasks = pytest.importorskip("sg_jax.tasks")
+
+SEEDS = [3, 5]
+STEP = 10
+FAST = dict(num_steps=12, sparsity_warmup_steps=8, num_lines=16, batch_size=8, eval_lines=8,
+            steps_per_call=5)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """Checkpoints at steps 0 and 10 of two seeds (1 layer, 2 heads) on generated question data."""
+  root = tmp_path_factory.mktemp("prune_run")
+  task = tasks.get_task("question")
+  data_dir = os.path.join(root, "data")
+  task.generate(data_dir, seed=0, num_train=40, sizes={"dev": 8, "test": 8, "gen": 8})
+  config = configlib.base_config("question")
+  config.data.dir = data_dir
+  config.data.num_train = 40
+  config.model.num_layers, config.model.d_model = 1, 16
+  config.model.num_heads, config.model.d_ff = 2, 32
+  config.eval.batch_size = 8
+  config.first_seed, config.num_seeds = SEEDS[0], len(SEEDS)
+  vocab = task.vocab()
+  model_config = ModelConfig.from_config(config.model, vocab.size)
+  manager = checkpointing.make_manager(str(root), asynchronous=False)
+  for step in (0, STEP):
+    params = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in SEEDS]
+    checkpointing.save(manager, step,
+                       {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)},
+                       checkpointing.make_meta(config, vocab.to_json(), SEEDS))
+  manager.wait_until_finished()
+  manager.close()
+  return str(root)
+
+
+def test_writes_every_run_and_resumes_without_duplicates(workdir):
+  path = os.path.join(workdir, "pruning.csv")
+  with open(path, "w"):
+    pass  # an empty file gets its header too
+  result = prune.prune(workdir, sparsities=[0.3, 0.6], pruning_seeds=2, **FAST)
+  assert result["runs"] == 8 and result["steps"] == [STEP]
+  with open(path) as f:
+    assert f.readline() == "step,seed,sparsity,pruning_seed,name,value\n"
+  rows = table.read_rows(path)
+  runs = {(r[1], r[2], r[3]) for r in rows if r[4] == "achieved_sparsity"}
+  assert runs == {(s, lv, p) for s in SEEDS for lv in (0.3, 0.6) for p in (0, 1)}
+  names = {r[4] for r in rows if r[3] != table.FULL_MODEL}
+  for name in ("achieved_sparsity", "achieved_sparsity_params", "expected_sparsity",
+               "final_objective", "lambda1", "lambda2", "kl", "in_domain/accuracy",
+               "out_of_domain/accuracy", "in_domain/move_first_agreement",
+               "out_of_domain/skip_relative_agreement", "in_domain/loss"):
+    assert name in names, name
+  full = [r for r in rows if r[3] == table.FULL_MODEL]
+  assert {(r[0], r[1], r[2]) for r in full} == {(STEP, s, 0.0) for s in SEEDS}
+  for r in rows:  # 1 layer x 2 heads + 1 MLP: achieved sparsity in thirds
+    if r[4] == "achieved_sparsity":
+      assert round(r[5] * 3, 6) in (0.0, 1.0, 2.0, 3.0)
+    if r[4] == "kl":
+      assert r[5] >= -1e-6
+  masks = table.load_masks(workdir, STEP)
+  assert masks["head_mask"].shape == (8, 1, 2) and masks["mlp_mask"].shape == (8, 1)
+  by_run = {(int(s), float(lv), int(p)): 1 - (h.sum() + m.sum()) / 3 for s, lv, p, h, m in zip(
+      masks["seed"], masks["sparsity"], masks["pruning_seed"], masks["head_mask"],
+      masks["mlp_mask"])}
+  for r in rows:
+    if r[4] == "achieved_sparsity":
+      assert by_run[(r[1], r[2], r[3])] == pytest.approx(r[5])
+
+  before = open(path).read()
+  again = prune.prune(workdir, sparsities=[0.3, 0.6], pruning_seeds=2, **FAST)
+  assert again["runs"] == 0 and open(path).read() == before
+  more = prune.prune(workdir, sparsities=[0.3, 0.6], pruning_seeds=3, seeds=[5], **FAST)
+  assert more["runs"] == 2  # pruning seed 2 of seed 5 at both levels
+  rows = table.read_rows(path)
+  keys = [(r[1], r[2], r[3]) for r in rows if r[4] == "achieved_sparsity"]
+  assert len(keys) == len(set(keys)) == 10
+  assert len(table.load_masks(workdir, STEP)["seed"]) == 10
+  with pytest.raises(ValueError, match="other options"):
+    prune.prune(workdir, sparsities=[0.3], pruning_seeds=1, **{**FAST, "num_steps": 13})
+
+
+def test_bad_inputs_give_one_line_errors(workdir, tmp_path):
+  for text in ("0.3,1.0", "0", "abc", "0.5,0.5"):
+    with pytest.raises(ValueError, match="--sparsities"):
+      prune.parse_sparsities(text)
+  with pytest.raises(checkpointing.CheckpointError, match="does not exist"):
+    prune.prune(str(tmp_path / "missing"), sparsities=[0.5])
+  with pytest.raises(checkpointing.CheckpointError, match="no checkpoint for steps"):
+    prune.prune(workdir, sparsities=[0.5], steps=[7], last_only=False)
+  with pytest.raises(ValueError, match="--objective"):
+    prune.prune(workdir, sparsities=[0.5], objective="entropy")
+  out = subprocess.run([sys.executable, "-m", "sg_jax.prune", f"--workdir={workdir}",
+                        "--sparsities=0.5,1.5"], capture_output=True, text=True, check=False,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1] == (
+      "error: --sparsities must be distinct numbers in (0, 1), got '0.5,1.5'")
