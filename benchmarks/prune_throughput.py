@@ -1,0 +1,131 @@
+"""Pruning throughput: every run vmapped in one program vs one run at a time (docs/pruning.md).
+
+Plain script (prints tables; not a unit test):
+  python benchmarks/prune_throughput.py                       # reference and grok_cpu, 1/8/32 runs
+  python benchmarks/prune_throughput.py --models=grok_cpu --runs=1,8 --steps=5
+
+Per model and number of runs R, on random-initialised parameters (the cost of a pruning step does
+not depend on the weights) and random lines of `--length` tokens, `--batch_size` lines per step:
+* vmapped: `pruning.run.train_runs` (the production path of `python -m sg_jax.prune`): R runs as
+  `--seeds` training seeds x R / seeds runs each, `--steps` steps in one `lax.scan` call;
+* one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
+  once per run, `--steps` steps per call.
+Both compile first (untimed); the figure is the best of `--repeats` timed calls. Reported: run
+steps per second (runs x steps / seconds) and the vmapped / one-at-a-time ratio at the same R.
+Models: reference = docs/REFERENCE.md §1 (6 layers, d_model 512, 8 heads, d_ff 2048); grok_cpu
+= configs/question.py's preset (6 layers, d_model 128, 4 heads, d_ff 512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common  # noqa: F401  (puts the repository on sys.path; machine description)
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sg_jax.model import ModelConfig, TransformerLM, init_params
+from sg_jax.pruning import means as means_lib
+from sg_jax.pruning import run
+
+MODELS = {
+    "reference": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048),
+    "grok_cpu": dict(num_layers=6, d_model=128, num_heads=4, d_ff=512),
+}
+VOCAB = 60  # about the question-formation vocabulary
+
+
+def _data(length: int, batch: int, num_batches: int = 4) -> dict:
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(1, VOCAB, (batch * num_batches, length)).astype(np.int32)
+  targets = np.roll(inputs, -1, 1)
+  targets[:, -1] = 0
+  return {"inputs": jnp.asarray(means_lib.batch_lines(inputs, batch)),
+          "targets": jnp.asarray(means_lib.batch_lines(targets, batch))}
+
+
+def _best(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def measure(name: str, num_runs: int, args) -> tuple[float, float]:
+  """(vmapped, one-at-a-time) run steps per second for `num_runs` runs of model `name`."""
+  config = ModelConfig(vocab_size=VOCAB, dropout=0.0, **MODELS[name])
+  seeds = min(args.seeds, num_runs)
+  if num_runs % seeds:
+    raise ValueError(f"--runs entries must be multiples of --seeds ({num_runs}, {seeds})")
+  per_seed = num_runs // seeds
+  params = [init_params(config, jax.random.key(s)) for s in range(seeds)]
+  params_s = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params)
+  data = _data(args.length, args.batch_size)
+  means = tuple(jnp.asarray(m) for m in means_lib.seed_means(
+      TransformerLM(config), params_s, np.asarray(data["inputs"]).reshape(-1, args.length),
+      args.batch_size))
+  settings = run.Settings(num_steps=10 * args.steps, sparsity_warmup_steps=5 * args.steps,
+                          lr_warmup_steps=args.steps)
+  levels = np.linspace(0.2, 0.8, per_seed)
+  keys = jnp.stack([jnp.stack([run.run_key(s, float(lv), 0) for lv in levels])
+                    for s in range(seeds)])
+  targets = jnp.asarray(np.tile(levels, (seeds, 1)), jnp.float32)
+  states = run.init_runs(keys, config, settings)
+  copy = lambda tree: jax.tree_util.tree_map(jnp.array, tree)  # train_runs donates its states
+
+  def vmapped():
+    return run.train_runs(copy(states), params_s, means, targets, data, num_steps=args.steps,
+                          config=config, settings=settings)[0].lambdas
+
+  alone_states = [[run.init_run(keys[s, k], config, settings) for k in range(per_seed)]
+                  for s in range(seeds)]
+  seed_means = [tuple(m[s] for m in means) for s in range(seeds)]
+
+  def one_at_a_time():
+    out = None
+    for s in range(seeds):
+      for k in range(per_seed):
+        out = run.train_alone_jit(alone_states[s][k], params[s], seed_means[s],
+                                  jnp.float32(levels[k]), data, num_steps=args.steps,
+                                  config=config, settings=settings)[0].lambdas
+        jax.block_until_ready(out)
+    return out
+
+  vmapped()
+  t_vmapped = _best(vmapped, args.repeats)
+  one_at_a_time()
+  t_alone = _best(one_at_a_time, args.repeats)
+  work = num_runs * args.steps
+  return work / t_vmapped, work / t_alone
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default="reference,grok_cpu")
+  parser.add_argument("--runs", type=common._ints, default=[1, 8, 32])  # pylint: disable=protected-access
+  parser.add_argument("--seeds", type=int, default=4, help="training seeds of the vmapped runs")
+  parser.add_argument("--steps", type=int, default=5, help="pruning steps per timed call")
+  parser.add_argument("--length", type=int, default=24, help="tokens per line")
+  parser.add_argument("--batch_size", type=int, default=16, help="lines per pruning step")
+  parser.add_argument("--repeats", type=int, default=2)
+  args = parser.parse_args()
+  common.print_rows("machine", common.machine_rows())
+  rows = []
+  for name in args.models.split(","):
+    for num_runs in args.runs:
+      v, a = measure(name, num_runs, args)
+      rows.append([name, str(num_runs), f"{v:.1f}", f"{a:.1f}", f"{v / a:.2f}"])
+      print(f"  {name} x {num_runs} runs: vmapped {v:.1f}, one at a time {a:.1f} run-steps/s",
+            flush=True)
+  print()
+  common.print_table(["model", "runs", "vmapped run-steps/s", "one-at-a-time run-steps/s",
+                      "ratio"], rows)
+  print(f"load average at the end: {common.load_average()}")
+
+
+if __name__ == "__main__":
+  main()
