@@ -59,8 +59,9 @@ def test_hard_concrete_sampling_matches_the_closed_forms():
 def test_all_ones_gates_equal_the_unpruned_model():
   params = _params()
   inputs, _ = _lines()
-  heads, mlp = means_lib.unit_means(params, jnp.asarray(means_lib.batch_lines(inputs, 8)),
-                                    config=CONFIG)
+  k_heads, k_mlp = jax.random.split(jax.random.key(7))
+  heads = jax.random.normal(k_heads, (LAYERS, HEADS, D_MODEL // HEADS))
+  mlp = jax.random.normal(k_mlp, (LAYERS, D_MODEL))
   plain = model_lib.TransformerLM(CONFIG).apply({"params": params}, inputs, deterministic=True)
   ones = run.apply_masked(CONFIG, params, inputs, jnp.ones((LAYERS, HEADS)),
                           jnp.ones((LAYERS,)), (heads, mlp))
@@ -74,13 +75,18 @@ def test_means_are_over_real_tokens_and_a_pruned_head_outputs_its_mean():
   the other units are the plain model's."""
   params = _params(1)
   inputs, _ = _lines(1, n=10)
+  inputs[:, 5:] = np.where(np.arange(10)[:, None] % 2 == 0, 0, inputs[:, 5:])  # lengths 5 or 9
+  inputs[1::2, 5:] = np.where(inputs[1::2, 5:] == 0, 3, inputs[1::2, 5:])
+  inputs[:, :5] = np.where(inputs[:, :5] == 0, 4, inputs[:, :5])
   model = model_lib.TransformerLM(CONFIG)
   got = [means_lib.unit_means(params, jnp.asarray(means_lib.batch_lines(inputs, b)),
                               config=CONFIG) for b in (1, 4, 10)]
   head_sum, mlp_sum, count = 0.0, 0.0, 0
+  forward = jax.jit(lambda tokens: apply_with_intermediates(model, params, tokens)[1])
+  assert sorted({int((line != 0).sum()) for line in inputs}) == [5, 9]  # two compilations
   for line in inputs:
     real = line[line != 0][None]
-    _, inter = apply_with_intermediates(model, params, jnp.asarray(real))
+    inter = forward(jnp.asarray(real))
     head_sum = head_sum + np.asarray(inter["heads"])[:, 0].sum(1)
     mlp_sum = mlp_sum + np.asarray(inter["mlp"])[:, 0].sum(1)
     count += real.shape[1]
