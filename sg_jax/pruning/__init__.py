@@ -1,0 +1,10 @@
+"""Structured pruning of trained models and the heuristic core (Bhaskar, Friedman & Chen,
+ACL 2024; docs/REFERENCE.md §2; docs/pruning.md).
+
+Modules: `hard_concrete` (the gates and their closed forms, the final masks), `means` (the
+mean-ablation means), `objective` (KL / task objectives, sparsity, the Lagrangian, the target
+schedule), `run` (one pruning run, and every run of a checkpoint vmapped in one program),
+`evaluate` (task metrics and KL of subnetworks), `core` (effective size, the core, overlaps,
+forcing and ablation masks), `table` (pruning.csv and the masks file). The CLI is
+`python -m sg_jax.prune`.
+"""
