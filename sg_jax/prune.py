@@ -272,58 +272,59 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
           "steps": todo_steps}
 
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
-_STEPS = flags.DEFINE_string("steps", "last", "'last', 'all' or comma-separated checkpoint steps.")
-_SEEDS = flags.DEFINE_string("seeds", "all", "'all' or comma-separated training seed ids.")
-_SPARSITIES = flags.DEFINE_string("sparsities", "0.3,0.5,0.7",
-                                  "Target sparsity levels in (0, 1): fraction of heads and MLP "
-                                  "blocks removed.")
-_PRUNING_SEEDS = flags.DEFINE_integer("pruning_seeds", 4, "Pruning runs per level and seed.")
-_NUM_STEPS = flags.DEFINE_integer("num_steps", 0, "Pruning steps (0 = the scaled original "
-                                  "schedule of the highest level, docs/pruning.md).")
-_WARMUP = flags.DEFINE_integer("sparsity_warmup_steps", -1, "Steps of the target's rise (-1 = "
-                               "the scaled original schedule).")
-_WARMUP_TYPE = flags.DEFINE_enum("warmup_type", "linear", ["linear", "log"],
-                                 "Rise of the target sparsity.")
-_OBJECTIVE = flags.DEFINE_string("objective", "kl", "kl | task:SPLIT | train_minus_gen.")
-_ABLATION = flags.DEFINE_enum("ablation", "mean", ["mean", "zero"], "What a pruned unit outputs.")
-_SPARSITY_FROM = flags.DEFINE_enum("sparsity_from", "expected", ["expected", "sampled"],
-                                   "Sparsity in the penalty: closed form or sampled gates.")
-_WEIGHT = flags.DEFINE_bool("weight_by_params", False, "Weight units by parameter count.")
-_BINARISE = flags.DEFINE_enum("binarise", "group", list(BINARISE),
-                              "Final mask: the original's per-group rule, the same with its 0.5 "
-                              "threshold, or the global top-k.")
-_NUM_LINES = flags.DEFINE_integer("num_lines", 1000, "Training lines for the means and the KL "
-                                  "(0 = all).")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Lines per pruning step.")
-_EVAL_LINES = flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
-                                   "eval.max_lines).")
-_PER_CALL = flags.DEFINE_integer("steps_per_call", 100, "Pruning steps per compiled call.")
-_OUTPUT = flags.DEFINE_string("output", "pruning.csv", "CSV file (relative to --workdir).")
-flags.mark_flags_as_required(["workdir"])
+def define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, so importing this module from a test
+  or a notebook never clashes with other CLIs' flags, e.g. sg_jax.analyze's --workdir)."""
+  flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
+  flags.DEFINE_string("steps", "last", "'last', 'all' or comma-separated checkpoint steps.")
+  flags.DEFINE_string("seeds", "all", "'all' or comma-separated training seed ids.")
+  flags.DEFINE_string("sparsities", "0.3,0.5,0.7", "Target sparsity levels in (0, 1): "
+                      "fraction of heads and MLP blocks removed.")
+  flags.DEFINE_integer("pruning_seeds", 4, "Pruning runs per level and seed.")
+  flags.DEFINE_integer("num_steps", 0, "Pruning steps (0 = the scaled original schedule of the "
+                       "highest level, docs/pruning.md).")
+  flags.DEFINE_integer("sparsity_warmup_steps", -1, "Steps of the target's rise (-1 = the "
+                       "scaled original schedule).")
+  flags.DEFINE_enum("warmup_type", "linear", ["linear", "log"], "Rise of the target sparsity.")
+  flags.DEFINE_string("objective", "kl", "kl | task:SPLIT | train_minus_gen.")
+  flags.DEFINE_enum("ablation", "mean", ["mean", "zero"], "What a pruned unit outputs.")
+  flags.DEFINE_enum("sparsity_from", "expected", ["expected", "sampled"],
+                    "Sparsity in the penalty: closed form or sampled gates.")
+  flags.DEFINE_bool("weight_by_params", False, "Weight units by parameter count.")
+  flags.DEFINE_enum("binarise", "group", list(BINARISE), "Final mask: the original's per-group "
+                    "rule, the same with its 0.5 threshold, or the global top-k.")
+  flags.DEFINE_integer("num_lines", 1000, "Training lines for the means and the KL (0 = all).")
+  flags.DEFINE_integer("batch_size", 16, "Lines per pruning step.")
+  flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
+                       "eval.max_lines).")
+  flags.DEFINE_integer("steps_per_call", 100, "Pruning steps per compiled call.")
+  flags.DEFINE_string("output", "pruning.csv", "CSV file (relative to --workdir).")
+  flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
+  f = flags.FLAGS
   try:
-    steps_text = _STEPS.value.strip().lower()
+    steps_text = f.steps.strip().lower()
     result = prune(
-        _WORKDIR.value, sparsities=parse_sparsities(_SPARSITIES.value),
-        steps=None if steps_text == "last" else parse_list(_STEPS.value, "steps"),
-        last_only=steps_text == "last", seeds=parse_list(_SEEDS.value, "seeds"),
-        pruning_seeds=_PRUNING_SEEDS.value, num_steps=_NUM_STEPS.value,
-        sparsity_warmup_steps=_WARMUP.value, warmup_type=_WARMUP_TYPE.value,
-        objective=_OBJECTIVE.value, ablation=_ABLATION.value, sparsity_from=_SPARSITY_FROM.value,
-        weight_by_params=_WEIGHT.value, binarise=_BINARISE.value, num_lines=_NUM_LINES.value,
-        batch_size=_BATCH.value, eval_lines=_EVAL_LINES.value, steps_per_call=_PER_CALL.value,
-        output=_OUTPUT.value)
+        f.workdir, sparsities=parse_sparsities(f.sparsities),
+        steps=None if steps_text == "last" else parse_list(f.steps, "steps"),
+        last_only=steps_text == "last", seeds=parse_list(f.seeds, "seeds"),
+        pruning_seeds=f.pruning_seeds, num_steps=f.num_steps,
+        sparsity_warmup_steps=f.sparsity_warmup_steps, warmup_type=f.warmup_type,
+        objective=f.objective, ablation=f.ablation, sparsity_from=f.sparsity_from,
+        weight_by_params=f.weight_by_params, binarise=f.binarise, num_lines=f.num_lines,
+        batch_size=f.batch_size, eval_lines=f.eval_lines, steps_per_call=f.steps_per_call,
+        output=f.output)
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "
-        f"({result['seconds']:.1f} s of pruning) in {_OUTPUT.value}")
+        f"({result['seconds']:.1f} s of pruning) in {f.output}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
