@@ -1,4 +1,4 @@
-"""The syntactic-attention-structure (SAS) regulariser of training (Chen et al., ICLR 2024, §4;
+"""The syntactic-attention-structure (SAS) regulariser of training (Chen et al., ICLR 2024;
 docs/REFERENCE.md §3; docs/sas.md "The regulariser").
 
 `loss = LM loss + lambda_s(step) * penalty`, with, per gold arc (`Task.gold_dependencies`), the
@@ -102,7 +102,7 @@ def per_seed_arrays(config) -> dict[str, np.ndarray]:
           "sas_start": spread("starts").astype(np.int32), "sas_end": ends.astype(np.int32)}
 
 
-def train_arrays(config, task, vocab, workdir: str, length: int) -> dict[str, np.ndarray]:
+def train_arrays(config, task, workdir: str, length: int) -> dict[str, np.ndarray]:
   """The training set's arcs and the per-seed values, to add to the training data (or {} when
   the regulariser is off).
 
@@ -122,7 +122,6 @@ def train_arrays(config, task, vocab, workdir: str, length: int) -> dict[str, np
   data_dir = config.data.dir or os.path.join(workdir, "data")
   examples = task.read_split(data_dir, "train")
   arcs = dependencies.dependency_arrays([task.gold_dependencies(ex) for ex in examples], length)
-  del vocab
   return {"dep_head": arcs["dep_head"], **per_seed_arrays(config)}
 
 

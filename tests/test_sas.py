@@ -131,4 +131,4 @@ def test_bad_sas_config_is_refused(tiny_config):
     configlib.validate(tiny_config(**{"sas.variant": "mean"}))
   config = tiny_config(task="dyck", **{"sas.lambdas": (0.1,)})
   with pytest.raises(ValueError, match="declares no gold dependencies"):
-    sas.train_arrays(config, tasks.from_config(config), None, "unused", 8)
+    sas.train_arrays(config, tasks.from_config(config), "unused", 8)

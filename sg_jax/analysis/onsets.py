@@ -1,4 +1,5 @@
-"""Onsets of a training run, per seed (Chen et al., ICLR 2024, §3-4; docs/sas.md, "Onsets").
+"""Onsets of a training run, per seed (Chen et al., ICLR 2024, docs/REFERENCE.md §3;
+docs/sas.md, "Onsets").
 
 Chen et al. see syntactic attention structure appear abruptly ("structure onset", the sharpest
 rise of UAS) together with a sudden drop of the loss, and capabilities follow ("capabilities
