@@ -69,12 +69,26 @@ def classify_config_change(name: str, old: dict, new: dict) -> str:
     return "flag"
   if name.startswith(RESUMABLE_CHANGES):
     return "free"
-  if name == "sas" and old.get("sas") is None and not any(  # a run from before config.sas
-      float(x) for x in new.get("sas", {}).get("lambdas", ())):
-    return "free"
   if name.startswith(CHANGEABLE_WITH_FLAG):
     return "flag"
   return "never"
+
+
+def with_new_fields(old: dict, defaults: dict) -> dict:
+  """`old` (a stored config) with the fields it lacks taken from `defaults` (the task's
+  `configlib.base_config`), recursively.
+
+  A field added to sg_jax after a run was written defaults to what runs did before it existed
+  (e.g. `model.layer_impl`, `config.sas`, the data composition), so a run from before the field
+  resumes unchanged, and only a new value that differs from that default counts as a change.
+  """
+  out = dict(old)
+  for key, value in defaults.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = with_new_fields(out[key], value)
+  return out
 
 
 def _stored_config(workdir: str) -> dict | None:
@@ -110,6 +124,7 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
   if old is None:
     return
   new = json.loads(config.to_json())
+  old = with_new_fields(old, json.loads(configlib.base_config(config.task).to_json()))
   diffs = configlib.differences(old, new)
   kinds = {name: classify_config_change(name, old, new) for name, _, _ in diffs}
   fmt = lambda wanted: ", ".join(f"{name} {a!r} -> {b!r}" for name, a, b in diffs
