@@ -4,10 +4,10 @@ A restructuring that leaves every compiled program identical leaves speed unchan
 construction, which a timing A/B on a shared machine cannot show within a few percent. Dump both
 runs' programs with XLA's own flag, then compare:
 
-  XLA_FLAGS=--xla_dump_to=/tmp/hlo_old python benchmarks/train_throughput.py --depths 6 \
+  XLA_FLAGS=--xla_dump_to=runs/hlo_old python benchmarks/train_throughput.py --depths 6 \
       --seeds 4 --packing on --no_sequential --min_time 0 --min_calls 1   # in the old checkout
-  XLA_FLAGS=--xla_dump_to=/tmp/hlo_new python benchmarks/train_throughput.py ...  # in the new one
-  python scripts/compare_hlo.py /tmp/hlo_old /tmp/hlo_new
+  XLA_FLAGS=--xla_dump_to=runs/hlo_new python benchmarks/train_throughput.py ...  # in the new one
+  python scripts/compare_hlo.py runs/hlo_old runs/hlo_new
 
 Prints one line per module name (`*after_optimizations.txt`, largest first) saying whether the
 programs are identical once file names, line numbers, stack frames and op metadata are removed.

@@ -1,8 +1,8 @@
 """Command line: generate a task's data splits in the released formats.
 
-  python -m sg_jax.data --task=question --out_dir=/tmp/q [--seed=0] [--num_train=100000]
-  python -m sg_jax.data --task=tense --out_dir=/tmp/t
-  python -m sg_jax.data --task=dyck --out_dir=/tmp/d [--num_eval=20000]
+  python -m sg_jax.data --task=question --out_dir=runs/data_q [--seed=0] [--num_train=100000]
+  python -m sg_jax.data --task=tense --out_dir=runs/data_t
+  python -m sg_jax.data --task=dyck --out_dir=runs/data_d [--num_eval=20000]
 
 Writes `question.{train,dev,test,gen}` and `question_bracket.*` (tense likewise) or
 `dyck.{train,val,test}`, shows a progress bar, and prints a summary table (lines per split,
