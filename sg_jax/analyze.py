@@ -55,6 +55,7 @@ from absl import logging
 
 from sg_jax import checkpointing
 from sg_jax import cli_options
+from sg_jax import compile_cache
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import metric_logging
@@ -99,6 +100,9 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sentences per tree-projecti
 _ENTROPY_BATCH_SIZE = flags.DEFINE_integer("entropy_batch_size", 64, "Lines per entropy call.")
 _SEEDS_PER_CALL = flags.DEFINE_integer("seeds_per_call", 0,
                                        "Seeds per compiled call (0 = all; lower to save memory).")
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", None, "Folder of JAX's persistent compilation cache (as "
+    "sg_jax.main's: unset = $JAX_COMPILATION_CACHE_DIR or ~/.cache/sg_jax/jax_cache; '' = off).")
 flags.mark_flags_as_required(["workdir"])
 
 log = py_logging.getLogger("sg_jax.analyze")
@@ -366,7 +370,9 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  metric_logging.setup_cli_logging()
+  sg_log = metric_logging.setup_cli_logging()
+  sg_log.info("persistent compilation cache: %s",
+              compile_cache.enable(_COMPILATION_CACHE_DIR.value) or "off")
   try:
     registry.load_modules(_MODULES.value)
     result = analyze(

@@ -57,6 +57,7 @@ import jax
 from ml_collections import config_flags
 
 from sg_jax import checkpointing
+from sg_jax import compile_cache
 from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
@@ -99,6 +100,12 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", sharding.HEARTBEAT_TIMEOUT_SECONDS,
     "With --multihost: a process silent for this long is taken for dead and the others stop.",
     lower_bound=1)
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", None,
+    "Folder of JAX's persistent compilation cache: a resumed run or another run of the same "
+    "config loads the compiled programs from it instead of compiling them again. Unset: "
+    "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/sg_jax/jax_cache (~/.cache/sg_jax/"
+    "jax_cache); '' turns the cache off.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -106,6 +113,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   sg_log = metric_logging.setup_cli_logging()
+  cache = compile_cache.enable(_COMPILATION_CACHE_DIR.value)
+  sg_log.info("persistent compilation cache: %s", cache or "off")
   watchdog = None
   if _MULTIHOST.value:
     watchdog = _start_processes(sg_log)

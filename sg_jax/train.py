@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from sg_jax import checkpointing
+from sg_jax import compile_cache
 from sg_jax import composition
 from sg_jax import configlib
 from sg_jax import evaluation
@@ -159,11 +160,13 @@ def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
   Returns:
     {'in_domain/accuracy': np [S], ...}, NaN for diverged seeds.
   """
-  if interruptible:
-    with loop.stop.interrupting(f"during the evaluation of step {step}"):
+  with compile_cache.CompileWatch() as watch:
+    if interruptible:
+      with loop.stop.interrupting(f"during the evaluation of step {step}"):
+        results = sharding.to_host(loop.evaluate(state.params))
+    else:
       results = sharding.to_host(loop.evaluate(state.params))
-  else:
-    results = sharding.to_host(loop.evaluate(state.params))
+  _log_compiled(watch, "evaluation")
   diverged = np.asarray(sharding.to_host(state.diverged))
   flat = {}
   for split, metrics in results.items():
@@ -176,6 +179,13 @@ def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
   log.info("step %d eval: %s", step,
            _fmt_metrics({k: v for k, v in flat.items() if k.count("/") == 1}))
   return flat
+
+
+def _log_compiled(watch: compile_cache.CompileWatch, what: str) -> None:
+  """Logs what a call compiled or loaded from the persistent compilation cache (if any)."""
+  line = watch.describe(what)
+  if line:
+    log.info("%s", line)
 
 
 def _save(loop: _Loop, step: int, state: TrainState) -> None:
@@ -327,8 +337,10 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
     # A call from the step just checkpointed loses nothing when a signal stops it at once.
     stop.set_immediate(step == saved and alone, f"at step {step}")
     started = time.perf_counter()
-    state = fns.chunk(state, train_data, jnp.asarray(step, jnp.int32), end - step)
-    jax.block_until_ready(state)  # the signal and the saves are checked after every call
+    with compile_cache.CompileWatch() as watch:
+      state = fns.chunk(state, train_data, jnp.asarray(step, jnp.int32), end - step)
+      jax.block_until_ready(state)  # the signal and the saves are checked after every call
+    _log_compiled(watch, f"train step ({end - step} steps per call)")
     stop.set_immediate(False)
     sizer.observe(end - step, time.perf_counter() - started)
     step = end

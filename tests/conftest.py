@@ -6,12 +6,23 @@ data with those 400 training lines (so it is never regenerated) and 100 lines in
 split, generated once per session.
 """
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# JAX's persistent compilation cache of the session (set before JAX is imported): the tests'
+# own compilations and every `sg_jax.main`/`sg_jax.analyze` they start share one folder, so a
+# program is compiled once per session, and nothing is written into the user's cache
+# (sg_jax.compile_cache.default_dir reads this variable first).
+JAX_CACHE_DIR = tempfile.mkdtemp(prefix="sg_jax_test_jax_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE_DIR
+atexit.register(shutil.rmtree, JAX_CACHE_DIR, ignore_errors=True)
 
 TINY_DATA = {"seed": 0, "num_train": 400,  # num_train as configlib.TINY
              "sizes": {"dev": 100, "test": 100, "gen": 100}}

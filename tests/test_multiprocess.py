@@ -32,13 +32,12 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env():
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs 2 cores: 2 x cores CPU devices shared by 2 processes, 2 each")
-  # The rerun compiles what the first two-process run compiled: JAX's persistent cache.
-  cache = tmp_path_factory.mktemp("jax_cache")
+  # The rerun loads what the first two-process run compiled from JAX's persistent cache (the
+  # session's folder, conftest.JAX_CACHE_DIR), even the programs that compile in under 1 s.
   environment = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-                     JAX_COMPILATION_CACHE_DIR=str(cache),
                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   # The device counts under test are sg_jax's own (2 x cores, shared by the processes).
   environment.pop("XLA_FLAGS", None)
