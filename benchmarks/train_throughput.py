@@ -23,7 +23,9 @@ at `--matmul_precision`, `model.matmul_precision`):
   `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
   override), each device running its own seeds in one compiled `lax.scan` call (`shard_map`),
   packing buckets chosen per device. The first call (which compiles) is timed separately and
-  excluded; then calls are timed (each waited for with `block_until_ready`) until at least
+  excluded from the rate (printed: `1st call s`, and `compile s`, the XLA compilation it
+  and the state's initialisation made, from `sg_jax.compile_cache.CompileWatch`; the benchmark
+  uses no persistent compilation cache); then calls are timed (each waited for with `block_until_ready`) until at least
   `--min_time` seconds and `--min_calls` calls; the rate uses the median call.
 * sequential: the same seeds trained one after another with a per-step `jax.jit` of
   `train.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
@@ -64,7 +66,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import sharding, train  # noqa: E402
+from sg_jax import compile_cache, sharding, train  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns, train_layout)
@@ -414,8 +416,8 @@ def parse_args(argv=None):
   parser.add_argument("--seeds", type=_ints, default=None,
                       help="seed counts, default 1,2,4,8,16 (quick: 1,2)")
   parser.add_argument("--packing", choices=("auto", "off", "on", "both"), default="auto",
-                      help="layouts to time; auto = both (quick: off; the packed padding "
-                           "fraction is printed anyway)")
+                      help="layouts to time; auto = both (quick: on, the default layout; "
+                           "the padded padding fraction is printed anyway)")
   parser.add_argument("--steps_per_call", type=int, default=None,
                       help="steps per compiled call (default: the config's 100 on accelerators; "
                            "16 on CPU, where one depth-6 step of 8 seeds takes over a second; "
@@ -473,7 +475,7 @@ def parse_args(argv=None):
   if args.peak_size is None:
     args.peak_size = 1024 if args.quick else (2048 if cpu else 8192)
   if args.packing == "auto":
-    layouts = [False] if args.quick else [False, True]
+    layouts = [True] if args.quick else [False, True]
   else:
     layouts = {"off": [False], "on": [True], "both": [False, True]}[args.packing]
   args.layouts = layouts
@@ -537,8 +539,9 @@ def main(argv=None):
                     f"{a['seconds'] * 1e3:.1f}", f"{a['dot_flops'] / a['seconds'] / 1e9:.0f}"]
                    for (d, n), a in alone.items() if d == depth])
 
-  header = ["depth", "seeds", "dev", "layout", "layers", "pad %", "compile s", "seed-steps/s",
-            "tokens/s", "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s", "seq MFU %", "vmap/seq"]
+  header = ["depth", "seeds", "dev", "layout", "layers", "pad %", "compile s", "1st call s",
+            "seed-steps/s", "tokens/s", "GFLOP/s", "MFU %", "spread %", "seq seed-steps/s",
+            "seq MFU %", "vmap/seq"]
   print("\n  per configuration (tokens = real tokens; MFU = model FLOPs on real tokens / start "
         "peak, the summary uses the larger of start and end peaks; "
         "spread = (max-min)/median call time; seq = per-step jit, seeds one after another)")
@@ -563,8 +566,10 @@ def main(argv=None):
           host, caps = train_layout(config, split, per_device(num_seeds, max_devices))
           fns = train_fns(config, vocab.size, caps, mesh)
           pad = padding_fraction(config, lengths, num_seeds, padded_length, max_devices)
-          first, calls = time_vmapped(fns, host, keys, mesh, args.steps_per_call, args.min_time,
-                                      args.min_calls)
+          with compile_cache.CompileWatch() as watch:  # XLA compile seconds of the first calls
+            first, calls = time_vmapped(fns, host, keys, mesh, args.steps_per_call,
+                                        args.min_time, args.min_calls)
+          compile_s = sum(c.seconds for c in watch.compilations)
           med = float(np.median(calls))
           rate = args.steps_per_call * num_seeds / med
           gflops = rate * flops["total"] / 1e9
@@ -578,7 +583,7 @@ def main(argv=None):
           results[(depth, num_seeds, packing, mesh.devices.size, impl)] = {
               "rate": rate, "seq": seq, "pad": pad, "gflops": gflops}
           row = [depth, num_seeds, mesh.devices.size, "packed" if packing else "padded", impl,
-                 f"{100 * pad:.1f}", f"{first:.1f}", f"{rate:.3f}",
+                 f"{100 * pad:.1f}", f"{compile_s:.1f}", f"{first:.1f}", f"{rate:.3f}",
                  f"{rate * flops['tokens']:.0f}", f"{gflops:.1f}",
                  f"{100 * gflops * 1e9 / peak_before:.1f}",
                  f"{100 * (max(calls) - min(calls)) / med:.0f}",

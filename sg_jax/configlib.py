@@ -137,10 +137,12 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # Pack each step's lines into one row (per-line positions; attention runs within each line,
   # on the lines gathered into the padded layout) instead of padding every line to the longest
   # line of the data set for the dense layers. Same losses and gradients up to float
-  # reassociation, same dropout masks; far less padding.
-  c.train.packing = False
-  # Packing: number of row-capacity buckets (each compiles one branch of the train step). 8 keeps
-  # padding at 4-7% with 1-2 seeds per device on question formation (4 buckets: 8-11%).
+  # reassociation, same dropout masks; far less padding (1.2-1.3x the padded layout's speed on a
+  # CPU, docs/performance.md). False: the padded batches [batch, longest line].
+  c.train.packing = True
+  # Packing: most row-capacity buckets (each compiles one branch of the train step), sized from
+  # the training lengths; fewer are used where they cost under 2% more positions
+  # (sg_jax.packing.packing_capacities): question formation gets 4-6 (3-4% padding).
   c.train.packing_buckets = 8
 
   c.eval = ml_collections.ConfigDict()

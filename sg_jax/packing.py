@@ -1,7 +1,8 @@
 """Packed training rows: a step's lines laid out one after another in one row of token positions.
 
 `pack_lines` builds the row of one seed's batch; `packing_capacities` chooses the row lengths
-(buckets) a run compiles; `padding_fraction` estimates the padding a layout computes.
+(buckets) a run compiles, from the training set's length distribution; `padding_fraction`
+estimates the padding a layout computes.
 """
 
 from __future__ import annotations
@@ -63,21 +64,99 @@ def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: A
           "lines": (unpack.astype(jnp.int32)[None], repack.astype(jnp.int32)[None])}
 
 
-def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, padded_length: int,
-                       num_buckets: int, samples: int = 4000, seed: int = 0) -> tuple[int, ...]:
-  """Row capacities (token positions) for packed training, smallest first.
+# Fewer buckets are used when they compute at most this fraction more token positions than
+# `train.packing_buckets` buckets would (each bucket compiles one more branch of the train step).
+BUCKET_TOLERANCE = 0.02
 
-  A step uses the smallest capacity that holds the longest of its seeds' batches. The buckets
-  are quantiles of that maximum, estimated by sampling random batches of the training lengths,
-  rounded up to multiples of 8; the last bucket, batch_size * padded_length, always fits.
-  """
+
+def _round8(x):
+  return (np.ceil(np.asarray(x) / 8) * 8).astype(np.int64)
+
+
+def sampled_needs(lengths: np.ndarray, batch_size: int, num_seeds: int, samples: int = 4000,
+                  seed: int = 0) -> np.ndarray:
+  """Row positions a step needs: the most tokens any of its `num_seeds` seeds' batches of
+  `batch_size` random training lines holds, for `samples` random steps (int64 [samples])."""
   rng = np.random.default_rng(seed)
   lengths = np.asarray(lengths)
   draws = rng.integers(0, len(lengths), size=(samples, num_seeds, batch_size))
-  need = lengths[draws].sum(-1).max(-1)
-  qs = np.quantile(need, np.arange(1, num_buckets + 1) / (num_buckets + 1))
-  caps = sorted({int(np.ceil(c / 8) * 8) for c in qs} | {batch_size * padded_length})
-  return tuple(c for c in caps if c <= batch_size * padded_length)
+  return lengths[draws].sum(-1).max(-1)
+
+
+def optimal_capacities(needs: np.ndarray, top: int, num_buckets: int) -> tuple[int, ...]:
+  """The `num_buckets` row capacities (multiples of 8, the largest `top`) that minimise the
+  positions computed over `needs` when each step uses the smallest capacity holding its need.
+
+  Exact dynamic programme over the distinct needs rounded up to multiples of 8 (an optimal
+  capacity is always one of them): cost[j][i] = fewest positions for the needs <= value i
+  with j capacities, the largest of them value i.
+  """
+  values, counts = np.unique(np.minimum(_round8(needs), top), return_counts=True)
+  below = np.concatenate([[0], np.cumsum(counts)])  # needs among the first i values
+  m, total = len(values), below[-1]
+  k = min(num_buckets - 1, m)  # capacities below `top`
+  inf = np.inf
+  cost = np.full((k + 1, m), inf)
+  back = np.zeros((k + 1, m), np.int64)
+  if k >= 1:
+    cost[1] = values * below[1:]
+  for j in range(2, k + 1):
+    for i in range(j - 1, m):
+      prev = cost[j - 1, :i] - values[i] * below[1:i + 1]
+      best = int(np.argmin(prev))
+      cost[j, i], back[j, i] = prev[best] + values[i] * below[i + 1], best
+  # The top capacity takes the needs above the largest smaller one.
+  best_cost, best_j, best_i = top * total, 0, -1
+  for j in range(1, k + 1):
+    with np.errstate(invalid="ignore"):
+      totals = cost[j] + top * (total - below[1:])
+    i = int(np.argmin(totals))
+    if totals[i] < best_cost:
+      best_cost, best_j, best_i = totals[i], j, i
+  caps = [int(top)]
+  while best_j >= 1:
+    caps.append(int(values[best_i]))
+    best_i, best_j = back[best_j, best_i], best_j - 1
+  return tuple(sorted(set(caps)))
+
+
+def computed_positions(needs: np.ndarray, capacities: tuple[int, ...]) -> float:
+  """Mean row positions a step computes with `capacities` (smallest holding each need)."""
+  caps = np.asarray(capacities)
+  return float(caps[np.searchsorted(caps, needs)].mean())
+
+
+def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, padded_length: int,
+                       num_buckets: int, samples: int = 4000, seed: int = 0,
+                       tolerance: float = BUCKET_TOLERANCE) -> tuple[int, ...]:
+  """Row capacities (token positions) for packed training, smallest first: at most
+  `num_buckets`, sized from the training set's length distribution.
+
+  A step uses the smallest capacity that holds the longest of its seeds' batches (its "need",
+  `sampled_needs`). The capacities minimise the positions computed over sampled steps
+  (`optimal_capacities`); the fewest buckets that compute at most `tolerance` more positions
+  than `num_buckets` buckets are used, as each bucket compiles one more branch of the train
+  step. The largest capacity holds the `batch_size` longest lines together, so every batch fits
+  (it is at most batch_size * padded_length).
+
+  Raises:
+    ValueError: no training lines, or num_buckets < 1.
+  """
+  lengths = np.asarray(lengths)
+  if lengths.size == 0 or num_buckets < 1:
+    raise ValueError(f"packing needs training lines and >= 1 bucket (got {lengths.size} lines, "
+                     f"{num_buckets} buckets)")
+  longest = np.sort(lengths)[::-1]
+  top = int(min(_round8(longest[:batch_size].sum() if len(longest) >= batch_size
+                        else longest[0] * batch_size), batch_size * padded_length))
+  needs = sampled_needs(lengths, batch_size, num_seeds, samples, seed)
+  best = optimal_capacities(needs, top, num_buckets)
+  floor = computed_positions(needs, best)
+  for k in range(1, num_buckets):
+    caps = optimal_capacities(needs, top, k)
+    if computed_positions(needs, caps) <= (1 + tolerance) * floor:
+      return caps
+  return best
 
 
 def padding_fraction(config: ml_collections.ConfigDict, lengths: np.ndarray, num_seeds: int,
