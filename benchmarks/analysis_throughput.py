@@ -28,7 +28,8 @@ random-split tscore, after a warm-up run that compiles every shape (compilation 
   the same sentences (SOS + declarative words, `sg_jax.analyze`'s default input).
 
 Trajectory (`--trajectory`): times `python -m sg_jax.analyze` with its defaults (every metric
-group, the first 1,000 `quest` lines of train) on a grok_cpu-sized workdir (configs/question.py:
+group, the first 1,000 `quest` lines of train; a fresh persistent compilation cache, so every
+compilation is included) on a grok_cpu-sized workdir (configs/question.py:
 grok_cpu: depth 6, d_model 128, 4 seeds) of 31 checkpoints (steps 0, 1000, .., 30000). Without
 `--trajectory_workdir` the workdir is made on the fly in a temporary folder: random parameters
 per checkpoint, written with `sg_jax.checkpointing` as training writes them (the whole train
@@ -397,11 +398,16 @@ def trajectory(args) -> dict[str, float]:
   try:
     profile = os.path.join(tempfile.gettempdir(), f"sg_jax_analyze_{os.getpid()}.prof")
     output = f"analysis_benchmark_{os.getpid()}.csv"
+    # A fresh persistent compilation cache: the wall time includes every compilation (a
+    # --compilation_cache_dir among the flags after `--` wins).
+    cache = tempfile.TemporaryDirectory(prefix="sg_jax_analyze_cache_")
     cmd = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "sg_jax.analyze",
-           f"--workdir={workdir}", f"--output={output}"] + list(args.analyze_flags)
+           f"--workdir={workdir}", f"--output={output}",
+           f"--compilation_cache_dir={cache.name}"] + list(args.analyze_flags)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [_REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    print("running: python -m sg_jax.analyze " + " ".join(cmd[6:]) + " (under cProfile)",
+    print("running: python -m sg_jax.analyze " + " ".join(cmd[6:]) + " (under cProfile, a "
+          "fresh compilation cache)",
           flush=True)
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -422,6 +428,7 @@ def trajectory(args) -> dict[str, float]:
       raise SystemExit(f"sg_jax.analyze failed with exit code {rc}")
     parts = profile_breakdown(profile)
     os.remove(profile)
+    cache.cleanup()
     for name in (output, output + ".options.json"):
       if os.path.exists(os.path.join(workdir, name)):
         os.remove(os.path.join(workdir, name))

@@ -135,9 +135,12 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict,
         f"parameter shapes or what a step is; --allow_config_change cannot change them); use "
         f"another --workdir")
   if "flag" in kinds.values() and not allow_config_change:
+    # e.g. a workdir of the padded layout, the default before packing: train.packing=False.
+    keep = " ".join(f"--config.{name}={a}" for name, a, _ in diffs if kinds[name] == "flag")
     raise ValueError(
         f"workdir {workdir} was written with another config: {fmt('flag')}; pass "
-        f"--allow_config_change to resume with the new values, or use another --workdir")
+        f"--allow_config_change to resume with the new values, {keep} to keep the workdir's, "
+        f"or use another --workdir")
   if "flag" in kinds.values():
     log.warning("resuming %s with changed config fields (--allow_config_change): %s", workdir,
                 fmt("flag"))

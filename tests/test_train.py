@@ -154,8 +154,9 @@ def test_config_changes_on_resume_free_flag_and_never(tiny_config, tmp_path, sna
                                str(tmp_path), tensorboard=False, allow_config_change=True)
   # The learning rate needs the flag; with it the run resumes (here: nothing left to train).
   changed = tiny_config(**{"train.num_steps": 10, "optim.learning_rate": 3e-4})
-  with pytest.raises(ValueError, match="optim.learning_rate .*--allow_config_change"):
+  with pytest.raises(ValueError, match="optim.learning_rate .*--allow_config_change") as e:
     train.train_and_evaluate(changed, str(tmp_path), tensorboard=False)
+  assert "--config.optim.learning_rate=0.001 to keep the workdir's" in str(e.value)
   assert snapshot(str(tmp_path)) == before
   out = train.train_and_evaluate(changed, str(tmp_path), tensorboard=False,
                                  allow_config_change=True)
