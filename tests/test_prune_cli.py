@@ -114,3 +114,24 @@ def test_bad_inputs_give_one_line_errors(workdir, tmp_path):
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1] == (
       "error: --sparsities must be distinct numbers in (0, 1), got '0.5,1.5'")
+
+
+def test_task_and_train_minus_gen_objectives_write_their_own_tables(workdir):
+  """`task:gen` (the gen lines' LM loss) and `train_minus_gen` (training minus gen loss) prune
+  every run into their own tables, with finite final objectives (task: a cross-entropy, > 0)
+  and the objective recorded beside each table; an unknown split is a one-line error."""
+  for objective, output in (("task:gen", "pruning_gen.csv"),
+                            ("train_minus_gen", "pruning_tmg.csv")):
+    result = prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, objective=objective,
+                         output=output, **FAST)
+    assert result["runs"] == 2
+    rows = table.read_rows(os.path.join(workdir, output))
+    final = [r[5] for r in rows if r[4] == "final_objective"]
+    assert len(final) == 2 and all(np.isfinite(final))
+    if objective.startswith("task"):
+      assert min(final) > 0  # a cross-entropy
+    with open(os.path.join(workdir, output + ".options.json")) as f:
+      assert f'"objective": "{objective}"' in f.read()
+  with pytest.raises(ValueError, match="cannot read split 'nope'"):
+    prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, objective="task:nope",
+                output="pruning_nope.csv", **FAST)
