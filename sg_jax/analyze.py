@@ -370,9 +370,8 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  sg_log = metric_logging.setup_cli_logging()
-  sg_log.info("persistent compilation cache: %s",
-              compile_cache.enable(_COMPILATION_CACHE_DIR.value) or "off")
+  metric_logging.setup_cli_logging()
+  compile_cache.enable(_COMPILATION_CACHE_DIR.value)
   try:
     registry.load_modules(_MODULES.value)
     result = analyze(

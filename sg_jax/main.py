@@ -113,8 +113,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   sg_log = metric_logging.setup_cli_logging()
-  cache = compile_cache.enable(_COMPILATION_CACHE_DIR.value)
-  sg_log.info("persistent compilation cache: %s", cache or "off")
+  compile_cache.enable(_COMPILATION_CACHE_DIR.value)  # train logs the folder
   watchdog = None
   if _MULTIHOST.value:
     watchdog = _start_processes(sg_log)

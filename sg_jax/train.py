@@ -223,6 +223,7 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
+  log.info("persistent compilation cache: %s", jax.config.jax_compilation_cache_dir or "off")
   log.info("model layers: %s (model.layer_impl=%s, %s backend), matmul precision %s",
            layers.resolve_layer_impl(config.model.layer_impl), config.model.layer_impl,
            jax.default_backend(), config.model.matmul_precision)
