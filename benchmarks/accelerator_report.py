@@ -168,6 +168,8 @@ def format_run(fig: dict, exit_code: int) -> list[str]:
     a, b, seconds = fig["steady_span"]
     lines.append(f"seed-steps/s (steady, steps {a} -> {b} in {seconds} s of log time): "
                  f"{fig['rate_steady']:.1f}")
+  else:
+    lines.append("seed-steps/s (steady): not measured, fewer than two log lines a second apart")
   if fig["rate_total"] is not None:
     lines.append(f"seed-steps/s (since training started, first compile included): "
                  f"{fig['rate_total']:.1f}")

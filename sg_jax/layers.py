@@ -274,7 +274,7 @@ LAYER_IMPLS = ("auto", "tuned", "plain")
 # `model.matmul_precision` -> `jax.lax.Precision` of every matmul and einsum of the model. None:
 # JAX's default (or `jax.default_matmul_precision` if set): full float32 on CPU, TF32 for float32
 # on recent NVIDIA GPUs, one bfloat16 pass on TPU; HIGH: TF32 on GPU, 3 bfloat16 passes on TPU;
-# HIGHEST: float32 (docs/performance.md "Matmul precision").
+# HIGHEST: float32 (docs/performance.md "Matmul precision on GPU and TPU").
 MATMUL_PRECISIONS = {"default": None, "high": jax.lax.Precision.HIGH,
                      "highest": jax.lax.Precision.HIGHEST}
 

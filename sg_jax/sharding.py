@@ -308,10 +308,23 @@ def abstract_like(tree: Any, mesh: Mesh) -> Any:
 
 
 def to_host(tree: Any) -> Any:
-  """Fetches (possibly multi-host sharded) arrays to numpy on every process."""
-  if jax.process_count() > 1:
-    return multihost_utils.process_allgather(tree, tiled=True)
-  return jax.device_get(tree)
+  """Fetches (possibly multi-host sharded) arrays to numpy on every process.
+
+  With several processes, a seed-sharded array is all-gathered along its seed axis, and a
+  replicated one (e.g. a count that does not depend on the parameters) is read from a local
+  copy, so that it keeps its shape instead of being tiled once per process.
+  """
+  if jax.process_count() <= 1:
+    return jax.device_get(tree)
+
+  def fetch(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return jax.device_get(x)
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    return multihost_utils.process_allgather(x, tiled=True)
+
+  return jax.tree_util.tree_map(fetch, tree)
 
 
 def is_writer() -> bool:

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sg_jax import sharding
 from sg_jax.analysis import registry
 from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
@@ -249,7 +250,7 @@ def make_uas_eval(model: TransformerLM, vocab, batches: dict) -> Callable[[PyTre
       stats = uas_stats_over_seeds(params, batches["inputs"][i], batches["dep_head"][i],
                                    batches["dep_relation"][i], special, config=config)
       total = registry.accumulate(total, stats)
-    out = finalize(jax.device_get(total), min_count=1)
+    out = finalize(sharding.to_host(total), min_count=1)  # multi-process: all-gathered
     return {"uas": out["uas"], "uas_weight": out["uas_weight"]}
 
   return evaluate

@@ -1,4 +1,4 @@
-"""Gold dependency arcs from the constituency trees of a line (docs/sas.md, "Head rules").
+"""Gold dependency arcs from the constituency trees of a line (docs/sas.md, "Gold dependencies").
 
 The syntactic attention structure of Chen et al. (ICLR 2024; docs/REFERENCE.md §3) is scored
 against dependency heads. sg_jax's question-formation and tense lines come with exact
