@@ -120,8 +120,19 @@ install_wheels() {
     echo "error: ml_collections or pytest is not importable here and no wheels were carried"
     return 1
   fi
-  local names
+  local names tag
   names="$(ls "$wheels"/*.whl | sed 's#.*/##; s/-.*//' | sort -u)"
+  tag="$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+  # A compiled wheel (e.g. PyYAML) is for one CPython: wheels fetched for another Python cannot
+  # be installed here.
+  if ls "$wheels"/*-cp3*.whl >/dev/null 2>&1 && ! ls "$wheels"/*-"$tag"-*.whl >/dev/null 2>&1; then
+    echo "error: the compiled wheels in $wheels are for" \
+         "$(ls "$wheels"/*-cp3*.whl | sed 's#.*/##' | grep -o -- '-cp3[0-9]*-' | tr -d - | sort -u | paste -sd' ')" \
+         "but this Python is $tag; fetch them for it with" \
+         "'bash benchmarks/fetch_wheels.sh --python_version $("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') DIR'" \
+         "and pass --wheels DIR"
+    return 1
+  fi
   echo "installing from $wheels into $site: $(echo $names)"
   if ! "$py" -m pip --version >/dev/null 2>&1; then
     echo "no pip: unzipping the pure-Python wheels and those tagged for this CPython instead"

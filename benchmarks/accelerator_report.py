@@ -215,6 +215,11 @@ def stage_highlight(name: str, text: str) -> str:
   return ""
 
 
+def failed_stage_tail(text: str, lines: int = 8) -> str:
+  """The last `lines` lines of a failed stage's output, for summary.md (why it failed)."""
+  return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
 def write_summary(out_dir: str, mode: str) -> str:
   """Writes OUT_DIR/summary.md from OUT_DIR/stages.tsv (name, exit code, seconds, limit, file
   per line; the last line of a stage counts) and the stages' files; returns its path."""
@@ -230,7 +235,10 @@ def write_summary(out_dir: str, mode: str) -> str:
         "| stage | exit | seconds | limit s | output |", "| --- | --- | --- | --- | --- |"]
   md += [f"| {n} | {rc} | {s} | {lim} | {f} |" for n, rc, s, lim, f in stages]
   for name, rc, _, _, fname in stages:
-    text = stage_highlight(name, _read(os.path.join(out_dir, fname)))
+    raw = _read(os.path.join(out_dir, fname))
+    text = stage_highlight(name, raw)
+    if rc != "0" and raw.strip() and not text:  # a failed stage without a closing table
+      text = failed_stage_tail(raw)
     if text:
       md += ["", f"## {name} (exit {rc})", "", "```", text, "```"]
   path = os.path.join(out_dir, "summary.md")

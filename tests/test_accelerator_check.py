@@ -179,6 +179,17 @@ def test_fetch_wheels_gets_the_accelerator_pythons_wheels(tmp_path):
   assert any(re.match(r"pyyaml-.*-cp312-cp312-.*manylinux.*x86_64.*\.whl$", n) for n in names)
   assert all(n.endswith("-py3-none-any.whl") for n in names if not n.startswith("pyyaml"))
   assert sum(os.path.getsize(tmp_path / n) for n in names) < 16 * 2 ** 20
+  if sys.version_info[:2] != (3, 12):
+    # Wheels for another Python: the install stage says which to fetch, and summary.md shows it.
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "accelerator_check.sh"),
+                        "--cpu_smoke", "--wheels", str(tmp_path), "--only", "env", str(out)],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+    summary = (out / "summary.md").read_text()
+    assert "| install | 1 |" in summary, summary
+    want = "%d.%d" % sys.version_info[:2]
+    assert (f"are for cp312 but this Python is cp{want.replace('.', '')}" in summary
+            and f"fetch_wheels.sh --python_version {want} DIR" in summary), summary
 
 
 def test_run_figures_from_a_hand_built_log_and_table():
