@@ -18,3 +18,37 @@ def params(workdir):
   """Every seed's parameters of the latest checkpoint as one flat float array."""
   p = checkpointing.restore(workdir).state["params"]
   return np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(p)])
+
+
+def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields):
+  """A workdir of randomly initialised checkpoints (no training) for the analysis CLIs: generated
+  question data (40 training lines, `eval_lines` per held-out split) and, at each of `steps`,
+  the stacked parameters of `seeds` (1 layer, d_model 16, 2 heads, d_ff 32) drawn from
+  PRNGKey(100 * step + seed). `config_fields`: dotted config fields set on top (e.g.
+  `**{"eval.batch_size": 8}`). Returns `root` as a str."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from sg_jax import configlib, tasks  # pylint: disable=import-outside-toplevel
+  from sg_jax.model import ModelConfig, init_params  # pylint: disable=import-outside-toplevel
+
+  task = tasks.get_task("question")
+  data_dir = os.path.join(root, "data")
+  task.generate(data_dir, seed=0, num_train=40,
+                sizes={"dev": eval_lines, "test": eval_lines, "gen": eval_lines})
+  config = configlib.base_config("question")
+  config.data.dir, config.data.num_train = data_dir, 40
+  config.model.num_layers, config.model.d_model = 1, 16
+  config.model.num_heads, config.model.d_ff = 2, 32
+  config.first_seed, config.num_seeds = seeds[0], len(seeds)
+  for field, value in config_fields.items():
+    configlib.set_field(config, field, value)
+  vocab = task.vocab()
+  model_config = ModelConfig.from_config(config.model, vocab.size)
+  manager = checkpointing.make_manager(str(root), asynchronous=False)
+  for step in steps:
+    stacked = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in seeds]
+    checkpointing.save(manager, step,
+                       {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *stacked)},
+                       checkpointing.make_meta(config, vocab.to_json(), list(seeds)))
+  manager.wait_until_finished()
+  manager.close()
+  return str(root)

@@ -19,6 +19,7 @@ import pytest
 from sg_jax import analyze, checkpointing, configlib
 from sg_jax.analysis import weight_norm
 from sg_jax.model import ModelConfig, init_params
+import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
 tasks = pytest.importorskip("sg_jax.tasks")
 if not hasattr(tasks, "get_task"):
@@ -30,27 +31,7 @@ SEEDS = [3, 5]
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("run")
-  task = tasks.get_task("question")
-  data_dir = os.path.join(root, "data")
-  task.generate(data_dir, seed=0, num_train=40, sizes={"dev": 5, "test": 5, "gen": 5})
-  config = configlib.base_config("question")
-  config.data.dir = data_dir
-  config.data.num_train = 40
-  config.model.num_layers, config.model.d_model = 1, 16
-  config.model.num_heads, config.model.d_ff = 2, 32
-  config.first_seed, config.num_seeds = SEEDS[0], len(SEEDS)
-  vocab = task.vocab()
-  model_config = ModelConfig.from_config(config.model, vocab.size)
-  manager = checkpointing.make_manager(str(root), asynchronous=False)
-  for step in STEPS:
-    params = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in SEEDS]
-    state = {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)}
-    checkpointing.save(manager, step, state,
-                       checkpointing.make_meta(config, vocab.to_json(), SEEDS))
-  manager.wait_until_finished()
-  manager.close()
-  return str(root)
+  return run_files.random_checkpoint_workdir(tmp_path_factory.mktemp("run"), STEPS, SEEDS)
 
 
 def _rows(path):

@@ -8,16 +8,13 @@ import os
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, configlib, prune
-from sg_jax.model import ModelConfig, init_params
+from sg_jax import checkpointing, prune
 from sg_jax.pruning import table
+import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
-tasks = pytest.importorskip("sg_jax.tasks")
 
 SEEDS = [3, 5]
 STEP = 10
@@ -28,28 +25,8 @@ FAST = dict(num_steps=12, sparsity_warmup_steps=8, num_lines=16, batch_size=8, e
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """Checkpoints at steps 0 and 10 of two seeds (1 layer, 2 heads) on generated question data."""
-  root = tmp_path_factory.mktemp("prune_run")
-  task = tasks.get_task("question")
-  data_dir = os.path.join(root, "data")
-  task.generate(data_dir, seed=0, num_train=40, sizes={"dev": 8, "test": 8, "gen": 8})
-  config = configlib.base_config("question")
-  config.data.dir = data_dir
-  config.data.num_train = 40
-  config.model.num_layers, config.model.d_model = 1, 16
-  config.model.num_heads, config.model.d_ff = 2, 32
-  config.eval.batch_size = 8
-  config.first_seed, config.num_seeds = SEEDS[0], len(SEEDS)
-  vocab = task.vocab()
-  model_config = ModelConfig.from_config(config.model, vocab.size)
-  manager = checkpointing.make_manager(str(root), asynchronous=False)
-  for step in (0, STEP):
-    params = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in SEEDS]
-    checkpointing.save(manager, step,
-                       {"params": jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)},
-                       checkpointing.make_meta(config, vocab.to_json(), SEEDS))
-  manager.wait_until_finished()
-  manager.close()
-  return str(root)
+  return run_files.random_checkpoint_workdir(tmp_path_factory.mktemp("prune_run"), (0, STEP),
+                                             SEEDS, eval_lines=8, **{"eval.batch_size": 8})
 
 
 def test_writes_every_run_and_resumes_without_duplicates(workdir):
