@@ -225,6 +225,21 @@ def disambiguating_examples(task, count: int, data_seed: int, held_out: Sequence
   raise ValueError(f"could not draw {count} disambiguating lines outside the held-out splits")
 
 
+def extra_training_examples(config: ml_collections.ConfigDict, task, data_dir: str) -> list:
+  """The lines composition appends to the training split: the largest `num_disambiguating` any
+  seed takes, drawn outside the task's other splits (read from `data_dir`); [] when no seed
+  takes any. Deterministic in `data.seed`, so every reader of the training set gets the same
+  lines (`input_pipeline.load_data`, the SAS arcs of `sas.train_arrays`)."""
+  need = max(m.num_disambiguating for m in seed_mixes(config))
+  if need <= 0:
+    return []
+  held_out = []
+  for split in task.split_names:
+    if split != "train":
+      held_out += task.read_split(data_dir, split)
+  return disambiguating_examples(task, need, int(config.data.seed), held_out)
+
+
 def summary(mixes: Sequence[Mix], pools: Sequence[np.ndarray], facts: LineFacts,
             constructions: Sequence[str], first_seed: int = 0) -> list[str]:
   """Log lines: each distinct mix, its seeds and its pool's counts per construction."""

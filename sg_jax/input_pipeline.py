@@ -84,12 +84,7 @@ def seed_pools(config: ml_collections.ConfigDict, split) -> dict[str, np.ndarray
 def _add_composition(config, task, data_dir: str, examples: list) -> tuple[list, dict]:
   """(training lines + the disambiguating lines, their facts as per-line arrays) of a run with
   per-seed data composition (`composition`)."""
-  need = max(m.num_disambiguating for m in composition.seed_mixes(config))
-  held_out = []
-  for split in task.split_names:
-    if split != "train":
-      held_out += task.read_split(data_dir, split)
-  extra = composition.disambiguating_examples(task, need, config.data.seed, held_out)
+  extra = composition.extra_training_examples(config, task, data_dir)
   if extra:
     log.info("data composition: %d disambiguating lines (transformed, relative clause on the "
              "subject) drawn outside the %s splits", len(extra),

@@ -102,7 +102,8 @@ def per_seed_arrays(config) -> dict[str, np.ndarray]:
           "sas_start": spread("starts").astype(np.int32), "sas_end": ends.astype(np.int32)}
 
 
-def train_arrays(config, task, workdir: str, length: int) -> dict[str, np.ndarray]:
+def train_arrays(config, task, workdir: str, length: int,
+                 num_lines: int | None = None) -> dict[str, np.ndarray]:
   """The training set's arcs and the per-seed values, to add to the training data (or {} when
   the regulariser is off).
 
@@ -110,8 +111,11 @@ def train_arrays(config, task, workdir: str, length: int) -> dict[str, np.ndarra
     {'dep_head': int32 [num_lines, length] (`dependencies.dependency_arrays`), plus
     `per_seed_arrays`}.
 
+  Args:
+    num_lines: rows of the training set the arcs must cover (checked; None: not checked).
+
   Raises:
-    ValueError: the task declares no gold dependencies.
+    ValueError: the task declares no gold dependencies, or the arcs do not cover `num_lines`.
   """
   from sg_jax.tasks import dependencies  # pylint: disable=import-outside-toplevel
   if options_from_config(config) is None:
@@ -119,8 +123,14 @@ def train_arrays(config, task, workdir: str, length: int) -> dict[str, np.ndarra
   if not getattr(task, "has_gold_dependencies", False):
     raise ValueError(f"invalid config: sas.lambdas is nonzero but the {task.name} task declares "
                      "no gold dependencies")
+  from sg_jax import composition  # pylint: disable=import-outside-toplevel
   data_dir = config.data.dir or os.path.join(workdir, "data")
   examples = task.read_split(data_dir, "train")
+  if composition.active(config):  # the training set also holds the disambiguating lines
+    examples += composition.extra_training_examples(config, task, data_dir)
+  if num_lines is not None and len(examples) != num_lines:
+    raise ValueError(f"the SAS arcs cover {len(examples)} training lines but the training set "
+                     f"has {num_lines}")
   arcs = dependencies.dependency_arrays([task.gold_dependencies(ex) for ex in examples], length)
   return {"dep_head": arcs["dep_head"], **per_seed_arrays(config)}
 

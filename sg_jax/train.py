@@ -209,7 +209,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     per_device = len(seeds) // mesh.devices.size
     host_data, capacities = make_train_data(config, splits["train"], per_device)
     host_data.update(sas_lib.train_arrays(config, task, workdir,  # {} when lambdas are 0
-                                          host_data["inputs"].shape[1]))
+                                          host_data["inputs"].shape[1],
+                                          num_lines=host_data["inputs"].shape[0]))
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
     # removed, so that a failed first attempt leaves nothing behind.

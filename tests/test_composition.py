@@ -104,3 +104,25 @@ def test_a_seed_in_a_mixed_group_equals_the_seed_trained_alone(tiny_config, tmp_
   assert not composition.active(tiny_config(**{**fields, "num_seeds": 1, "first_seed": 0,
                                                "data.num_disambiguating": 0,
                                                "data.exclude_identity": False}))
+
+
+def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
+  """With both a data mix and the SAS regulariser, the arcs cover every training line (the
+  appended disambiguating ones included), row for row with the training data."""
+  from sg_jax import sas  # pylint: disable=import-outside-toplevel
+  config = tiny_config(**{"num_seeds": 2, "data.num_disambiguating": (0, 20),
+                          "sas.lambdas": (0.0, 0.01)})
+  task, _, splits = train.load_data(config, str(tmp_path))
+  data, _ = train.make_train_data(config, splits["train"], 2)
+  arcs = sas.train_arrays(config, task, str(tmp_path), data["inputs"].shape[1],
+                          num_lines=data["inputs"].shape[0])
+  assert arcs["dep_head"].shape[0] == data["inputs"].shape[0] == len(splits["train"])
+  extra = composition.extra_training_examples(config, task, config.data.dir)
+  assert len(extra) == 20
+  # the last row's arcs are those of the last disambiguating line
+  from sg_jax.tasks import dependencies  # pylint: disable=import-outside-toplevel
+  want = dependencies.dependency_arrays([task.gold_dependencies(extra[-1])],
+                                        data["inputs"].shape[1])["dep_head"][0]
+  np.testing.assert_array_equal(arcs["dep_head"][-1], want)
+  with pytest.raises(ValueError, match="cover"):
+    sas.train_arrays(config, task, str(tmp_path), data["inputs"].shape[1], num_lines=5)
