@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -201,6 +202,28 @@ class StopNow(BaseException):
     self.signum, self.where = signum, where
 
 
+def quiet_stop_in_callbacks() -> None:
+  """Drops a `StopNow` raised while Python ran a callback (e.g. JAX's garbage-collection
+  callback) instead of the code the signal interrupted.
+
+  Python cannot propagate an exception out of such a callback and prints it through
+  `sys.unraisablehook`, with a traceback, although nothing is lost: the handler has recorded the
+  signal (`StopSignal.received`), and the run stops at its next check, after checkpointing, with
+  its usual one line. Other unraisable exceptions go to the previous hook. Idempotent.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_sg_jax_stop", False):
+    return
+
+  def hook(unraisable):
+    if isinstance(unraisable.exc_value, StopNow):
+      return
+    previous(unraisable)
+
+  hook._sg_jax_stop = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
 class StopSignal:
   """SIGTERM/SIGINT handling for the whole of a run, from its first second.
 
@@ -234,6 +257,7 @@ class StopSignal:
   def __enter__(self):
     if threading.current_thread() is not threading.main_thread():
       return self  # signal handlers can only be installed from the main thread
+    quiet_stop_in_callbacks()
     for sig in (signal.SIGTERM, signal.SIGINT):
       self._old[sig] = signal.signal(sig, self._handle)
     if self.exit_after > 0:
