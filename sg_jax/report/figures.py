@@ -38,6 +38,15 @@ def _legend_outside(ax, handles=None, labels=None, fontsize=8):
                    fontsize=fontsize, frameon=False)
 
 
+def mean_band(ax, xs, samples, color, alpha: float = 0.18, **plot_kwargs):
+  """Draws, at each x of `xs`, the mean of `samples[x]` (one value per seed) as a line and its
+  95% bootstrap CI over seeds (`seed_stats.bootstrap_ci`) as a shaded band."""
+  mean, low, high = np.array([seed_stats.bootstrap_ci(samples[x], num_resamples=2000)
+                              for x in xs]).T
+  ax.fill_between(xs, low, high, color=color, alpha=alpha, lw=0)
+  ax.plot(xs, mean, color=color, **plot_kwargs)
+
+
 def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float):
   """(a) In-domain and generalisation accuracy vs step for every seed of one depth.
 
@@ -336,11 +345,8 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
           if math.isfinite(v):
             per_step[s].append(v)
     steps = np.array(sorted(per_step))
-    mean, low, high = np.array([seed_stats.bootstrap_ci(per_step[s], num_resamples=2000)
-                                for s in steps]).T
-    ax.fill_between(steps, low, high, color=color, alpha=0.18, lw=0)
-    ax.plot(steps, mean, color=color, lw=2.4, marker="o", ms=3,
-            label=f"{_depth_label(depth)} (mean of {len(per_step[steps[0]])} seeds)")
+    mean_band(ax, steps, per_step, color, lw=2.4, marker="o", ms=3,
+              label=f"{_depth_label(depth)} (mean of {len(per_step[steps[0]])} seeds)")
   runs = [run for runs in present.values() for run in runs]
   for k, (column, ref) in enumerate((c, d) for c, d in registry.dynamics().items()
                                     if d.reference_for == metric):
@@ -443,10 +449,8 @@ def plot_tparseval_by_length(by_depth: dict, path: str, title_prefix: str):
   cmap = plt.get_cmap("tab10")
   for i, depth in enumerate(sorted(curves, key=lambda d: (d is None, d))):
     lengths = sorted(curves[depth])
-    mean, low, high = np.array([seed_stats.bootstrap_ci(curves[depth][n], num_resamples=2000)
-                                for n in lengths]).T
-    ax.fill_between(lengths, low, high, color=cmap(i % cmap.N), alpha=0.18, lw=0)
-    ax.plot(lengths, mean, "o-", color=cmap(i % cmap.N), lw=2, ms=4, label=_depth_label(depth))
+    mean_band(ax, lengths, curves[depth], cmap(i % cmap.N), marker="o", lw=2, ms=4,
+              label=_depth_label(depth))
   rb = [v for runs in by_depth.values() for run in runs
         for _, vs in run.series.get("tparseval_f1_right_branching", {}).values() for v in vs]
   if rb:

@@ -104,7 +104,8 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   panels = [(n, sig, t) for n, sig, t in COMPARED if run.series.get(n)]
   if len(groups) < 2 or not panels:
     return None
-  from sg_jax.report.figures import _legend_outside, _pyplot  # pylint: disable=import-outside-toplevel
+  from sg_jax.report.figures import (_legend_outside, _pyplot,  # pylint: disable=import-outside-toplevel
+                                     mean_band)
   plt = _pyplot()
   onsets = onsets_lib.seed_onsets(run.series)
   fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
@@ -121,10 +122,8 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
       steps = np.array(sorted(per_step))
       if not steps.size:
         continue
-      mean, low, high = np.array([seed_stats.bootstrap_ci(per_step[s], num_resamples=2000)
-                                  for s in steps]).T
-      ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
-      ax.plot(steps, mean, color=color, lw=1.8, label=f"{label} ({len(seeds)} seeds)")
+      mean_band(ax, steps, per_step, color, alpha=0.2, lw=1.8,
+                label=f"{label} ({len(seeds)} seeds)")
       marks = [onsets[s][signal].step for s in seeds if s in onsets]
       marks = [m for m in marks if math.isfinite(m)]
       ax.plot(marks, [0.02] * len(marks), "|", color=color, ms=12, mew=2,
