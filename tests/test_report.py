@@ -252,8 +252,15 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
     onset = 600 if lam == 0 else 1400  # suppressed seeds rise later
     uas = 0.1 + 0.6 / (1 + np.exp(-(steps - onset) / 60.0))
     for step, u in zip(steps, uas):
+      gen = 0.5 + 0.1 * k if step == 2000 else 0.2
+      # The last seed of each group ends on skip-relative after leaving move-first at 1000.
+      skip = 0.9 if (k % 3 == 2 and step == 2000) else 0.1
       rows += [(step, 10 + k, "in_domain/uas", u),
-               (step, 10 + k, "out_of_domain/accuracy", 0.5 + 0.1 * k if step == 2000 else 0.2)]
+               (step, 10 + k, "out_of_domain/accuracy", gen),
+               (step, 10 + k, "out_of_domain/accuracy/pp", 1.0 if step == 2000 else 0.0),
+               (step, 10 + k, "out_of_domain/accuracy/rc_object", 0.1 * k),
+               (step, 10 + k, "out_of_domain/move_first_agreement", 0.8 if step < 1000 else 0.0),
+               (step, 10 + k, "out_of_domain/skip_relative_agreement", skip)]
   _write(workdir / "metrics.csv", rows)
   run = report.load_run(str(workdir))
   assert groups.per_seed_fields(run.config) == {"sas.lambdas": lambdas}
@@ -266,8 +273,20 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
           < table["lambdas=0.0"]["out_of_domain/accuracy_ci_high"])
   assert table["lambdas=0.0"]["structure_onset_median"] == pytest.approx(600, abs=60)
   assert table["lambdas=0.01"]["structure_onset_median"] == pytest.approx(1400, abs=60)
+  # per construction: finals of rc_object are 0.1 k -> group means 0.1 and 0.4; pp all 1.0
+  assert table["lambdas=0.0"]["out_of_domain/accuracy/rc_object"] == pytest.approx(0.1)
+  assert table["lambdas=0.01"]["out_of_domain/accuracy/rc_object"] == pytest.approx(0.4)
+  assert table["lambdas=0.01"]["out_of_domain/accuracy/pp_ci_low"] == pytest.approx(1.0)
+  # rules: every seed follows move-first before step 1000, then the hierarchical rule (gen 0.2
+  # against 0.1 and 0); at the last step seed 12 ends on skip-relative (0.9 > gen 0.7: 2
+  # switches), seed 15 stays hierarchical (gen 1.0 > 0.9: 1 switch), the others hierarchical.
+  assert table["lambdas=0.0"]["final_rules"] == "hierarchical 2, skip_relative 1"
+  assert table["lambdas=0.0"]["rule_switches_mean"] == pytest.approx(4 / 3)
+  assert table["lambdas=0.01"]["final_rules"] == "hierarchical 3"
+  assert table["lambdas=0.01"]["rule_switches_mean"] == pytest.approx(1.0)
   result = report.build_report(str(workdir))
   assert any(p.endswith("groups_regimes.png") for p in result["figures"])
   assert any(p.endswith("dose_response_regimes.png") for p in result["figures"])
   md = open(os.path.join(result["out_dir"], "summary.md")).read()
   assert "## Seed groups" in md and "lambdas=0.01" in md
+  assert "| rc_object (final) [95% CI] |" in md and "hierarchical 2, skip_relative 1" in md

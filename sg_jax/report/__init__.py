@@ -46,7 +46,8 @@ figures 1-5 for one's own runs):
                              groups, `groups`: e.g. SAS regimes, data mixes): per group the
                              seed mean of UAS, training loss and the accuracies with a 95%
                              bootstrap band, seeds' onsets marked; summary_groups.csv and a
-                             "Seed groups" table in summary.md (final values with CIs).
+                             "Seed groups" table in summary.md (final values with CIs; per
+                             construction and final rule counts in a second table).
   dose_response_<run>.png    (k) the same runs, for each numeric per-seed field: final
                              generalisation (all gen lines and per construction) against the
                              field's value, seed mean with a 95% bootstrap CI.

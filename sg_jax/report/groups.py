@@ -19,6 +19,7 @@ import numpy as np
 
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.report import seed_stats
+from sg_jax.report import tables
 from sg_jax.report.reading import Run
 
 # Metrics compared between groups (those a run logged), with their onset signal
@@ -27,6 +28,8 @@ COMPARED = (("in_domain/uas", "structure", "UAS of the best head (in-domain)"),
             ("train/loss", "loss_drop", "training loss (nats per token)"),
             ("in_domain/accuracy", "in_domain", "in-domain accuracy"),
             ("out_of_domain/accuracy", "out_of_domain", "generalisation accuracy"))
+# Per-construction generalisation (Task.constructions; docs/tasks.md).
+CONSTRUCTION_PREFIX = "out_of_domain/accuracy/"
 
 
 def _flat(config: Mapping, prefix: str = "") -> dict:
@@ -73,10 +76,19 @@ def _final(run: Run, name: str, seed: int) -> float:
   return float(values[-1]) if values.size else math.nan
 
 
+def construction_metrics(run: Run) -> list[str]:
+  """The run's per-construction generalisation metrics (`out_of_domain/accuracy/<tag>`), sorted."""
+  return sorted(n for n in run.series if n.startswith(CONSTRUCTION_PREFIX))
+
+
 def group_rows(run: Run, groups: Mapping[str, Sequence[int]]) -> list[dict]:
-  """One dict per group: seeds, and per compared metric the final value's seed mean with its 95%
-  bootstrap CI (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`) and the median onset step
-  of its signal over the group's seeds (`<signal>_onset_median`, NaN where none)."""
+  """One dict per group: seeds, and per compared metric and per construction
+  (`construction_metrics`) the final value's seed mean with its 95% bootstrap CI (`<metric>`,
+  `<metric>_ci_low`, `<metric>_ci_high`), the median onset step of each compared metric's
+  signal over the group's seeds (`<signal>_onset_median`, NaN where none), and, where the run
+  logged the rule agreements, how many seeds end on each rule (`final_rules`, e.g.
+  "hierarchical 2, skip_relative 2") and the mean number of rule switches per seed
+  (`rule_switches_mean`; `tables.rules_of_seed`)."""
   onsets = onsets_lib.seed_onsets(run.series)
   rows = []
   for label, seeds in groups.items():
@@ -89,6 +101,14 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]]) -> list[dict]:
       steps = [onsets[s][signal].step for s in seeds if s in onsets and signal in onsets[s]]
       finite = [x for x in steps if math.isfinite(x)]
       row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
+    for name in construction_metrics(run):
+      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
+      row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+    rules = [tables.rules_of_seed(run, s) for s in seeds]
+    if any(rule is not None for rule, _ in rules):
+      counts = collections.Counter(rule for rule, _ in rules if rule is not None)
+      row["final_rules"] = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+      row["rule_switches_mean"] = float(np.mean([n for _, n in rules if n is not None]))
     rows.append(row)
   return rows
 
@@ -162,6 +182,24 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
   lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
             "list with one value per seed in config.json). CI: 95% percentile bootstrap over the "
             "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\")."]
+  tags = sorted({n for r in rows for n in r if n.startswith(CONSTRUCTION_PREFIX)
+                 and not n.endswith(("_ci_low", "_ci_high"))})
+  if tags or any("final_rules" in r for r in rows):
+    lines += ["", "### Seed groups by construction and rule", "",
+              "| run | group | " + " | ".join(f"{t[len(CONSTRUCTION_PREFIX):]} (final) [95% CI]"
+                                            for t in tags)
+              + " | final rule (seeds) | rule switches (mean per seed) |",
+              "|" + "---|" * (4 + len(tags))]
+    for r in rows:
+      cells = [r["run"], r["group"]]
+      cells += [f"{fmt(r.get(t))} [{fmt(r.get(t + '_ci_low'))}, {fmt(r.get(t + '_ci_high'))}]"
+                if t in r else "" for t in tags]
+      cells += [r.get("final_rules", ""), fmt(r.get("rule_switches_mean"))]
+      lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Final generalisation accuracy on each construction's gen lines "
+              "(`out_of_domain/accuracy/<construction>`, docs/tasks.md); final rule: the rule "
+              "each seed's last evaluation agrees with most, counted over the group's seeds "
+              "(the Seeds table gives each seed's)."]
   return lines
 
 
