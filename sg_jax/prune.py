@@ -15,7 +15,9 @@ lines. Rows `step,seed,sparsity,pruning_seed,name,value` are appended to `WORKDI
 (`--output`); the full model's rows have sparsity 0 and pruning_seed -1. The masks are saved to
 `WORKDIR/pruning/masks_step<N>.npz`. Runs already in the CSV are skipped, so the command can be
 rerun after a crash or with more levels and seeds. The method, its defaults and their sources
-are in docs/pruning.md (Bhaskar, Friedman & Chen, ACL 2024; docs/REFERENCE.md §2).
+are in docs/pruning.md (Bhaskar, Friedman & Chen, ACL 2024; docs/REFERENCE.md §2). The core
+analyses of the tables (effective size, the core, overlaps, core ablation) are
+`python -m sg_jax.prune_core`.
 
 Per run it writes: achieved_sparsity (fraction of heads and MLP blocks off in the binarised
 subnetwork), achieved_sparsity_params (weighted by parameter count), expected_sparsity (mean
@@ -108,6 +110,71 @@ def _lines(split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
               np.asarray(split.targets)[:n], batch_size))}
 
 
+def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_lines: int,
+               split: str | None = None) -> dict:
+  """The lines that pruning and the core analyses use, read once per workdir.
+
+  Args:
+    restored: a `checkpointing.restore` result (its config and vocabulary).
+    workdir: the run directory (its `data/` unless the config names another).
+    num_lines: training lines for the means and the KL (0 = all).
+    batch_size: lines per batch of 'train'.
+    eval_lines: lines per evaluation split (0 = the run's `eval.max_lines`).
+    split: also batch this split's lines as 'split_inputs' / 'split_targets' of 'train'
+      (the `task:SPLIT` objectives).
+
+  Returns:
+    {'task', 'train': {'inputs', 'targets': int32 [num_batches, batch_size, L]}, 'eval':
+    {'in_domain', 'out_of_domain': `prepare_eval_batches`}, 'means_inputs': int32 [N, L]}.
+
+  Raises:
+    ValueError: the task has no file of `split`.
+  """
+  from sg_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+
+  config = restored.config
+  task, _, splits = input_pipeline.load_data(config, workdir)
+  out = {"task": task, "train": _lines(splits["train"], num_lines, batch_size)}
+  if split is not None:
+    vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+    out["train"].update(_lines(_encoded(task, config, workdir, vocab, split), num_lines,
+                               batch_size, "split_"))
+  out["eval"] = {name: input_pipeline.prepare_eval_batches(
+      splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
+      task.eval_fields) for name in ("in_domain", "out_of_domain")}
+  out["means_inputs"] = np.asarray(splits["train"].inputs)[:num_lines or len(splits["train"])]
+  return out
+
+
+def seed_inputs(restored, seeds: list[int], data: dict):
+  """The model config, vocabulary, parameters [S, ...] and mean-ablation means of `seeds`.
+
+  Args:
+    restored: a `checkpointing.restore` result holding `seeds`.
+    seeds: training seed ids, in the order of the returned leading axis.
+    data: `load_lines`'s result (the means are over its 'means_inputs').
+
+  Returns:
+    (ModelConfig with max_len covering every line, Vocab, params [S, ...], (head means float32
+    [S, num_layers, num_heads, head_dim], MLP means float32 [S, num_layers, d_model])).
+  """
+  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+
+  vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+  longest = max(data["train"]["inputs"].shape[-1],
+                *(b["inputs"].shape[-1] for b in data["eval"].values()))
+  model_config = ModelConfig.from_config(restored.config.model, vocab.size,
+                                         max_len=max(512, longest))
+  run_seeds = list(restored.seeds)
+  idx = np.array([run_seeds.index(s) for s in seeds])
+  params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
+                                    restored.state["params"])
+  means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
+                                                        data["means_inputs"])))
+  return model_config, vocab, params_S, means_S
+
+
 def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = None,
           last_only: bool = True, seeds: list[int] | None = None, pruning_seeds: int = 4,
           num_steps: int = 0, sparsity_warmup_steps: int = -1, warmup_type: str = "linear",
@@ -128,9 +195,6 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
     ValueError: bad options, unknown seeds, options differing from the CSV's.
   """
-  from sg_jax import input_pipeline  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
-
   if pruning_seeds < 1 or num_lines < 0 or batch_size < 1 or steps_per_call < 1:
     raise ValueError("--pruning_seeds, --batch_size and --steps_per_call must be >= 1 and "
                      "--num_lines >= 0")
@@ -168,30 +232,12 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     if not chosen:
       log.info("step %d: every run is in %s already", step, path)
       continue
-    config = restored.config
-    vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
     if not data_cache:
-      task, _, splits = input_pipeline.load_data(config, workdir)
-      data_cache["task"] = task
-      data_cache["train"] = _lines(splits["train"], num_lines, batch_size)
-      if goal.split is not None:
-        data_cache["train"].update(_lines(_encoded(task, config, workdir, vocab, goal.split),
-                                          num_lines, batch_size, "split_"))
-      data_cache["eval"] = {
-          name: input_pipeline.prepare_eval_batches(
-              splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
-              task.eval_fields) for name in ("in_domain", "out_of_domain")}
-      data_cache["means_inputs"] = np.asarray(splits["train"].inputs)[
-          :num_lines or len(splits["train"])]
+      data_cache.update(load_lines(restored, workdir, num_lines=num_lines,
+                                   batch_size=batch_size, eval_lines=eval_lines,
+                                   split=goal.split))
     task, data = data_cache["task"], data_cache["train"]
-    longest = max(data["inputs"].shape[-1], *(b["inputs"].shape[-1]
-                                             for b in data_cache["eval"].values()))
-    model_config = ModelConfig.from_config(config.model, vocab.size, max_len=max(512, longest))
-    idx = np.array([run_seeds.index(s) for s in chosen])
-    params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
-                                      restored.state["params"])
-    means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
-                                                          data_cache["means_inputs"])))
+    model_config, vocab, params_S, means_S = seed_inputs(restored, chosen, data_cache)
     keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in grid])
                       for s in chosen])
     targets = jnp.asarray([[lv for lv, _ in grid]] * len(chosen), jnp.float32)

@@ -5,6 +5,7 @@ Modules: `hard_concrete` (the gates and their closed forms, the final masks), `m
 mean-ablation means), `objective` (KL / task objectives, sparsity, the Lagrangian, the target
 schedule), `run` (one pruning run, and every run of a checkpoint vmapped in one program),
 `evaluate` (task metrics and KL of subnetworks), `core` (effective size, the core, overlaps,
-forcing and ablation masks), `table` (pruning.csv and the masks file). The CLI is
-`python -m sg_jax.prune`.
+forcing and ablation masks), `table` (pruning.csv and the masks file), `core_table`
+(pruning_core.csv: the core analyses' rows). The CLIs are `python -m sg_jax.prune` and
+`python -m sg_jax.prune_core`.
 """

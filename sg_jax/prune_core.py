@@ -1,0 +1,316 @@
+r"""Core-analysis CLI: the heuristic core of the pruning runs, over checkpoints and seeds.
+
+  python -m sg_jax.prune_core --workdir=runs/quick
+  python -m sg_jax.prune_core --workdir=runs/grok --sparsity=0.5 --num_draws=16 --seeds=0,1
+  python -m sg_jax.prune_core --workdir=runs/grok --no_ablation   # tables only, no checkpoint
+
+It reads `WORKDIR/pruning.csv` (`--input`, written by `sg_jax.prune`) and the masks files
+`WORKDIR/pruning/masks_step<N>.npz`, and writes `WORKDIR/pruning_core.csv` (`--output`), rows
+`step,seed,sparsity,name,value`:
+* per (step, seed), sparsity nan: `effective_size/<variant>` with `/ci_low`, `/ci_high`, for
+  the variants mean (in- and out-of-domain accuracy averaged), in_domain and out_of_domain,
+  over every level of the pruning table;
+* per (step, seed, level): `core/num_heads`, `core/num_mlps`, `core/num_units`,
+  `core/jaccard_final` (against the same seed's core at its last pruned step),
+  `core/jaccard_seed<b>` (against seed b's core), `inclusion/<unit>`, `in_core/<unit>`;
+* unless `--no_ablation`, per (step, seed, level) with a non-empty core: `full/<metric>`,
+  `core_ablation/<metric>` and `random_ablation/<metric>` (mean of `--num_draws` draws) with
+  `random_ablation/<metric>/draw<k>`. The checkpoint is restored, the means are computed as
+  `sg_jax.prune` does (its `--num_lines` and `--ablation`, read from the pruning table's options
+  file) and the masks are scored with `pruning.evaluate.make_evaluator`.
+
+Reruns replace: every selected (step, seed, level) group is recomputed and replaces its rows,
+the others stay, and the file is rewritten atomically after each step. Ablation rows are
+reused, not recomputed, while the group's stored core equals the new one. Definitions are in
+docs/pruning.md (Bhaskar, Friedman & Chen, ACL 2024).
+"""
+
+from __future__ import annotations
+
+import json
+import logging as py_logging
+import os
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+
+from sg_jax import checkpointing
+from sg_jax import metric_logging
+from sg_jax import prune as prune_lib
+from sg_jax.cli_options import check_options, parse_list
+from sg_jax.pruning import core
+from sg_jax.pruning import core_table
+from sg_jax.pruning import evaluate as evaluate_lib
+from sg_jax.pruning import table
+
+log = py_logging.getLogger("sg_jax.prune_core")
+
+
+def parse_levels(text: str) -> list[float] | None:
+  """'all' -> None; '0.3,0.5' -> [0.3, 0.5]. Raises ValueError unless distinct levels in (0, 1)."""
+  if text.strip().lower() == "all":
+    return None
+  try:
+    return prune_lib.parse_sparsities(text)
+  except ValueError:
+    raise ValueError(f"--sparsity must be 'all' or distinct comma-separated numbers in (0, 1), "
+                     f"got {text!r}") from None
+
+
+def _select(name: str, wanted, present: list, flag: str) -> list:
+  if wanted is None:
+    return present
+  missing = sorted(set(wanted) - set(present))
+  if missing:
+    raise ValueError(f"{name} {missing} are not in the pruning table ({flag}); present: "
+                     f"{present}")
+  return sorted(set(wanted))
+
+
+def _pruning_options(path: str) -> dict:
+  """The pruning table's recorded `num_lines`, `batch_size` and `ablation` (prune's defaults
+  when it has no options file)."""
+  opts = {"num_lines": 1000, "batch_size": 16, "ablation": "mean"}
+  if os.path.exists(path + ".options.json"):
+    with open(path + ".options.json") as f:
+      opts.update({k: v for k, v in json.load(f).items() if k in opts})
+  else:
+    log.warning("%s has no options file; assuming sg_jax.prune's defaults %s", path, opts)
+  return opts
+
+
+class _Masks:
+  """The masks files of a workdir, read once each: {(seed, level): bool [P, U]} per step."""
+
+  def __init__(self, workdir: str):
+    self.workdir, self.cache, self.shape = workdir, {}, None
+
+  def get(self, step: int, seed: int, level: float) -> np.ndarray:
+    """bool [P, U] of one (step, seed, level). Raises ValueError when it has no masks."""
+    if step not in self.cache:
+      masks = table.load_masks(self.workdir, step)
+      if masks is None:
+        raise ValueError(f"step {step} has runs in the pruning table but no masks file "
+                         f"{table.masks_path(self.workdir, step)}")
+      self.shape = tuple(masks["head_mask"].shape[1:])
+      self.cache[step] = core_table.unit_masks(masks)
+    if (seed, level) not in self.cache[step]:
+      raise ValueError(f"step {step}: no masks of seed {seed} at sparsity {level} in "
+                       f"{table.masks_path(self.workdir, step)}")
+    return self.cache[step][(seed, level)]
+
+
+def prune_core(workdir: str, *, input_name: str = "pruning.csv",
+               output: str = "pruning_core.csv", sparsities: list[float] | None = None,
+               steps: list[int] | None = None, last_only: bool = False,
+               seeds: list[int] | None = None, num_draws: int = 8, eval_lines: int = 0,
+               ablation: bool = True) -> dict:
+  """Writes the core analyses of the selected groups (module docstring); returns a summary.
+
+  Args: as the flags; None selects everything present in the pruning table (`last_only`: its
+  last step).
+
+  Returns:
+    {'groups': [(step, seed, level)], 'evaluated': groups whose ablation rows were computed,
+    'reused': groups whose ablation rows were kept, 'rows': rows in the output, 'path': it,
+    'table': `summary_table` of the groups}.
+
+  Raises:
+    ValueError: no pruning table or no run in it, an unknown step, seed or level, a step
+      without masks, num_draws < 0, options differing from the output's.
+    checkpointing.CheckpointError: the checkpoint of a step to ablate cannot be restored.
+  """
+  if num_draws < 0 or eval_lines < 0:
+    raise ValueError("--num_draws and --eval_lines must be >= 0")
+  if not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} does not exist")
+  in_path, out_path = os.path.join(workdir, input_name), os.path.join(workdir, output)
+  if not os.path.exists(in_path):
+    raise ValueError(f"no pruning table {in_path}; run python -m sg_jax.prune first")
+  runs, full = core_table.run_tables(table.read_rows(in_path))
+  if not runs:
+    raise ValueError(f"{in_path} has no pruning run")
+  all_steps = sorted({s for s, _ in runs})
+  todo_steps = [all_steps[-1]] if last_only else _select("steps", steps, all_steps, "--steps")
+  all_seeds = sorted({seed for s, seed in runs if s in todo_steps})
+  todo_seeds = _select("seeds", seeds, all_seeds, "--seeds")
+  all_levels = sorted({lv for (s, _), by_lv in runs.items() if s in todo_steps for lv in by_lv})
+  todo_levels = _select("sparsity levels", None if sparsities is None else
+                        [table.level_key(x) for x in sparsities], all_levels, "--sparsity")
+  opts = _pruning_options(in_path)
+  if ablation:
+    check_options(out_path, {"input": input_name, "num_draws": num_draws,
+                             "eval_lines": eval_lines, "num_lines": opts["num_lines"],
+                             "ablation": opts["ablation"]})
+  masks = _Masks(workdir)
+  last_step = {}  # (seed, level) -> the last step with runs
+  for (s, seed), by_lv in runs.items():
+    for lv in by_lv:
+      last_step[(seed, lv)] = max(s, last_step.get((seed, lv), s))
+  rows = core_table.read_rows(out_path)
+  stored = {}
+  for r in rows:
+    stored.setdefault(core_table.group_of(r), []).append(r)
+  summary = {"groups": [], "evaluated": [], "reused": [], "path": out_path}
+  data = {}
+  for step in todo_steps:
+    new: dict[core_table.Group, list] = {}
+    to_ablate = {}  # (seed, level) -> core
+    for seed in todo_seeds:
+      if (step, seed) not in runs:
+        log.info("step %d: no run of seed %d", step, seed)
+        continue
+      eff, why = core_table.effective_size_rows(step, seed, runs[(step, seed)],
+                                                full.get((step, seed)))
+      if why:
+        log.info("step %d seed %d: no effective size (%s)", step, seed, why)
+      new[(step, seed, None)] = eff
+      for lv in todo_levels:
+        if lv not in runs[(step, seed)]:
+          continue
+        group = (step, seed, lv)
+        new[group], kernel, reuse = _group_rows(group, runs, masks, last_step[(seed, lv)],
+                                                stored.get(group, []))
+        if reuse:
+          summary["reused"].append(group)
+        elif not kernel.any():
+          log.info("step %d seed %d sparsity %s: the core is empty; no core ablation", step,
+                   seed, lv)
+        elif ablation:
+          to_ablate[(seed, lv)] = kernel
+        summary["groups"].append(group)
+    if to_ablate:
+      _ablate(workdir, step, to_ablate, new, masks.shape, num_draws, eval_lines, opts, data)
+      summary["evaluated"] += [(step, seed, lv) for seed, lv in to_ablate]
+    rows = core_table.merge(rows, new)
+    core_table.write_rows(out_path, rows)
+  summary["rows"] = len(rows)
+  summary["table"] = summary_table(rows, summary["groups"])
+  return summary
+
+
+def _group_rows(group, runs, masks: _Masks, final_step: int, old: list):
+  """The core rows of one (step, seed, level) and its stored ablation rows while its stored
+  core is the same: (rows, core bool [U], whether the ablation rows were reused)."""
+  step, seed, lv = group
+  sub = masks.get(step, seed, lv)
+  num_layers, num_heads = masks.shape
+  names = core.unit_names(num_layers, num_heads)
+  others = {b: core.heuristic_core(masks.get(step, b, lv)) for (s, b), by_lv in runs.items()
+            if s == step and b != seed and lv in by_lv}
+  final = core.heuristic_core(masks.get(final_step, seed, lv))
+  rows = core_table.core_rows(step, seed, lv, sub, names, num_layers * num_heads, final, others)
+  kernel = core.heuristic_core(sub)
+  old_ablation = [r for r in old if r[3].startswith(core_table.ABLATION_PREFIXES)]
+  old_core = core_table.stored_core(old, names)
+  if old_ablation and old_core is not None and np.array_equal(old_core, kernel):
+    return rows + old_ablation, kernel, True
+  if old_ablation:
+    log.info("step %d seed %d sparsity %s: the core changed; its old ablation rows are dropped",
+             step, seed, lv)
+  return rows, kernel, False
+
+
+def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, data) -> None:
+  """Restores `step`, scores every (seed, level) of `to_ablate` ({(seed, level): core}) in one
+  evaluator call and appends its ablation rows to `new`'s groups."""
+  restored = checkpointing.restore(workdir, step, params_only=True)
+  seeds = sorted({seed for seed, _ in to_ablate})
+  missing = sorted(set(seeds) - set(restored.seeds))
+  if missing:
+    raise ValueError(f"step {step}: seeds {missing} are not in the checkpoint "
+                     f"(seeds: {list(restored.seeds)})")
+  if not data:
+    data.update(prune_lib.load_lines(restored, workdir, num_lines=opts["num_lines"],
+                                     batch_size=opts["batch_size"], eval_lines=eval_lines))
+  model_config, vocab, params_S, means_S = prune_lib.seed_inputs(restored, seeds, data)
+  num_layers, num_heads = shape
+  levels = sorted({lv for _, lv in to_ablate})
+  per = 2 + num_draws
+  heads = np.ones((len(seeds), len(levels) * per, num_layers, num_heads), bool)
+  mlp = np.ones((len(seeds), len(levels) * per, num_layers), bool)
+  reasons = {}
+  for (seed, lv), kernel in to_ablate.items():
+    i, k = seeds.index(seed), levels.index(lv) * per
+    h, m, reasons[(seed, lv)] = core_table.ablation_masks(
+        kernel, num_layers, num_heads, num_draws, core_table.draw_seed(step, seed, lv))
+    heads[i, k:k + per], mlp[i, k:k + per] = h, m
+  evaluator = evaluate_lib.make_evaluator(data["task"], model_config, vocab, data["eval"],
+                                          opts["ablation"])
+  log.info("step %d: scoring %d cores (%d masks per seed)", step, len(to_ablate),
+           heads.shape[1])
+  metrics = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.asarray(heads, jnp.float32),
+                                           jnp.asarray(mlp, jnp.float32)))
+  for (seed, lv), reason in reasons.items():
+    if reason:
+      log.info("step %d seed %d sparsity %s: no random baseline (%s)", step, seed, lv, reason)
+    i, k = seeds.index(seed), levels.index(lv) * per
+    new[(step, seed, lv)] += core_table.ablation_rows(
+        step, seed, lv, {n: v[i, k:k + per] for n, v in metrics.items()}, reason is None)
+
+
+def summary_table(rows, groups) -> str:
+  """One line per (step, seed, level) of `groups`: core heads + MLPs, effective size (mean
+  variant), Jaccard with the final core, out-of-domain accuracy with the core / random units
+  ablated."""
+  values = {}
+  for r in rows:
+    values[(core_table.group_of(r), r[3])] = r[4]
+  fmt = lambda x: "-" if x is None or np.isnan(x) else f"{x:.3f}"
+  lines = [f"{'step':>8} {'seed':>4} {'level':>6} {'core':>7} {'eff_size':>8} "
+           f"{'jac_final':>9} {'ood_core':>8} {'ood_rand':>8}"]
+  for step, seed, lv in groups:
+    get = lambda name, g=(step, seed, lv): values.get((g, name))
+    size = f"{get('core/num_heads') or 0:.0f}h+{get('core/num_mlps') or 0:.0f}m"
+    lines.append(
+        f"{step:>8} {seed:>4} {lv:>6} {size:>7} "
+        f"{fmt(values.get(((step, seed, None), 'effective_size/mean'))):>8} "
+        f"{fmt(get('core/jaccard_final')):>9} "
+        f"{fmt(get('core_ablation/out_of_domain/accuracy')):>8} "
+        f"{fmt(get('random_ablation/out_of_domain/accuracy')):>8}")
+  return "\n".join(lines)
+
+
+def define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, as `sg_jax.prune`)."""
+  flags.DEFINE_string("workdir", None, "Run directory holding pruning.csv and pruning/.")
+  flags.DEFINE_string("input", "pruning.csv", "Pruning table (relative to --workdir).")
+  flags.DEFINE_string("output", "pruning_core.csv", "Core table (relative to --workdir).")
+  flags.DEFINE_string("sparsity", "all", "'all' or comma-separated sparsity levels of the "
+                      "pruning table.")
+  flags.DEFINE_string("steps", "all", "'all', 'last' or comma-separated steps of the table.")
+  flags.DEFINE_string("seeds", "all", "'all' or comma-separated training seed ids.")
+  flags.DEFINE_integer("num_draws", 8, "Random-ablation draws per core.")
+  flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
+                       "eval.max_lines).")
+  flags.DEFINE_bool("ablation", True, "Core ablation in the full model (--no_ablation: the "
+                    "tables only, no checkpoint is restored).")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  metric_logging.setup_cli_logging()
+  f = flags.FLAGS
+  try:
+    steps_text = f.steps.strip().lower()
+    result = prune_core(
+        f.workdir, input_name=f.input, output=f.output,
+        sparsities=parse_levels(f.sparsity),
+        steps=None if steps_text == "last" else parse_list(f.steps, "steps"),
+        last_only=steps_text == "last", seeds=parse_list(f.seeds, "seeds"),
+        num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation)
+  except (ValueError, checkpointing.CheckpointError) as e:
+    sys.exit(f"error: {e}")
+  print(result["table"])
+  print(f"core analyses: {len(result['groups'])} groups, {len(result['evaluated'])} ablated, "
+        f"{len(result['reused'])} reused; {result['rows']} rows in {result['path']}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

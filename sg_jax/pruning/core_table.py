@@ -1,0 +1,233 @@
+"""`WORKDIR/pruning_core.csv`: the core analyses of the pruning runs as `step,seed,sparsity,name,
+value` rows (written by `python -m sg_jax.prune_core`; the names are in docs/pruning.md).
+
+Everything here is numpy on the host tables (`pruning.csv`, `pruning/masks_step<N>.npz`): the
+per-(step, seed) effective size, the per-(step, seed, level) core, inclusion frequencies and
+overlaps, the masks of the core-ablation rows and the rows they become. Per-(step, seed) rows
+have sparsity nan. The table is rewritten whole and atomically (`fileio.write_atomic`), with
+one group of rows (step, seed, level) replaced at a time (`merge`). Definitions: Bhaskar,
+Friedman & Chen, ACL 2024, and `core`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from sg_jax import fileio
+from sg_jax.pruning import core
+from sg_jax.pruning import table
+
+HEADER = "step,seed,sparsity,name,value\n"
+Row = tuple[int, int, float, str, float]  # (step, seed, sparsity or nan, name, value)
+Group = tuple[int, int, float | None]     # (step, seed, level key or None for nan)
+ACCURACY = ("in_domain/accuracy", "out_of_domain/accuracy")
+ABLATION_PREFIXES = ("full/", "core_ablation/", "random_ablation/")
+
+
+def group_of(row) -> Group:
+  """(step, seed, level) of a row: the level key, or None for the per-(step, seed) rows."""
+  level = row[2]
+  return int(row[0]), int(row[1]), None if math.isnan(level) else table.level_key(level)
+
+
+def read_rows(path: str) -> list[Row]:
+  """Rows of a core CSV in file order ([] when it is missing); the header, malformed lines and
+  an unterminated last line are skipped."""
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as f:
+    lines = f.read().split("\n")
+  lines.pop()  # "" after the last newline, else a cut line
+  rows = []
+  for r in csv.reader(lines):
+    if len(r) != 5:
+      continue
+    try:
+      rows.append((int(r[0]), int(r[1]), float(r[2]), r[3], float(r[4])))
+    except ValueError:
+      continue
+  return rows
+
+
+def format_rows(rows: Iterable[Row]) -> str:
+  """CSV lines of (step, seed, sparsity, name, value) rows, floats as `repr` (nan as 'nan')."""
+  buf = io.StringIO()
+  writer = csv.writer(buf, lineterminator="\n")
+  for step, seed, sparsity, name, value in rows:
+    level = float("nan") if math.isnan(sparsity) else table.level_key(sparsity)
+    writer.writerow((int(step), int(seed), repr(level), name, repr(float(value))))
+  return buf.getvalue()
+
+
+def merge(old: list[Row], new: Mapping[Group, list[Row]]) -> list[Row]:
+  """`old` with every group of `new` replaced by its rows, sorted by (step, seed, level; nan
+  first), each group's rows in their order."""
+  groups: dict[Group, list[Row]] = {}
+  for row in old:
+    groups.setdefault(group_of(row), []).append(row)
+  groups.update(new)
+  order = sorted(groups, key=lambda g: (g[0], g[1], -1.0 if g[2] is None else g[2]))
+  return [row for g in order for row in groups[g]]
+
+
+def write_rows(path: str, rows: Iterable[Row]) -> None:
+  """Replaces `path` with the header and `rows`, atomically.
+
+  Raises:
+    OSError: the file cannot be written (the old one is left as it was).
+  """
+  fileio.write_atomic(path, HEADER + format_rows(rows))
+
+
+def run_tables(pruning_rows: Iterable[table.Row]):
+  """Index the rows of pruning.csv.
+
+  Returns:
+    (runs {(step, seed): {level: {pruning_seed: {name: value}}}} of the runs with their
+    `achieved_sparsity` row, full {(step, seed): {name: value}} of the full models).
+  """
+  values: dict = {}
+  for step, seed, sparsity, ps, name, value in pruning_rows:
+    key = (step, seed) if ps == table.FULL_MODEL else (step, seed, table.level_key(sparsity), ps)
+    values.setdefault(key, {})[name] = value
+  runs, full = {}, {}
+  for key, named in values.items():
+    if len(key) == 2:
+      full[key] = named
+    elif table.MARKER in named:
+      runs.setdefault(key[:2], {}).setdefault(key[2], {})[key[3]] = named
+  return runs, full
+
+
+def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, dict]],
+                        full: Mapping[str, float] | None) -> tuple[list[Row], str | None]:
+  """`effective_size/<variant>` and its `/ci_low`, `/ci_high` (mean -+ the 95% Student-t
+  half-width, nan for one pruning seed) of one (step, seed), over every level of `runs`
+  ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every level has.
+
+  Returns:
+    (rows with sparsity nan, None), or ([], the reason) when the full model's accuracies or a
+    pruning seed common to all levels are missing.
+  """
+  if full is None or any(n not in full for n in ACCURACY):
+    return [], "no full-model accuracies in the pruning table"
+  levels = sorted(lv for lv, by_ps in runs.items()
+                  if any(all(n in v for n in ACCURACY) for v in by_ps.values()))
+  common = sorted(set.intersection(*[{ps for ps, v in runs[lv].items()
+                                      if all(n in v for n in ACCURACY)} for lv in levels])
+                  ) if levels else []
+  if not common:
+    return [], "no pruning seed with accuracies at every level"
+  acc = [{lv: [runs[lv][ps][n] for ps in common] for lv in levels} for n in ACCURACY]
+  sizes = core.effective_size(acc[0], acc[1], full[ACCURACY[0]], full[ACCURACY[1]])
+  nan = float("nan")
+  rows = []
+  for variant in core.VARIANTS:
+    mean, ci = sizes[variant]["mean"], sizes[variant]["ci"]
+    rows += [(step, seed, nan, f"effective_size/{variant}", mean),
+             (step, seed, nan, f"effective_size/{variant}/ci_low", mean - ci),
+             (step, seed, nan, f"effective_size/{variant}/ci_high", mean + ci)]
+  return rows, None
+
+
+def unit_masks(masks: Mapping[str, np.ndarray]) -> dict[tuple[int, float], np.ndarray]:
+  """{(seed, level): bool [P, U]} of a masks file (`table.load_masks`), the subnetworks of each
+  (training seed, level) in pruning-seed order, units as `core.flat_units`."""
+  flat = core.flat_units(masks["head_mask"], masks["mlp_mask"])
+  keys = [(int(s), table.level_key(lv), int(p))
+          for s, lv, p in zip(masks["seed"], masks["sparsity"], masks["pruning_seed"])]
+  out: dict[tuple[int, float], list] = {}
+  for i in sorted(range(len(keys)), key=lambda i: keys[i]):
+    out.setdefault(keys[i][:2], []).append(flat[i])
+  return {k: np.stack(v) for k, v in out.items()}
+
+
+def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str], num_heads: int,
+              final_core, other_cores: Mapping[int, np.ndarray]) -> list[Row]:
+  """The core rows of one (step, seed, level).
+
+  Args:
+    subnetworks: bool [P, U], the pruning seeds' masks (`unit_masks`).
+    names: the U unit names (`core.unit_names`).
+    num_heads: how many of the U units are heads (num_layers * num_heads).
+    final_core: bool [U], the same seed's core at the last step (same level).
+    other_cores: {seed b: bool [U]}, the other training seeds' cores (same step and level).
+
+  Returns:
+    `core/num_heads`, `core/num_mlps`, `core/num_units`, `core/jaccard_final`,
+    `core/jaccard_seed<b>`, then `inclusion/<unit>` and `in_core/<unit>` (0/1) per unit.
+  """
+  kernel = core.heuristic_core(subnetworks)
+  inclusion = core.inclusion_frequency(subnetworks)
+  rows = [("core/num_heads", kernel[:num_heads].sum()), ("core/num_mlps",
+                                                         kernel[num_heads:].sum()),
+          ("core/num_units", kernel.sum()), ("core/jaccard_final", core.jaccard(kernel,
+                                                                                 final_core))]
+  rows += [(f"core/jaccard_seed{b}", core.jaccard(kernel, c))
+           for b, c in sorted(other_cores.items()) if b != seed]
+  rows += [(f"inclusion/{n}", f) for n, f in zip(names, inclusion)]
+  rows += [(f"in_core/{n}", float(k)) for n, k in zip(names, kernel)]
+  return [(step, seed, level, name, float(value)) for name, value in rows]
+
+
+def stored_core(rows: Iterable[Row], names: list[str]) -> np.ndarray | None:
+  """bool [U] from a group's `in_core/<unit>` rows, or None when a unit has none."""
+  found = {r[3][len("in_core/"):]: r[4] for r in rows if r[3].startswith("in_core/")}
+  if any(n not in found for n in names):
+    return None
+  return np.array([found[n] > 0.5 for n in names])
+
+
+def draw_seed(step: int, seed: int, level: float) -> int:
+  """The numpy seed of the random-ablation draws of one (step, seed, level)."""
+  return int(np.random.SeedSequence([int(step), int(seed), int(round(level * 1e6))]
+                                    ).generate_state(1)[0])
+
+
+def ablation_masks(kernel, num_layers: int, num_heads: int, num_draws: int, seed: int):
+  """Kept-unit masks of the full model, the core ablated, and the random baseline.
+
+  Args:
+    kernel: bool [U], the core (`core.flat_units` order).
+    num_layers, num_heads: the model's shape.
+    num_draws: random draws.
+    seed: their numpy seed (`draw_seed`).
+
+  Returns:
+    (head masks bool [2 + num_draws, num_layers, num_heads], MLP masks bool
+    [2 + num_draws, num_layers], the reason there is no random baseline or None): row 0 the
+    full model, 1 the core removed, 2.. the draws of `core.core_ablation_masks` (all ones,
+    and the reason, when the core has more heads than lie outside it).
+  """
+  kernel = np.asarray(kernel, bool)
+  units = np.ones((2 + num_draws, kernel.size), bool)
+  units[1] = ~kernel
+  reason = None
+  try:
+    _, draws = core.core_ablation_masks(kernel, num_layers * num_heads, num_draws, seed)
+    units[2:] = draws
+  except ValueError as e:
+    reason = str(e)
+  heads, mlp = core.split_units(units, num_layers, num_heads)
+  return heads, mlp, reason
+
+
+def ablation_rows(step: int, seed: int, level: float, metrics: Mapping[str, np.ndarray],
+                  random_baseline: bool = True) -> list[Row]:
+  """`full/<m>`, `core_ablation/<m>`, `random_ablation/<m>` (mean over draws) and
+  `random_ablation/<m>/draw<k>` from the evaluator's {metric: float [2 + num_draws]} (the rows
+  of `ablation_masks`); no random rows unless `random_baseline`."""
+  rows = []
+  for name in sorted(metrics):
+    v = np.asarray(metrics[name], np.float64)
+    rows += [("full/" + name, v[0]), ("core_ablation/" + name, v[1])]
+    if random_baseline and v.size > 2:
+      rows.append(("random_ablation/" + name, v[2:].mean()))
+      rows += [(f"random_ablation/{name}/draw{k}", x) for k, x in enumerate(v[2:])]
+  return [(step, seed, level, name, float(value)) for name, value in rows]
