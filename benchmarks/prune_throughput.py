@@ -6,8 +6,9 @@ Plain script (prints tables; not a unit test):
 
 Per model and number of runs R, on random-initialised parameters (the cost of a pruning step does
 not depend on the weights) and random lines of `--length` tokens, `--batch_size` lines per step:
-* vmapped: `pruning.run.train_runs` (the production path of `python -m sg_jax.prune`): R runs as
-  `--seeds` training seeds x R / seeds runs each, `--steps` steps in one `lax.scan` call;
+* vmapped: `pruning.run.train_runs` (on one device; `python -m sg_jax.prune` runs the same
+  program on each device's block of runs, `pruning.placement`): R runs as `--seeds` training
+  seeds x R / seeds runs each, `--steps` steps in one `lax.scan` call;
 * one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
   once per run, `--steps` steps per call.
 Both compile first (untimed); the figure is the best of `--repeats` timed calls. Reported: run

@@ -7,8 +7,9 @@ r"""Pruning CLI: hard-concrete subnetworks of trained checkpoints (the heuristic
 For each selected checkpoint (default: the last) it restores the seeds' parameters, computes the
 mean head and MLP outputs over the real tokens of the first `--num_lines` training lines, and
 trains one set of hard-concrete gates per (training seed x sparsity level x pruning seed) in ONE
-compiled program (vmapped; `sg_jax.pruning.run`), `--steps_per_call` steps per call. Each run's
-gates are then binarised (the original's per-group rule, or `--binarise=global`) and the
+compiled program (vmapped; `sg_jax.pruning.run`), `--steps_per_call` steps per call, laid
+out over the local devices (a (seed, run) mesh, `sg_jax.pruning.placement`; `--num_devices`).
+Each run's gates are then binarised (the original's per-group rule, or `--binarise=global`) and the
 subnetwork is evaluated with the task's own metrics (in-domain and out-of-domain accuracy and
 loss, and the rule agreements of question formation) and its KL to the full model on the pruning
 lines. Rows `step,seed,sparsity,pruning_seed,name,value` are appended to `WORKDIR/pruning.csv`
@@ -33,6 +34,12 @@ import os
 import sys
 import time
 
+from sg_jax import host_devices
+
+if __name__ == "__main__":
+  host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices, as training
+
+# pylint: disable=wrong-import-position
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,12 +48,14 @@ from absl import flags
 
 from sg_jax import checkpointing
 from sg_jax import metric_logging
+from sg_jax import sharding
 from sg_jax.cli_options import check_options, parse_list
 from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import hard_concrete
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import objective as objective_lib
+from sg_jax.pruning import placement
 from sg_jax.pruning import run as run_lib
 from sg_jax.pruning import table
 
@@ -175,18 +184,40 @@ def seed_inputs(restored, seeds: list[int], data: dict):
   return model_config, vocab, params_S, means_S
 
 
+def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params_S, means_S,
+              head_keep, mlp_keep, num_devices):
+  """(subnetwork metrics {name: [S, K]}, full model's {name: [S, 1]}, KL [S, K]) on the host,
+  each run per device (`placement.over_runs`; the full model's over a seed-only mesh)."""
+  evaluator = evaluate_lib.make_evaluator(task, model_config, vocab, eval_data, ablation)
+  h_mask, m_mask = placement.place(mesh, None, (np.asarray(head_keep, np.float32),
+                                                np.asarray(mlp_keep, np.float32)))[1]
+  results = evaluate_lib.to_rows(sharding.to_host(placement.over_runs(evaluator, mesh, 2)(
+      params_S, means_S, h_mask, m_mask)))
+  seed_mesh = placement.run_mesh(h_mask.shape[0], 1, num_devices)
+  ones = [np.ones(m.shape[:1] + (1,) + m.shape[2:], np.float32) for m in (h_mask, m_mask)]
+  seed_args, ones = placement.place(seed_mesh, (params_S, means_S), ones)[:2]
+  full = evaluate_lib.to_rows(sharding.to_host(placement.over_runs(evaluator, seed_mesh, 2)(
+      *seed_args, *ones)))
+  kl_fn = lambda p, m, hm, mm, d: evaluate_lib.subnetwork_kl(p, m, hm, mm, d, config=model_config,
+                                                             ablation=ablation)
+  kl = sharding.to_host(placement.over_runs(kl_fn, mesh, 2, 1)(params_S, means_S, h_mask,
+                                                                m_mask, data))
+  return results, full, np.asarray(kl)
+
+
 def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = None,
           last_only: bool = True, seeds: list[int] | None = None, pruning_seeds: int = 4,
           num_steps: int = 0, sparsity_warmup_steps: int = -1, warmup_type: str = "linear",
           objective: str = "kl", ablation: str = "mean", sparsity_from: str = "expected",
           weight_by_params: bool = False, binarise: str = "group", num_lines: int = 1000,
           batch_size: int = 16, eval_lines: int = 0, steps_per_call: int = 100,
-          output: str = "pruning.csv") -> dict[str, object]:
+          num_devices: int = 0, output: str = "pruning.csv") -> dict[str, object]:
   """Prunes the selected checkpoints (module docstring); returns a summary.
 
   Args: as the flags. `last_only` (the default `--steps=last`) takes the last checkpoint;
   otherwise `steps` (None = all). `num_steps` 0 and `sparsity_warmup_steps` -1 take
-  `run.default_steps` of the highest level; `eval_lines` 0 takes the run's `eval.max_lines`.
+  `run.default_steps` of the highest level; `eval_lines` 0 takes the run's `eval.max_lines`;
+  `num_devices` 0 lays the runs over every local device (`placement.run_mesh`).
 
   Returns:
     {'rows_written': n, 'runs': r, 'seconds': wall time of the pruning programs, 'steps': [...]}.
@@ -195,9 +226,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
     ValueError: bad options, unknown seeds, options differing from the CSV's.
   """
-  if pruning_seeds < 1 or num_lines < 0 or batch_size < 1 or steps_per_call < 1:
+  if (pruning_seeds < 1 or num_lines < 0 or batch_size < 1 or steps_per_call < 1
+      or num_devices < 0):
     raise ValueError("--pruning_seeds, --batch_size and --steps_per_call must be >= 1 and "
-                     "--num_lines >= 0")
+                     "--num_lines and --num_devices >= 0")
   if binarise not in BINARISE:
     raise ValueError(f"--binarise must be one of {BINARISE}, got {binarise!r}")
   goal = objective_lib.parse_objective(objective)
@@ -241,26 +273,31 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in grid])
                       for s in chosen])
     targets = jnp.asarray([[lv for lv, _ in grid]] * len(chosen), jnp.float32)
-    states = run_lib.init_runs(keys, model_config, settings)
+    mesh = placement.run_mesh(len(chosen), len(grid), num_devices)
+    params_S, (states, targets), data = placement.place(
+        mesh, params_S, (run_lib.init_runs(keys, model_config, settings), targets), data)
+    means_S = placement.place(mesh, means_S, None)[0]
+    train_runs = placement.train_runs_fn(mesh)
     log.info("step %d: pruning %d runs (%d seeds x %d levels x %d pruning seeds), %d steps, "
-             "objective %s", step, len(chosen) * len(grid), len(chosen), len(levels),
-             pruning_seeds, settings.num_steps, goal)
+             "objective %s; %s", step, len(chosen) * len(grid), len(chosen), len(levels),
+             pruning_seeds, settings.num_steps, goal,
+             placement.describe(mesh, len(chosen), len(grid)))
     t0 = time.time()
     tail = max(1, settings.num_steps // 10)
     history = []
     for n in run_lib.num_calls(settings.num_steps, steps_per_call):
-      states, metrics = run_lib.train_runs(states, params_S, means_S, targets, data,
-                                           num_steps=n, config=model_config, settings=settings)
-      history.append(jax.device_get(metrics["objective"]))
-      done_steps = int(jax.device_get(states.step)[0, 0])
+      states, metrics = train_runs(states, params_S, means_S, targets, data, num_steps=n,
+                                   config=model_config, settings=settings)
+      metrics = sharding.to_host(metrics)
+      history.append(metrics["objective"])
       log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity %s (%.0f s)",
-               step, done_steps, settings.num_steps, float(np.mean(history[-1][-1])),
-               np.round(np.asarray(metrics["expected_sparsity"][-1]).mean(0), 3),
-               time.time() - t0)
+               step, int(sharding.to_host(states.step)[0, 0]), settings.num_steps,
+               float(np.mean(history[-1][-1])),
+               np.round(metrics["expected_sparsity"][-1].mean(0), 3), time.time() - t0)
     seconds += time.time() - t0
     final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
-    la_heads = np.asarray(states.log_alpha["heads"])
-    la_mlp = np.asarray(states.log_alpha["mlp"])
+    states = sharding.to_host(states)
+    la_heads, la_mlp = states.log_alpha["heads"], states.log_alpha["mlp"]
     if binarise in ("group", "group_threshold"):
       head_keep, mlp_keep = hard_concrete.deterministic_masks(la_heads, la_mlp,
                                                               binarise == "group_threshold")
@@ -269,14 +306,9 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                 for k in range(len(grid))] for i in range(len(chosen))]
       head_keep = np.asarray([[p[0] for p in row] for row in pairs])
       mlp_keep = np.asarray([[p[1] for p in row] for row in pairs])
-    evaluator = evaluate_lib.make_evaluator(task, model_config, vocab, data_cache["eval"],
-                                            ablation)
-    h_mask, m_mask = jnp.asarray(head_keep, jnp.float32), jnp.asarray(mlp_keep, jnp.float32)
-    results = evaluate_lib.to_rows(evaluator(params_S, means_S, h_mask, m_mask))
-    full = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.ones_like(h_mask[:, :1]),
-                                          jnp.ones_like(m_mask[:, :1])))
-    kl = np.asarray(evaluate_lib.subnetwork_kl(params_S, means_S, h_mask, m_mask,
-                                               data, config=model_config, ablation=ablation))
+    results, full, kl = _evaluate(mesh, task, model_config, vocab, data_cache["eval"], data,
+                                  ablation, params_S, means_S, head_keep, mlp_keep,
+                                  num_devices)
     weights = objective_lib.unit_param_counts(model_config)
     expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
         h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None
@@ -344,6 +376,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
                        "eval.max_lines).")
   flags.DEFINE_integer("steps_per_call", 100, "Pruning steps per compiled call.")
+  flags.DEFINE_integer("num_devices", 0, "Devices to lay the runs over (0 = every local "
+                       "device; docs/pruning.md).")
   flags.DEFINE_string("output", "pruning.csv", "CSV file (relative to --workdir).")
   flags.mark_flags_as_required(["workdir"])
 
@@ -364,7 +398,7 @@ def main(argv):
         objective=f.objective, ablation=f.ablation, sparsity_from=f.sparsity_from,
         weight_by_params=f.weight_by_params, binarise=f.binarise, num_lines=f.num_lines,
         batch_size=f.batch_size, eval_lines=f.eval_lines, steps_per_call=f.steps_per_call,
-        output=f.output)
+        num_devices=f.num_devices, output=f.output)
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "

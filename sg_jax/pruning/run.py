@@ -249,12 +249,11 @@ def train_alone_jit(state, params, means, target, data, *, num_steps, config, se
                      settings=settings)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "config", "settings"),
-                   donate_argnums=(0,))
-def train_runs(states_SxK: RunState, params_S, means_S, targets_SxK: Array, data: dict, *,
-               num_steps: int, config: ModelConfig, settings: Settings
-               ) -> tuple[RunState, dict]:
-  """`num_steps` steps of every run of a checkpoint in one compiled program.
+def train_runs_unjitted(states_SxK: RunState, params_S, means_S, targets_SxK: Array,
+                       data: dict, *, num_steps: int, config: ModelConfig, settings: Settings
+                       ) -> tuple[RunState, dict]:
+  """`num_steps` steps of every run of a checkpoint (traced; `train_runs` jits it, and
+  `placement.train_runs_fn` runs it per device on a block of seeds and runs).
 
   Args:
     states_SxK: run states with leading axes [S training seeds, K runs per seed].
@@ -279,6 +278,16 @@ def train_runs(states_SxK: RunState, params_S, means_S, targets_SxK: Array, data
                                                           targets_SxK, batch)
 
   return jax.lax.scan(body, states_SxK, None, length=num_steps)
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "config", "settings"),
+                   donate_argnums=(0,))
+def train_runs(states_SxK: RunState, params_S, means_S, targets_SxK: Array, data: dict, *,
+               num_steps: int, config: ModelConfig, settings: Settings
+               ) -> tuple[RunState, dict]:
+  """`train_runs_unjitted` in one compiled program on one device (the states are donated)."""
+  return train_runs_unjitted(states_SxK, params_S, means_S, targets_SxK, data,
+                             num_steps=num_steps, config=config, settings=settings)
 
 
 def init_runs(key_data_SxKx2: Array, config: ModelConfig, settings: Settings) -> RunState:
