@@ -51,6 +51,17 @@ figures 1-5 for one's own runs):
   dose_response_<run>.png    (k) the same runs, for each numeric per-seed field: final
                              generalisation (all gen lines and per construction) against the
                              field's value, seed mean with a 95% bootstrap CI.
+  pruning_accuracy_<run>.png (l) where the workdir has pruning.csv (`sg_jax.prune`): in-domain
+                             vs out-of-domain accuracy of every subnetwork of the last pruned
+                             step, one panel per sparsity level, colour = training seed, star =
+                             the full model (`_step<N>` files for every step with
+                             --pruning_all_steps); pruning_inclusion_<run>.png: inclusion
+                             frequency heat maps (layer x head, MLP column) per training seed
+                             and level; pruning_effective_size_<run>.png: effective size vs step
+                             (three variants); pruning_core_ablation_<run>.png: with
+                             pruning_core.csv (`sg_jax.prune_core`), core ablation against the
+                             random-ablation baseline (`pruning_figures`). summary.md gains a
+                             "Pruning" section, summary_pruning.csv / _seeds.csv its rows.
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -77,6 +88,8 @@ import os
 
 from sg_jax.analysis import registry
 from sg_jax.report import groups
+from sg_jax.report import pruning_figures
+from sg_jax.report import pruning_tables
 from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, _task_prefix, plot_constructions,
                                    plot_dynamics, plot_early_stopping, plot_grokking,
                                    plot_inverted_u, plot_losses, plot_rules, plot_seed_spread,
@@ -96,7 +109,8 @@ __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "
 
 
 def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
-                 saturation: float = 0.99, tie_tolerance: float = 0.0) -> dict:
+                 saturation: float = 0.99, tie_tolerance: float = 0.0,
+                 pruning_all_steps: bool = False) -> dict:
   """Writes every figure and table of the report (see module docstring).
 
   Args:
@@ -105,6 +119,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     threshold: final generalisation accuracy above which a seed "generalises" (c).
     saturation: in-domain accuracy level whose first step is marked in (a).
     tie_tolerance: in-domain accuracies within this of the best count as tied (b).
+    pruning_all_steps: also draw the subnetworks' accuracies of every pruned step (l).
 
   Returns:
     {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]}.
@@ -181,11 +196,24 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
 
+  pruning_levels, pruning_seeds = [], []
+  for run in runs:
+    data = pruning_figures.draw(run.workdir, run.name, out_dir, optional, prefix,
+                                pruning_all_steps)
+    if data is not None:
+      level_rows, seed_rows_p = pruning_tables.summary_rows(data)
+      pruning_levels += level_rows
+      pruning_seeds += seed_rows_p
+  if pruning_levels:
+    write_csv(os.path.join(out_dir, "summary_pruning.csv"), pruning_levels)
+    write_csv(os.path.join(out_dir, "summary_pruning_seeds.csv"), pruning_seeds)
+
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
-                 extra_lines=groups.markdown_lines(group_table))
+                 extra_lines=groups.markdown_lines(group_table)
+                 + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

@@ -27,6 +27,8 @@ def define_flags() -> None:
                      "grokking curves.")
   flags.DEFINE_float("tie_tolerance", 0.0, "In-domain accuracies within this of the best count "
                      "as tied for early stopping.")
+  flags.DEFINE_bool("pruning_all_steps", False, "Draw the pruned subnetworks' accuracies of "
+                    "every pruned step too (pruning_accuracy_<run>_step<N>.png).")
   flags.DEFINE_list("modules", [], "Python modules to import first; each registers its own "
                     "analysis quantities, whose columns are then plotted too.")
 
@@ -45,7 +47,8 @@ def main(argv):
   try:
     registry.load_modules(FLAGS.modules)
     result = build_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
-                          saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance)
+                          saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance,
+                          pruning_all_steps=FLAGS.pruning_all_steps)
   except ValueError as e:  # ReportError, or a --modules entry that cannot be imported
     sys.exit(f"error: {e}")
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
