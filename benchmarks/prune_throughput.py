@@ -12,7 +12,11 @@ not depend on the weights) and random lines of `--length` tokens, `--batch_size`
 * one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
   once per run, `--steps` steps per call.
 Both compile first (untimed); the figure is the best of `--repeats` timed calls. Reported: run
-steps per second (runs x steps / seconds) and the vmapped / one-at-a-time ratio at the same R.
+steps per second (runs x steps / seconds) and the vmapped / one-at-a-time ratio at the same R,
+and XLA's FLOP count per run step of each program (`cost_analysis` of a 1-step call, which
+counts a scan body once): the vmapped program computes the frozen model's logits once per
+training seed instead of once per run, so its FLOP ratio is the speed-up it would have at equal
+FLOP throughput; on a compute-bound CPU the measured ratio stays near it.
 Models: reference = docs/REFERENCE.md §1 (6 layers, d_model 512, 8 heads, d_ff 2048); grok_cpu
 = configs/question.py's preset (6 layers, d_model 128, 4 heads, d_ff 512).
 """
@@ -56,8 +60,16 @@ def _best(fn, repeats: int) -> float:
   return min(times)
 
 
-def measure(name: str, num_runs: int, args) -> tuple[float, float]:
-  """(vmapped, one-at-a-time) run steps per second for `num_runs` runs of model `name`."""
+def _flops(lowered) -> float:
+  """XLA's FLOP count of a lowered program (compiled here)."""
+  cost = lowered.compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", float("nan")))
+
+
+def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]:
+  """(vmapped, one-at-a-time) run steps per second for `num_runs` runs of model `name`, then
+  their FLOPs per run step."""
   config = ModelConfig(vocab_size=VOCAB, dropout=0.0, **MODELS[name])
   seeds = min(args.seeds, num_runs)
   if num_runs % seeds:
@@ -96,12 +108,18 @@ def measure(name: str, num_runs: int, args) -> tuple[float, float]:
         jax.block_until_ready(out)
     return out
 
+  flops_vmapped = _flops(run.train_runs.lower(
+      states, params_s, means, targets, data, num_steps=1, config=config,
+      settings=settings)) / num_runs
+  flops_alone = _flops(run.train_alone_jit.lower(
+      alone_states[0][0], params[0], seed_means[0], jnp.float32(levels[0]), data, num_steps=1,
+      config=config, settings=settings))
   vmapped()
   t_vmapped = _best(vmapped, args.repeats)
   one_at_a_time()
   t_alone = _best(one_at_a_time, args.repeats)
   work = num_runs * args.steps
-  return work / t_vmapped, work / t_alone
+  return work / t_vmapped, work / t_alone, flops_vmapped, flops_alone
 
 
 def main():
@@ -118,13 +136,15 @@ def main():
   rows = []
   for name in args.models.split(","):
     for num_runs in args.runs:
-      v, a = measure(name, num_runs, args)
-      rows.append([name, str(num_runs), f"{v:.1f}", f"{a:.1f}", f"{v / a:.2f}"])
-      print(f"  {name} x {num_runs} runs: vmapped {v:.1f}, one at a time {a:.1f} run-steps/s",
-            flush=True)
+      v, a, fv, fa = measure(name, num_runs, args)
+      rows.append([name, str(num_runs), f"{v:.1f}", f"{a:.1f}", f"{v / a:.2f}",
+                   f"{fv / 1e9:.3f}", f"{fa / 1e9:.3f}", f"{fa / fv:.2f}"])
+      print(f"  {name} x {num_runs} runs: vmapped {v:.1f}, one at a time {a:.1f} run-steps/s; "
+            f"{fv / 1e9:.3f} / {fa / 1e9:.3f} GFLOP per run step", flush=True)
   print()
   common.print_table(["model", "runs", "vmapped run-steps/s", "one-at-a-time run-steps/s",
-                      "ratio"], rows)
+                      "ratio", "vmapped GFLOP/run-step", "one-at-a-time GFLOP/run-step",
+                      "FLOP ratio"], rows)
   print(f"load average at the end: {common.load_average()}")
 
 
