@@ -162,6 +162,13 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   return fig
 
 
+def _with_ci(row: dict, name: str, fmt) -> str:
+  """`value [low, high]`, or `value (1 seed, no CI)` for a one-seed group."""
+  if len(row["seeds"].split()) < 2:
+    return f"{fmt(row.get(name))} (1 seed, no CI)"
+  return f"{fmt(row.get(name))} [{fmt(row.get(name + '_ci_low'))}, {fmt(row.get(name + '_ci_high'))}]"
+
+
 def markdown_lines(rows: Sequence[dict]) -> list[str]:
   """The "Seed groups" section of summary.md (`group_rows` of every run with groups)."""
   if not rows:
@@ -175,8 +182,7 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
   for r in rows:
     cells = [r["run"], r["group"], r["seeds"]]
     for name, signal in metrics:
-      cells.append(f"{fmt(r.get(name))} [{fmt(r.get(name + '_ci_low'))}, "
-                   f"{fmt(r.get(name + '_ci_high'))}]" if name in r else "")
+      cells.append(_with_ci(r, name, fmt) if name in r else "")
       cells.append(fmt(r.get(f"{signal}_onset_median")))
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
@@ -192,8 +198,7 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
               "|" + "---|" * (4 + len(tags))]
     for r in rows:
       cells = [r["run"], r["group"]]
-      cells += [f"{fmt(r.get(t))} [{fmt(r.get(t + '_ci_low'))}, {fmt(r.get(t + '_ci_high'))}]"
-                if t in r else "" for t in tags]
+      cells += [_with_ci(r, t, fmt) if t in r else "" for t in tags]
       cells += [r.get("final_rules", ""), fmt(r.get("rule_switches_mean"))]
       lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Final generalisation accuracy on each construction's gen lines "
@@ -234,6 +239,7 @@ def plot_dose_response(run: Run, path: str, title_prefix: str):
                   fmt="o-" if not tag else "s--", capsize=3, lw=2.2 if not tag else 1.2,
                   color="black" if not tag else CONSTRUCTION_COLORS.get(tag),
                   label="all gen lines" if not tag else tag)
+    ax.set_xticks(doses, [f"{d:g}" for d in doses], rotation=45 if len(doses) > 4 else 0)
     ax.set_xlabel(field)
     ax.set_ylabel("final generalisation accuracy")
     ax.set_ylim(-0.02, 1.02)
