@@ -9,6 +9,9 @@ not depend on the weights) and random lines of `--length` tokens, `--batch_size`
 * vmapped: `pruning.run.train_runs` (on one device; `python -m sg_jax.prune` runs the same
   program on each device's block of runs, `pruning.placement`): R runs as `--seeds` training
   seeds x R / seeds runs each, `--steps` steps in one `lax.scan` call;
+* vmapped over devices: the same program on each device's block of runs
+  (`pruning.placement.train_runs_fn`, what `python -m sg_jax.prune` runs; `--num_devices`, 0 =
+  every local device; a CPU-only host is split into 2 x cores devices as for training);
 * one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
   once per run, `--steps` steps per call.
 Both compile first (untimed); the figure is the best of `--repeats` timed calls. Reported: run
@@ -33,6 +36,7 @@ import numpy as np
 
 from sg_jax.model import ModelConfig, TransformerLM, init_params
 from sg_jax.pruning import means as means_lib
+from sg_jax.pruning import placement
 from sg_jax.pruning import run
 
 MODELS = {
@@ -70,7 +74,8 @@ def _flops(lowered) -> float:
 def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]:
   """(vmapped, one-at-a-time) run steps per second for `num_runs` runs of model `name`, then
   their FLOPs per run step."""
-  config = ModelConfig(vocab_size=VOCAB, dropout=0.0, **MODELS[name])
+  config = run.pruning_model_config(ModelConfig(vocab_size=VOCAB, dropout=0.0,
+                                                layer_impl=args.layer_impl, **MODELS[name]))
   seeds = min(args.seeds, num_runs)
   if num_runs % seeds:
     raise ValueError(f"--runs entries must be multiples of --seeds ({num_runs}, {seeds})")
@@ -114,12 +119,25 @@ def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]
   flops_alone = _flops(run.train_alone_jit.lower(
       alone_states[0][0], params[0], seed_means[0], jnp.float32(levels[0]), data, num_steps=1,
       config=config, settings=settings))
+  mesh = placement.run_mesh(seeds, per_seed, args.num_devices)
+  p_params, (p_states, p_targets), p_data = placement.place(mesh, params_s, (states, targets),
+                                                            data)
+  p_means = placement.place(mesh, means, None)[0]
+  sharded_fn = placement.train_runs_fn(mesh)
+
+  def over_devices():
+    return sharded_fn(copy(p_states), p_params, p_means, p_targets, p_data,
+                      num_steps=args.steps, config=config, settings=settings)[0].lambdas
+
+  over_devices()
+  t_devices = _best(over_devices, args.repeats)
   vmapped()
   t_vmapped = _best(vmapped, args.repeats)
   one_at_a_time()
   t_alone = _best(one_at_a_time, args.repeats)
   work = num_runs * args.steps
-  return work / t_vmapped, work / t_alone, flops_vmapped, flops_alone
+  return (work / t_vmapped, work / t_alone, flops_vmapped, flops_alone, work / t_devices,
+          placement.describe(mesh, seeds, per_seed))
 
 
 def main():
@@ -131,20 +149,28 @@ def main():
   parser.add_argument("--length", type=int, default=24, help="tokens per line")
   parser.add_argument("--batch_size", type=int, default=16, help="lines per pruning step")
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--num_devices", type=int, default=0,
+                      help="devices of the 'over devices' column (0: all local ones, as "
+                      "sg_jax.prune; pruning.placement.run_mesh)")
+  parser.add_argument("--layer_impl", default="auto", choices=["auto", "plain", "tuned"],
+                      help="model.layer_impl of both programs (auto: what sg_jax.prune uses, "
+                      "run.pruning_model_config)")
   args = parser.parse_args()
   common.print_rows("machine", common.machine_rows())
   rows = []
   for name in args.models.split(","):
     for num_runs in args.runs:
-      v, a, fv, fa = measure(name, num_runs, args)
-      rows.append([name, str(num_runs), f"{v:.1f}", f"{a:.1f}", f"{v / a:.2f}",
-                   f"{fv / 1e9:.3f}", f"{fa / 1e9:.3f}", f"{fa / fv:.2f}"])
-      print(f"  {name} x {num_runs} runs: vmapped {v:.1f}, one at a time {a:.1f} run-steps/s; "
-            f"{fv / 1e9:.3f} / {fa / 1e9:.3f} GFLOP per run step", flush=True)
+      v, a, fv, fa, d, layout = measure(name, num_runs, args)
+      rows.append([name, str(num_runs), f"{v:.1f}", f"{d:.1f}", f"{a:.1f}", f"{v / a:.2f}",
+                   f"{d / a:.2f}", f"{fv / 1e9:.3f}", f"{fa / 1e9:.3f}", f"{fa / fv:.2f}"])
+      print(f"  {name} x {num_runs} runs: vmapped {v:.1f} (one device), {d:.1f} ({layout}), "
+            f"one at a time {a:.1f} run-steps/s; {fv / 1e9:.3f} / {fa / 1e9:.3f} GFLOP per "
+            f"run step", flush=True)
   print()
-  common.print_table(["model", "runs", "vmapped run-steps/s", "one-at-a-time run-steps/s",
-                      "ratio", "vmapped GFLOP/run-step", "one-at-a-time GFLOP/run-step",
-                      "FLOP ratio"], rows)
+  common.print_table(["model", "runs", "vmapped run-steps/s (1 device)",
+                      "vmapped over devices", "one-at-a-time run-steps/s", "ratio (1 device)",
+                      "ratio (devices)", "vmapped GFLOP/run-step",
+                      "one-at-a-time GFLOP/run-step", "FLOP ratio"], rows)
   print(f"load average at the end: {common.load_average()}")
 
 

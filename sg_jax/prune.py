@@ -165,7 +165,7 @@ def seed_inputs(restored, seeds: list[int], data: dict):
     data: `load_lines`'s result (the means are over its 'means_inputs').
 
   Returns:
-    (ModelConfig with max_len covering every line, Vocab, params [S, ...], (head means float32
+    (ModelConfig with max_len covering every line (`run.pruning_model_config`), Vocab, params [S, ...], (head means float32
     [S, num_layers, num_heads, head_dim], MLP means float32 [S, num_layers, d_model])).
   """
   from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
@@ -173,8 +173,8 @@ def seed_inputs(restored, seeds: list[int], data: dict):
   vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
   longest = max(data["train"]["inputs"].shape[-1],
                 *(b["inputs"].shape[-1] for b in data["eval"].values()))
-  model_config = ModelConfig.from_config(restored.config.model, vocab.size,
-                                         max_len=max(512, longest))
+  model_config = run_lib.pruning_model_config(ModelConfig.from_config(
+      restored.config.model, vocab.size, max_len=max(512, longest)))
   run_seeds = list(restored.seeds)
   idx = np.array([run_seeds.index(s) for s in seeds])
   params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),

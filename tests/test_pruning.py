@@ -258,3 +258,11 @@ def test_core_frequencies_overlaps_forcing_and_ablation_masks():
     np.testing.assert_array_equal(d, [1, 0, 0, 1, 1, 0])
   with pytest.raises(ValueError, match="outside it"):
     core.core_ablation_masks(np.array([1, 1, 1, 0, 0, 0], bool), 4, 2)
+
+
+def test_pruning_model_config_uses_plain_layers_for_auto():
+  """Pruning runs Flax's plain layers unless a layer_impl was chosen explicitly."""
+  from sg_jax.model import ModelConfig
+  assert run.pruning_model_config(ModelConfig(vocab_size=10)).layer_impl == "plain"
+  for impl in ("tuned", "plain"):
+    assert run.pruning_model_config(ModelConfig(vocab_size=10, layer_impl=impl)).layer_impl == impl

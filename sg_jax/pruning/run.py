@@ -129,6 +129,22 @@ def optimizers(settings: Settings) -> tuple[optax.GradientTransformation,
           optax.adam(_schedule(settings.lambda_learning_rate, settings)))
 
 
+def pruning_model_config(config: ModelConfig) -> ModelConfig:
+  """The model config pruning runs with: `layer_impl` "auto" becomes "plain" (Flax's layers).
+
+  The tuned CPU layers (`layers.py`: matmul and LayerNorm with hand-written VJPs) are built for
+  training's seed vmap, whose weights are batched. Pruning vmaps runs that share one seed's
+  frozen weights, and differentiates through the activations only; there the tuned layers'
+  custom VJPs under vmap cost 1.6-2.2x the plain layers' time for the same FLOPs on CPU
+  (benchmarks/prune_throughput.py, docs/pruning.md), while one run alone takes the same time
+  with either. Both give the same values (tests/test_layer_impl.py); an explicit "tuned" or
+  "plain" is kept.
+  """
+  if config.layer_impl != "auto":
+    return config
+  return dataclasses.replace(config, layer_impl="plain")
+
+
 def init_run(key_data: Array, config: ModelConfig, settings: Settings) -> RunState:
   """A run's initial state from its key data (uint32 [2]): log_alpha ~ N(10, 0.01), l1 = l2 = 0."""
   key = jax.random.wrap_key_data(key_data)
