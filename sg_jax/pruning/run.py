@@ -135,7 +135,7 @@ def pruning_model_config(config: ModelConfig) -> ModelConfig:
   The tuned CPU layers (`layers.py`: matmul and LayerNorm with hand-written VJPs) are built for
   training's seed vmap, whose weights are batched. Pruning vmaps runs that share one seed's
   frozen weights, and differentiates through the activations only; there the tuned layers'
-  custom VJPs under vmap cost 1.6-2.2x the plain layers' time for the same FLOPs on CPU
+  custom VJPs under vmap cost 1.4-2.7x the plain layers' time for the same FLOPs on CPU
   (benchmarks/prune_throughput.py, docs/pruning.md), while one run alone takes the same time
   with either. Both give the same values (tests/test_layer_impl.py); an explicit "tuned" or
   "plain" is kept.
