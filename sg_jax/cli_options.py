@@ -23,6 +23,14 @@ def parse_list(text: str, what: str) -> list[int] | None:
     raise ValueError(f"--{what} must be 'all' or comma-separated integers, got {text!r}") from None
 
 
+def step_selection(text: str) -> dict:
+  """`--steps` of the pruning CLIs as keyword arguments: 'last' -> {'steps': None, 'last_only':
+  True}; 'all' or '0,3000' -> {'steps': parse_list(...), 'last_only': False}."""
+  if text.strip().lower() == "last":
+    return {"steps": None, "last_only": True}
+  return {"steps": parse_list(text, "steps"), "last_only": False}
+
+
 def check_options(path: str, options: dict, legacy: Mapping[str, object] | None = None) -> None:
   """Records the value-changing options beside the CSV (`<path>.options.json`); refuses
   different ones.

@@ -49,7 +49,7 @@ from absl import flags
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import sharding
-from sg_jax.cli_options import check_options, parse_list
+from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import hard_concrete
@@ -388,11 +388,9 @@ def main(argv):
   metric_logging.setup_cli_logging()
   f = flags.FLAGS
   try:
-    steps_text = f.steps.strip().lower()
     result = prune(
         f.workdir, sparsities=parse_sparsities(f.sparsities),
-        steps=None if steps_text == "last" else parse_list(f.steps, "steps"),
-        last_only=steps_text == "last", seeds=parse_list(f.seeds, "seeds"),
+        **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
         pruning_seeds=f.pruning_seeds, num_steps=f.num_steps,
         sparsity_warmup_steps=f.sparsity_warmup_steps, warmup_type=f.warmup_type,
         objective=f.objective, ablation=f.ablation, sparsity_from=f.sparsity_from,

@@ -40,7 +40,7 @@ from absl import flags
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import prune as prune_lib
-from sg_jax.cli_options import check_options, parse_list
+from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import core
 from sg_jax.pruning import core_table
 from sg_jax.pruning import evaluate as evaluate_lib
@@ -297,12 +297,10 @@ def main(argv):
   metric_logging.setup_cli_logging()
   f = flags.FLAGS
   try:
-    steps_text = f.steps.strip().lower()
     result = prune_core(
         f.workdir, input_name=f.input, output=f.output,
         sparsities=parse_levels(f.sparsity),
-        steps=None if steps_text == "last" else parse_list(f.steps, "steps"),
-        last_only=steps_text == "last", seeds=parse_list(f.seeds, "seeds"),
+        **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
         num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation)
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")

@@ -112,3 +112,13 @@ def test_task_and_train_minus_gen_objectives_write_their_own_tables(workdir):
   with pytest.raises(ValueError, match="cannot read split 'nope'"):
     prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, objective="task:nope",
                 output="pruning_nope.csv", **FAST)
+
+
+def test_step_selection_of_the_pruning_clis():
+  """--steps: 'last', 'all' and a list map to prune()/prune_core()'s keyword arguments."""
+  from sg_jax.cli_options import step_selection
+  assert step_selection(" Last ") == {"steps": None, "last_only": True}
+  assert step_selection("all") == {"steps": None, "last_only": False}
+  assert step_selection("0,3000") == {"steps": [0, 3000], "last_only": False}
+  with pytest.raises(ValueError, match="--steps must be 'all' or comma-separated integers"):
+    step_selection("3k")
