@@ -2,7 +2,7 @@ r"""Core-analysis CLI: the heuristic core of the pruning runs, over checkpoints 
 
   python -m sg_jax.prune_core --workdir=runs/quick
   python -m sg_jax.prune_core --workdir=runs/grok --sparsity=0.5 --num_draws=16 --seeds=0,1
-  python -m sg_jax.prune_core --workdir=runs/grok --no_ablation   # tables only, no checkpoint
+  python -m sg_jax.prune_core --workdir=runs/grok --noablation   # tables only, no checkpoint
 
 It reads `WORKDIR/pruning.csv` (`--input`, written by `sg_jax.prune`) and the masks files
 `WORKDIR/pruning/masks_step<N>.npz`, and writes `WORKDIR/pruning_core.csv` (`--output`), rows
@@ -13,7 +13,7 @@ It reads `WORKDIR/pruning.csv` (`--input`, written by `sg_jax.prune`) and the ma
 * per (step, seed, level): `core/num_heads`, `core/num_mlps`, `core/num_units`,
   `core/jaccard_final` (against the same seed's core at its last pruned step),
   `core/jaccard_seed<b>` (against seed b's core), `inclusion/<unit>`, `in_core/<unit>`;
-* unless `--no_ablation`, per (step, seed, level) with a non-empty core: `full/<metric>`,
+* unless `--noablation`, per (step, seed, level) with a non-empty core: `full/<metric>`,
   `core_ablation/<metric>` and `random_ablation/<metric>` (mean of `--num_draws` draws) with
   `random_ablation/<metric>/draw<k>`. The checkpoint is restored, the means are computed as
   `sg_jax.prune` does (its `--num_lines` and `--ablation`, read from the pruning table's options
@@ -286,7 +286,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_draws", 8, "Random-ablation draws per core.")
   flags.DEFINE_integer("eval_lines", 0, "Lines per evaluation split (0 = the run's "
                        "eval.max_lines).")
-  flags.DEFINE_bool("ablation", True, "Core ablation in the full model (--no_ablation: the "
+  flags.DEFINE_bool("ablation", True, "Core ablation in the full model (--noablation: the "
                     "tables only, no checkpoint is restored).")
   flags.mark_flags_as_required(["workdir"])
 

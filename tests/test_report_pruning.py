@@ -153,3 +153,12 @@ def test_no_pruning_files(tmp_path):
   with open(os.path.join(result["out_dir"], "summary.md")) as f:
     assert "## Pruning" not in f.read()
   assert pruning_tables.load_pruning(workdir, "run") is None
+
+
+def test_ablation_cell_says_na_without_a_random_baseline():
+  """A core with more heads than lie outside it has no random baseline: the cell says n/a."""
+  from sg_jax.report import pruning_tables
+  row = {"full_acc": 1.0, "core_ablation_acc": 0.336, "random_ablation_acc": float("nan")}
+  assert pruning_tables._ablation(row, "acc") == "1 / 0.336 / n/a"  # pylint: disable=protected-access
+  empty = {k: float("nan") for k in row}
+  assert pruning_tables._ablation(empty, "acc") == ""  # pylint: disable=protected-access

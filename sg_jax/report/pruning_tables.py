@@ -163,7 +163,9 @@ def _range(row: dict, key: str) -> str:
 
 def _ablation(row: dict, key: str) -> str:
   values = [row[f"{p}_{key}"] for p in ("full", "core_ablation", "random_ablation")]
-  return "" if all(math.isnan(v) for v in values) else " / ".join(_f(v) for v in values)
+  # n/a: no value of its kind (e.g. no random baseline when the core holds more heads than lie
+  # outside it; prune_core logs why).
+  return "" if all(math.isnan(v) for v in values) else " / ".join(_f(v) or "n/a" for v in values)
 
 
 def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> list[str]:
