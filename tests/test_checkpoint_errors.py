@@ -14,6 +14,17 @@ def test_error_cause_drops_tensorstore_spec_and_slices():
   assert layout.error_cause(e) == "Encountered error while reading array index: (...)"
 
 
+def test_error_cause_of_a_tensorstore_os_error_is_the_os_text():
+  """Whatever tensorstore puts before its os_error_code (seen: a fragment of its spec, under a
+  full disk in the reliability test), the cause is the OS's text for the code."""
+  for text in ("Failed to write 69478 bytes to file 4: No space left on device "
+               "[os_error_code='28']",
+               "Error writing \"a/b\": {'base': {'recheck': true}'] [os_error_code=27]"):
+    code = "28" if "28" in text else "27"
+    expected = {"28": "No space left on device [errno 28]", "27": "File too large [errno 27]"}
+    assert layout.error_cause(Exception(text)) == expected[code]
+
+
 def _coroutine_from(filename):
   namespace = {}
   exec(compile("async def read():\n  pass\n", filename, "exec"), namespace)  # pylint: disable=exec-used

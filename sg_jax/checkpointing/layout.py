@@ -126,9 +126,10 @@ def error_cause(e: BaseException) -> str:
   # tensorstore appends a repr of its whole spec, and orbax the slices of the array it read.
   text = re.split(r"\.? See full TensorStore details", text)[0]
   text = re.sub(r"\(slice\([^()]*\)(, slice\([^()]*\))*,?\)", "(...)", text)
-  match = re.search(r"([^:]+)\[os_error_code='?(\d+)'?\]", text)
-  if match:
-    return f"{match.group(1).strip()} [errno {match.group(2)}]"
+  match = re.search(r"\[os_error_code='?(\d+)'?\]", text)
+  if match:  # the OS's own text for the code: what precedes it varies between tensorstore calls
+    code = int(match.group(1))
+    return f"{os.strerror(code)} [errno {code}]"
   return text if len(text) <= 300 else text[:297] + "..."
 
 
