@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -39,20 +38,8 @@ def group_of(row) -> Group:
 def read_rows(path: str) -> list[Row]:
   """Rows of a core CSV in file order ([] when it is missing); the header, malformed lines and
   an unterminated last line are skipped."""
-  if not os.path.exists(path):
-    return []
-  with open(path, newline="") as f:
-    lines = f.read().split("\n")
-  lines.pop()  # "" after the last newline, else a cut line
-  rows = []
-  for r in csv.reader(lines):
-    if len(r) != 5:
-      continue
-    try:
-      rows.append((int(r[0]), int(r[1]), float(r[2]), r[3], float(r[4])))
-    except ValueError:
-      continue
-  return rows
+  return table.read_parsed_rows(path, 5, lambda r: (int(r[0]), int(r[1]), float(r[2]), r[3],
+                                                     float(r[4])))
 
 
 def format_rows(rows: Iterable[Row]) -> str:

@@ -31,8 +31,9 @@ def level_key(sparsity: float) -> float:
   return round(float(sparsity), 6)
 
 
-def read_rows(path: str) -> list[Row]:
-  """Rows of a pruning CSV in file order ([] when it is missing); the header, malformed lines
+def read_parsed_rows(path: str, num_fields: int, parse) -> list:
+  """`parse(fields)` of each row of a long CSV with `num_fields` columns, in file order ([] when
+  the file is missing); the header, malformed lines (wrong width, `parse` raising ValueError)
   and an unterminated last line are skipped."""
   if not os.path.exists(path):
     return []
@@ -41,13 +42,20 @@ def read_rows(path: str) -> list[Row]:
   lines.pop()  # "" after the last newline, else a cut line
   rows = []
   for r in csv.reader(lines):
-    if len(r) != 6:
+    if len(r) != num_fields:
       continue
     try:
-      rows.append((int(r[0]), int(r[1]), float(r[2]), int(r[3]), r[4], float(r[5])))
+      rows.append(parse(r))
     except ValueError:
       continue
   return rows
+
+
+def read_rows(path: str) -> list[Row]:
+  """Rows of a pruning CSV in file order ([] when it is missing); the header, malformed lines
+  and an unterminated last line are skipped."""
+  return read_parsed_rows(path, 6, lambda r: (int(r[0]), int(r[1]), float(r[2]), int(r[3]),
+                                              r[4], float(r[5])))
 
 
 def done_runs(path: str) -> set[RunKey]:
