@@ -14,7 +14,8 @@ subnetwork is evaluated with the task's own metrics (in-domain and out-of-domain
 loss, and the rule agreements of question formation) and its KL to the full model on the pruning
 lines. Rows `step,seed,sparsity,pruning_seed,name,value` are appended to `WORKDIR/pruning.csv`
 (`--output`); the full model's rows have sparsity 0 and pruning_seed -1. The masks are saved to
-`WORKDIR/pruning/masks_step<N>.npz`. Runs already in the CSV are skipped, so the command can be
+`WORKDIR/pruning/masks_step<N>.npz` (another `--output` T.csv: `WORKDIR/pruning/T/`, so
+another objective never replaces them). Runs already in the CSV are skipped, so the command can be
 rerun after a crash or with more levels and seeds. The method, its defaults and their sources
 are in docs/pruning.md (Bhaskar, Friedman & Chen, ACL 2024; docs/REFERENCE.md §2). The core
 analyses of the tables (effective size, the core, overlaps, core ablation) are
@@ -339,7 +340,7 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                                                                   len(chosen)),
         "pruning_seed": np.tile([g[1] for g in grid], len(chosen)),
         "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
-        "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)})
+        "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)}, output)
     achieved = {lv: [round(float(1.0 - (head_keep[i, k].sum() + mlp_keep[i, k].sum())
                                  / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
                      for i in range(len(chosen)) for k in range(len(grid)) if grid[k][0] == lv]

@@ -3,21 +3,29 @@ r"""Core-analysis CLI: the heuristic core of the pruning runs, over checkpoints 
   python -m sg_jax.prune_core --workdir=runs/quick
   python -m sg_jax.prune_core --workdir=runs/grok --sparsity=0.5 --num_draws=16 --seeds=0,1
   python -m sg_jax.prune_core --workdir=runs/grok --noablation   # tables only, no checkpoint
+  python -m sg_jax.prune_core --workdir=runs/grok --compare=pruning_gen.csv,pruning_tmg.csv
 
 It reads `WORKDIR/pruning.csv` (`--input`, written by `sg_jax.prune`) and the masks files
-`WORKDIR/pruning/masks_step<N>.npz`, and writes `WORKDIR/pruning_core.csv` (`--output`), rows
-`step,seed,sparsity,name,value`:
+`WORKDIR/pruning/masks_step<N>.npz` (of another `--input` T.csv: `WORKDIR/pruning/T/`), and
+writes `WORKDIR/pruning_core.csv` (`--output`), rows `step,seed,sparsity,name,value`:
 * per (step, seed), sparsity nan: `effective_size/<variant>` with `/ci_low`, `/ci_high`, for
   the variants mean (in- and out-of-domain accuracy averaged), in_domain and out_of_domain,
   over every level of the pruning table;
 * per (step, seed, level): `core/num_heads`, `core/num_mlps`, `core/num_units`,
   `core/jaccard_final` (against the same seed's core at its last pruned step),
-  `core/jaccard_seed<b>` (against seed b's core), `inclusion/<unit>`, `in_core/<unit>`;
-* unless `--noablation`, per (step, seed, level) with a non-empty core: `full/<metric>`,
-  `core_ablation/<metric>` and `random_ablation/<metric>` (mean of `--num_draws` draws) with
-  `random_ablation/<metric>/draw<k>`. The checkpoint is restored, the means are computed as
-  `sg_jax.prune` does (its `--num_lines` and `--ablation`, read from the pruning table's options
-  file) and the masks are scored with `pruning.evaluate.make_evaluator`.
+  `core/jaccard_seed<b>` (against seed b's core), `core/jaccard_within_heads`,
+  `inclusion/<unit>`, `in_core/<unit>`;
+* per (step, seed, level) and `--compare` table T.csv with masks there: `compare/T/...`, the
+  overlaps of T's subnetworks (e.g. pruned with another objective) with this table's
+  subnetworks and core (`core_table.compare_rows`);
+* unless `--noablation`, per (step, seed, level) whose core has a head (`--ablate_units=all`:
+  any unit): `full/<metric>`, `core_ablation/<metric>` (the core's heads removed, every MLP
+  block kept; `--ablate_units=all`: its MLP blocks removed too) and `random_ablation/<metric>`
+  (as many random non-core heads removed, the MLP blocks as in the core ablation; mean of
+  `--num_draws` draws) with `random_ablation/<metric>/draw<k>`. The checkpoint is restored,
+  the means are computed as `sg_jax.prune` does (its `--num_lines` and `--ablation`, read from
+  the pruning table's options file) and the masks are scored with
+  `pruning.evaluate.make_evaluator`.
 
 Reruns replace: every selected (step, seed, level) group is recomputed and replaces its rows,
 the others stay, and the file is rewritten atomically after each step. Ablation rows are
@@ -31,6 +39,7 @@ import json
 import logging as py_logging
 import os
 import sys
+from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +56,11 @@ from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import table
 
 log = py_logging.getLogger("sg_jax.prune_core")
+
+
+def parse_names(text: str) -> list[str]:
+  """'a.csv, b.csv' -> ['a.csv', 'b.csv']; '' -> []."""
+  return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def parse_levels(text: str) -> list[float] | None:
@@ -85,33 +99,41 @@ def _pruning_options(path: str) -> dict:
 class _Masks:
   """The masks files of a workdir, read once each: {(seed, level): bool [P, U]} per step."""
 
-  def __init__(self, workdir: str):
-    self.workdir, self.cache, self.shape = workdir, {}, None
+  def __init__(self, workdir: str, table_name: str = table.DEFAULT_TABLE):
+    self.workdir, self.table_name, self.cache, self.shape = workdir, table_name, {}, None
 
   def get(self, step: int, seed: int, level: float) -> np.ndarray:
     """bool [P, U] of one (step, seed, level). Raises ValueError when it has no masks."""
     if step not in self.cache:
-      masks = table.load_masks(self.workdir, step)
+      masks = table.load_masks(self.workdir, step, self.table_name)
       if masks is None:
         raise ValueError(f"step {step} has runs in the pruning table but no masks file "
-                         f"{table.masks_path(self.workdir, step)}")
+                         f"{table.masks_path(self.workdir, step, self.table_name)}")
       self.shape = tuple(masks["head_mask"].shape[1:])
       self.cache[step] = core_table.unit_masks(masks)
     if (seed, level) not in self.cache[step]:
       raise ValueError(f"step {step}: no masks of seed {seed} at sparsity {level} in "
-                       f"{table.masks_path(self.workdir, step)}")
+                       f"{table.masks_path(self.workdir, step, self.table_name)}")
     return self.cache[step][(seed, level)]
+
+  def find(self, step: int, seed: int, level: float) -> np.ndarray | None:
+    """As `get`, None when there are no such masks."""
+    try:
+      return self.get(step, seed, level)
+    except ValueError:
+      return None
 
 
 def prune_core(workdir: str, *, input_name: str = "pruning.csv",
                output: str = "pruning_core.csv", sparsities: list[float] | None = None,
                steps: list[int] | None = None, last_only: bool = False,
                seeds: list[int] | None = None, num_draws: int = 8, eval_lines: int = 0,
-               ablation: bool = True) -> dict:
+               ablation: bool = True, ablate_units: str = "heads",
+               compare: Sequence[str] = ()) -> dict:
   """Writes the core analyses of the selected groups (module docstring); returns a summary.
 
   Args: as the flags; None selects everything present in the pruning table (`last_only`: its
-  last step).
+  last step); `compare`: names of other pruning tables (relative to `workdir`).
 
   Returns:
     {'groups': [(step, seed, level)], 'evaluated': groups whose ablation rows were computed,
@@ -120,11 +142,15 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
 
   Raises:
     ValueError: no pruning table or no run in it, an unknown step, seed or level, a step
-      without masks, num_draws < 0, options differing from the output's.
+      without masks, num_draws < 0, an unknown `ablate_units`, options differing from the
+      output's.
     checkpointing.CheckpointError: the checkpoint of a step to ablate cannot be restored.
   """
   if num_draws < 0 or eval_lines < 0:
     raise ValueError("--num_draws and --eval_lines must be >= 0")
+  if ablate_units not in core.ABLATION_UNITS:
+    raise ValueError(f"--ablate_units must be one of {core.ABLATION_UNITS}, got "
+                     f"{ablate_units!r}")
   if not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist")
   in_path, out_path = os.path.join(workdir, input_name), os.path.join(workdir, output)
@@ -144,8 +170,14 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
   if ablation:
     check_options(out_path, {"input": input_name, "num_draws": num_draws,
                              "eval_lines": eval_lines, "num_lines": opts["num_lines"],
-                             "ablation": opts["ablation"]})
-  masks = _Masks(workdir)
+                             "ablation": opts["ablation"], "ablate_units": ablate_units},
+                  legacy={"ablate_units": "all"})
+  masks = _Masks(workdir, input_name)
+  compared = {}
+  for name in compare:
+    if not os.path.exists(os.path.join(workdir, name)):
+      raise ValueError(f"--compare: no pruning table {os.path.join(workdir, name)}")
+    compared[os.path.splitext(os.path.normpath(name))[0]] = _Masks(workdir, name)
   last_step = {}  # (seed, level) -> the last step with runs
   for (s, seed), by_lv in runs.items():
     for lv in by_lv:
@@ -174,16 +206,26 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
         group = (step, seed, lv)
         new[group], kernel, reuse = _group_rows(group, runs, masks, last_step[(seed, lv)],
                                                 stored.get(group, []))
+        num_heads_total = masks.shape[0] * masks.shape[1]
+        for stem, other in compared.items():
+          found = other.find(step, seed, lv)
+          if found is None:
+            log.info("step %d seed %d sparsity %s: no masks in %s to compare", step, seed,
+                     lv, stem)
+          else:
+            new[group] += core_table.compare_rows(step, seed, lv, masks.get(step, seed, lv),
+                                                  found, stem, num_heads_total)
         if reuse:
           summary["reused"].append(group)
-        elif not kernel.any():
-          log.info("step %d seed %d sparsity %s: the core is empty; no core ablation", step,
-                   seed, lv)
+        elif not (kernel[:num_heads_total] if ablate_units == "heads" else kernel).any():
+          log.info("step %d seed %d sparsity %s: the core has no %s; no core ablation", step,
+                   seed, lv, "head" if ablate_units == "heads" else "unit")
         elif ablation:
           to_ablate[(seed, lv)] = kernel
         summary["groups"].append(group)
     if to_ablate:
-      _ablate(workdir, step, to_ablate, new, masks.shape, num_draws, eval_lines, opts, data)
+      _ablate(workdir, step, to_ablate, new, masks.shape, num_draws, eval_lines, opts, data,
+              ablate_units)
       summary["evaluated"] += [(step, seed, lv) for seed, lv in to_ablate]
     rows = core_table.merge(rows, new)
     core_table.write_rows(out_path, rows)
@@ -214,9 +256,11 @@ def _group_rows(group, runs, masks: _Masks, final_step: int, old: list):
   return rows, kernel, False
 
 
-def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, data) -> None:
+def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, data,
+            units) -> None:
   """Restores `step`, scores every (seed, level) of `to_ablate` ({(seed, level): core}) in one
-  evaluator call and appends its ablation rows to `new`'s groups."""
+  evaluator call (the core's `units`, "heads" or "all", ablated) and appends its ablation rows
+  to `new`'s groups."""
   restored = checkpointing.restore(workdir, step, params_only=True)
   seeds = sorted({seed for seed, _ in to_ablate})
   missing = sorted(set(seeds) - set(restored.seeds))
@@ -236,7 +280,7 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
   for (seed, lv), kernel in to_ablate.items():
     i, k = seeds.index(seed), levels.index(lv) * per
     h, m, reasons[(seed, lv)] = core_table.ablation_masks(
-        kernel, num_layers, num_heads, num_draws, core_table.draw_seed(step, seed, lv))
+        kernel, num_layers, num_heads, num_draws, core_table.draw_seed(step, seed, lv), units)
     heads[i, k:k + per], mlp[i, k:k + per] = h, m
   evaluator = evaluate_lib.make_evaluator(data["task"], model_config, vocab, data["eval"],
                                           opts["ablation"])
@@ -288,6 +332,14 @@ def define_flags() -> None:
                        "eval.max_lines).")
   flags.DEFINE_bool("ablation", True, "Core ablation in the full model (--noablation: the "
                     "tables only, no checkpoint is restored).")
+  flags.DEFINE_enum("ablate_units", "heads", list(core.ABLATION_UNITS),
+                    "Which core units the core ablation removes: its heads, every MLP block "
+                    "kept (the paper's core is a set of heads), or all its units (heads and "
+                    "MLP blocks; the random baseline then removes the core's MLP blocks too).")
+  flags.DEFINE_string("compare", "", "Comma-separated other pruning tables (e.g. "
+                      "pruning_gen.csv from --objective=task:gen) whose subnetworks are "
+                      "compared with this table's subnetworks and core: compare/<table>/... "
+                      "rows.")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -301,7 +353,8 @@ def main(argv):
         f.workdir, input_name=f.input, output=f.output,
         sparsities=parse_levels(f.sparsity),
         **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
-        num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation)
+        num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation,
+        ablate_units=f.ablate_units, compare=parse_names(f.compare))
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(result["table"])

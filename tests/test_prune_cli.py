@@ -97,11 +97,21 @@ def test_task_and_train_minus_gen_objectives_write_their_own_tables(workdir):
   """`task:gen` (the gen lines' LM loss) and `train_minus_gen` (training minus gen loss) prune
   every run into their own tables, with finite final objectives (task: a cross-entropy, > 0)
   and the objective recorded beside each table; an unknown split is a one-line error."""
+  if table.load_masks(workdir, STEP) is None:  # run alone: the first test's masks are not there
+    prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, **FAST)
+  default_masks = table.load_masks(workdir, STEP)
   for objective, output in (("task:gen", "pruning_gen.csv"),
                             ("train_minus_gen", "pruning_tmg.csv")):
     result = prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, objective=objective,
                          output=output, **FAST)
     assert result["runs"] == 2
+    own = table.load_masks(workdir, STEP, output)  # pruning/<table>/masks_step<N>.npz
+    assert table.masks_path(workdir, STEP, output) == os.path.join(
+        workdir, "pruning", output[:-4], f"masks_step{STEP}.npz")
+    assert sorted(own["seed"].tolist()) == sorted(SEEDS) and set(own["sparsity"]) == {0.5}
+    after = table.load_masks(workdir, STEP)  # the default table's masks are left as they were
+    for k in table.MASK_FIELDS:
+      np.testing.assert_array_equal(after[k], default_masks[k])
     rows = table.read_rows(os.path.join(workdir, output))
     final = [r[5] for r in rows if r[4] == "final_objective"]
     assert len(final) == 2 and all(np.isfinite(final))

@@ -175,6 +175,66 @@ def test_core_ablation_rows_equal_the_forced_masks_scored_directly(workdir, resu
                                                                       "full/in_domain/loss")]
 
 
+def test_core_ablation_removes_the_core_heads_only_unless_all_units(workdir, result):
+  """Step 0, seed 3, level 0.5, core 110010 (l0_h0, l0_h1 and l0_mlp): by default the core
+  ablation removes the two heads and keeps l0_mlp; with ablate_units="all" (another output)
+  it removes l0_mlp too; each equals its mask scored directly."""
+  restored = checkpointing.restore(workdir, 0, params_only=True)
+  data = prune.load_lines(restored, workdir, num_lines=NUM_LINES, batch_size=8, eval_lines=0)
+  model_config, vocab, params_S, means_S = prune.seed_inputs(restored, [3], data)
+  evaluator = evaluate.make_evaluator(data["task"], model_config, vocab, data["eval"], "mean")
+  heads, mlp = core.split_units(np.stack([_bits("001111"), _bits("001101")])[None], 2, 2)
+  direct = evaluate.to_rows(evaluator(params_S, means_S, heads.astype(np.float32),
+                                      mlp.astype(np.float32)))
+  all_units = prune_core.prune_core(workdir, output="core_all.csv", steps=[0], seeds=[3],
+                                    sparsities=[0.5], num_draws=2, ablate_units="all")
+  assert all_units["evaluated"] == [(0, 3, 0.5)]
+  v = _values(workdir)
+  w = {(s, seed, lv, n): x for s, seed, lv, n, x in core_table.read_rows(
+      os.path.join(workdir, "core_all.csv"))}
+  for metric, values in direct.items():
+    assert v[(0, 3, 0.5, f"core_ablation/{metric}")] == pytest.approx(values[0, 0], rel=1e-5,
+                                                                       abs=1e-6)
+    assert w[(0, 3, 0.5, f"core_ablation/{metric}")] == pytest.approx(values[0, 1], rel=1e-5,
+                                                                       abs=1e-6)
+  assert (v[(0, 3, 0.5, "core_ablation/in_domain/loss")]
+          != w[(0, 3, 0.5, "core_ablation/in_domain/loss")])
+  with pytest.raises(ValueError, match="other options"):  # the file records ablate_units
+    prune_core.prune_core(workdir, output="core_all.csv", steps=[0], seeds=[3],
+                          sparsities=[0.5], num_draws=2)
+  with pytest.raises(ValueError, match="--ablate_units"):
+    prune_core.prune_core(workdir, output="core_bad.csv", ablate_units="mlps")
+
+
+def test_compare_rows_are_the_hand_derived_head_overlaps(workdir, result):
+  """Another table (as pruned with task:gen) with two subnetworks at step 10, seed 3, level
+  0.5: heads 0111 and 1001 against this table's 1101, 1011, 1101 (core heads 1001)."""
+  gen = "pruning_gen.csv"
+  table.PruningCsv(os.path.join(workdir, gen)).append(
+      [(10, 3, 0.5, ps, table.MARKER, 0.5) for ps in (0, 1)])
+  heads, mlp = core.split_units(np.stack([_bits("011100"), _bits("100111")]), 2, 2)
+  table.save_masks(workdir, 10, {
+      "seed": np.array([3, 3]), "sparsity": np.array([0.5, 0.5]),
+      "pruning_seed": np.array([0, 1]), "head_mask": heads, "mlp_mask": mlp,
+      "log_alpha_heads": np.zeros(heads.shape, np.float32),
+      "log_alpha_mlp": np.zeros(mlp.shape, np.float32)}, gen)
+  out = prune_core.prune_core(workdir, output="core_cmp.csv", ablation=False, compare=[gen])
+  assert len(out["groups"]) == 8
+  v = {(s, seed, lv, n): x for s, seed, lv, n, x in core_table.read_rows(
+      os.path.join(workdir, "core_cmp.csv"))}
+  expected = {"num_subnetworks": 2, "jaccard_heads": 7 / 12, "jaccard_within_heads": 0.25,
+              "core_heads_kept": 0.75, "jaccard_core_heads": 0.5}
+  for name, value in expected.items():
+    assert v[(10, 3, 0.5, f"compare/pruning_gen/{name}")] == pytest.approx(value), name
+  assert not [k for k in v if k[3].startswith("compare/") and k[:3] != (10, 3, 0.5)]
+  assert v[(10, 3, 0.5, "core/jaccard_within_heads")] == pytest.approx(2 / 3)
+  assert math.isnan(core.mean_jaccard(np.ones((1, 4), bool)))  # one subnetwork: no pair
+  assert math.isnan(core.core_kept(np.ones((2, 4), bool), np.zeros(4, bool)))  # empty core
+  with pytest.raises(ValueError, match="--compare: no pruning table"):
+    prune_core.prune_core(workdir, output="core_cmp.csv", ablation=False,
+                          compare=["pruning_missing.csv"])
+
+
 def test_rerun_replaces_nothing_and_reuses_the_ablation_rows(workdir, result):
   path = os.path.join(workdir, "pruning_core.csv")
   before = open(path).read()

@@ -252,10 +252,18 @@ def test_core_frequencies_overlaps_forcing_and_ablation_masks():
   heads, mlp = core.split_units(masks, 2, 2)
   np.testing.assert_array_equal(core.flat_units(heads, mlp), masks)
   assert core.unit_names(2, 2) == ["l0_h0", "l0_h1", "l1_h0", "l1_h1", "l0_mlp", "l1_mlp"]
-  ablate, draws = core.core_ablation_masks(np.array([1, 0, 0, 1, 0, 1], bool), 4, 5)
+  kernel = np.array([1, 0, 0, 1, 0, 1], bool)  # heads 0, 3 and the second MLP block
+  ablate, draws = core.core_ablation_masks(kernel, 4, 5, units="all")
   np.testing.assert_array_equal(ablate, [0, 1, 1, 0, 1, 0])
   for d in draws:  # two non-core heads (of 1, 2) removed, core heads kept, core MLP removed
     np.testing.assert_array_equal(d, [1, 0, 0, 1, 1, 0])
+  ablate, draws = core.core_ablation_masks(kernel, 4, 5)  # default: heads only, MLPs kept
+  np.testing.assert_array_equal(ablate, [0, 1, 1, 0, 1, 1])
+  for d in draws:
+    np.testing.assert_array_equal(d, [1, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(core.without_core(kernel, 4), ablate)
+  with pytest.raises(ValueError, match="core ablation units"):
+    core.core_ablation_masks(kernel, 4, 5, units="mlps")
   with pytest.raises(ValueError, match="outside it"):
     core.core_ablation_masks(np.array([1, 1, 1, 0, 0, 0], bool), 4, 2)
 

@@ -162,3 +162,23 @@ def test_ablation_cell_says_na_without_a_random_baseline():
   assert pruning_tables._ablation(row, "acc") == "1 / 0.336 / n/a"  # pylint: disable=protected-access
   empty = {k: float("nan") for k in row}
   assert pruning_tables._ablation(empty, "acc") == ""  # pylint: disable=protected-access
+
+
+def test_summary_lists_the_compare_rows_of_another_objective(tmp_path):
+  """pruning_core.csv rows from `prune_core --compare=pruning_gen.csv` become a table of their
+  own in summary.md, one line per (seed, level, other table), with the values as written."""
+  workdir = str(tmp_path / "run")
+  _make_workdir(workdir, core_csv=False)
+  named = {"core/jaccard_within_heads": 0.8, "compare/pruning_gen/jaccard_heads": 0.45,
+           "compare/pruning_gen/jaccard_within_heads": 0.6,
+           "compare/pruning_gen/core_heads_kept": 0.75,
+           "compare/pruning_gen/jaccard_core_heads": 0.25}
+  core_table.write_rows(os.path.join(workdir, "pruning_core.csv"),
+                        [(200, 1, 0.5, n, v) for n, v in named.items()])
+  level_rows, seed_rows = pruning_tables.summary_rows(pruning_tables.load_pruning(workdir, "run"))
+  lines = pruning_tables.markdown_lines(level_rows, seed_rows)
+  assert _table_row(lines, "| run | 200 | 1 | 0.5 | pruning_gen |") == [
+      "run", "200", "1", "0.5", "pruning_gen", "0.8", "0.6", "0.45", "0.75", "0.25"]
+  assert not [l for l in lines if l.startswith("| run | 200 | 0 | 0.25 | pruning_gen")]
+  no_compare = [dict(r, compare={}) for r in level_rows]
+  assert not any("other table" in l for l in pruning_tables.markdown_lines(no_compare, []))

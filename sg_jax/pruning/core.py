@@ -140,6 +140,28 @@ def pairwise_jaccard(sets) -> np.ndarray:
   return np.array([[jaccard(a, b) for b in sets] for a in sets])
 
 
+def mean_jaccard(a_sets, b_sets=None) -> float:
+  """Mean Jaccard overlap of unit sets: over every pair (i < j) of `a_sets` (bool [N, U]) when
+  `b_sets` is None, else over every pair of one set of `a_sets` and one of `b_sets` (bool
+  [M, U]). nan when there is no pair (one set alone). Pass the head columns only
+  (`[:, :num_layers * num_heads]`) to compare heads, as the paper's core does."""
+  a = np.asarray(a_sets, bool)
+  if b_sets is None:
+    pairs = [(a[i], a[j]) for i in range(len(a)) for j in range(i + 1, len(a))]
+  else:
+    pairs = [(x, y) for x in a for y in np.asarray(b_sets, bool)]
+  return float(np.mean([jaccard(x, y) for x, y in pairs])) if pairs else float("nan")
+
+
+def core_kept(subnetworks, kernel) -> float:
+  """Mean over the subnetworks (bool [P, U]) of the fraction of the core's units (bool [U])
+  they keep; nan when the core is empty."""
+  kernel = np.asarray(kernel, bool)
+  if not kernel.any():
+    return float("nan")
+  return float(np.asarray(subnetworks, bool)[:, kernel].mean())
+
+
 def force_units(mask, keep: Sequence[int] = (), remove: Sequence[int] = ()) -> np.ndarray:
   """A copy of `mask` (bool [..., U]) with the units `keep` forced in and `remove` forced out.
 
@@ -162,8 +184,26 @@ def remove_one_at_a_time(mask, units: Sequence[int]) -> np.ndarray:
   return np.stack([force_units(mask, remove=[u]) for u in units])
 
 
-def core_ablation_masks(core, num_heads_total: int, num_draws: int, seed: int = 0
-                        ) -> tuple[np.ndarray, np.ndarray]:
+ABLATION_UNITS = ("heads", "all")
+
+
+def without_core(core, num_heads_total: int, units: str = "heads") -> np.ndarray:
+  """bool [U]: the full model without the core's heads ("heads": every MLP block kept) or
+  without every core unit ("all"); `core` bool [U] in `flat_units` order.
+
+  Raises:
+    ValueError: an unknown `units`.
+  """
+  if units not in ABLATION_UNITS:
+    raise ValueError(f"core ablation units must be one of {ABLATION_UNITS}, got {units!r}")
+  kept = ~np.asarray(core, bool)
+  if units == "heads":
+    kept[num_heads_total:] = True
+  return kept
+
+
+def core_ablation_masks(core, num_heads_total: int, num_draws: int, seed: int = 0,
+                        units: str = "heads") -> tuple[np.ndarray, np.ndarray]:
   """Full-model masks for core ablation and its random baseline.
 
   Args:
@@ -172,16 +212,20 @@ def core_ablation_masks(core, num_heads_total: int, num_draws: int, seed: int = 
       draws only heads, as many as the core has heads, outside the core.
     num_draws: random draws.
     seed: numpy seed of the draws.
+    units: "heads" (the paper's core is a set of heads, Bhaskar et al. 2024 §5): the core's
+      heads are removed and every MLP block is kept, in the core ablation and in the draws;
+      "all": the core's MLP blocks are removed too, in both.
 
   Returns:
-    (bool [U]: everything but the core; bool [num_draws, U]: everything but as many random
-    non-core heads as the core has heads, MLP blocks of the core removed too).
+    (bool [U]: the full model without the core's heads (and MLP blocks for "all"); bool
+    [num_draws, U]: the full model without as many random non-core heads as the core has
+    heads (and the core's MLP blocks for "all")).
 
   Raises:
-    ValueError: fewer non-core heads than core heads.
+    ValueError: fewer non-core heads than core heads, or an unknown `units`.
   """
   core = np.asarray(core, bool)
-  ablate_core = ~core
+  ablate_core = without_core(core, num_heads_total, units)
   core_heads = np.flatnonzero(core[:num_heads_total])
   others = np.flatnonzero(~core[:num_heads_total])
   if len(others) < len(core_heads):
@@ -189,7 +233,7 @@ def core_ablation_masks(core, num_heads_total: int, num_draws: int, seed: int = 
                      "outside it: no random baseline of the same size")
   rng = np.random.default_rng(seed)
   draws = np.ones((num_draws, core.size), bool)
-  draws[:, num_heads_total:] = ~core[num_heads_total:]
+  draws[:, num_heads_total:] = ablate_core[num_heads_total:]
   for d in range(num_draws):
     draws[d, rng.choice(others, size=len(core_heads), replace=False)] = False
   return ablate_core, draws

@@ -148,7 +148,8 @@ def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str],
 
   Returns:
     `core/num_heads`, `core/num_mlps`, `core/num_units`, `core/jaccard_final`,
-    `core/jaccard_seed<b>`, then `inclusion/<unit>` and `in_core/<unit>` (0/1) per unit.
+    `core/jaccard_seed<b>`, `core/jaccard_within_heads` (mean head-set Jaccard of the pairs of
+    subnetworks; nan for one), then `inclusion/<unit>` and `in_core/<unit>` (0/1) per unit.
   """
   kernel = core.heuristic_core(subnetworks)
   inclusion = core.inclusion_frequency(subnetworks)
@@ -158,9 +159,39 @@ def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str],
                                                                                  final_core))]
   rows += [(f"core/jaccard_seed{b}", core.jaccard(kernel, c))
            for b, c in sorted(other_cores.items()) if b != seed]
+  rows.append(("core/jaccard_within_heads", core.mean_jaccard(subnetworks[:, :num_heads])))
   rows += [(f"inclusion/{n}", f) for n, f in zip(names, inclusion)]
   rows += [(f"in_core/{n}", float(k)) for n, k in zip(names, kernel)]
   return [(step, seed, level, name, float(value)) for name, value in rows]
+
+
+def compare_rows(step: int, seed: int, level: float, subnetworks, others, name: str,
+                 num_heads: int) -> list[Row]:
+  """Overlaps of another table's subnetworks (e.g. pruned with `task:gen`) with this table's
+  subnetworks and core, of one (step, seed, level), on the heads (the paper's core is a set of
+  heads; MLP blocks are rarely pruned at these sizes, so they would inflate every overlap).
+
+  Args:
+    subnetworks: bool [P, U], this table's masks (`unit_masks`).
+    others: bool [M, U], the other table's masks of the same (step, seed, level).
+    name: the other table's name without `.csv`, used in the row names.
+    num_heads: how many of the U units are heads (num_layers * num_heads).
+
+  Returns:
+    `compare/<name>/num_subnetworks` (M), `compare/<name>/jaccard_heads` (mean Jaccard of every
+    (other, this) pair), `compare/<name>/jaccard_within_heads` (mean over the other table's own
+    pairs; nan for M = 1), `compare/<name>/core_heads_kept` (mean fraction of this core's heads
+    that the other subnetworks keep; nan for a core without heads) and
+    `compare/<name>/jaccard_core_heads` (the two cores' heads).
+  """
+  sub_h = np.asarray(subnetworks, bool)[:, :num_heads]
+  oth_h = np.asarray(others, bool)[:, :num_heads]
+  kernel_h = core.heuristic_core(sub_h)
+  rows = [("num_subnetworks", len(oth_h)), ("jaccard_heads", core.mean_jaccard(oth_h, sub_h)),
+          ("jaccard_within_heads", core.mean_jaccard(oth_h)),
+          ("core_heads_kept", core.core_kept(oth_h, kernel_h)),
+          ("jaccard_core_heads", core.jaccard(core.heuristic_core(oth_h), kernel_h))]
+  return [(step, seed, level, f"compare/{name}/{n}", float(v)) for n, v in rows]
 
 
 def stored_core(rows: Iterable[Row], names: list[str]) -> np.ndarray | None:
@@ -177,7 +208,8 @@ def draw_seed(step: int, seed: int, level: float) -> int:
                                     ).generate_state(1)[0])
 
 
-def ablation_masks(kernel, num_layers: int, num_heads: int, num_draws: int, seed: int):
+def ablation_masks(kernel, num_layers: int, num_heads: int, num_draws: int, seed: int,
+                   units: str = "heads"):
   """Kept-unit masks of the full model, the core ablated, and the random baseline.
 
   Args:
@@ -185,23 +217,28 @@ def ablation_masks(kernel, num_layers: int, num_heads: int, num_draws: int, seed
     num_layers, num_heads: the model's shape.
     num_draws: random draws.
     seed: their numpy seed (`draw_seed`).
+    units: "heads" or "all", which of the core's units are ablated (`core.core_ablation_masks`).
 
   Returns:
     (head masks bool [2 + num_draws, num_layers, num_heads], MLP masks bool
     [2 + num_draws, num_layers], the reason there is no random baseline or None): row 0 the
     full model, 1 the core removed, 2.. the draws of `core.core_ablation_masks` (all ones,
     and the reason, when the core has more heads than lie outside it).
+
+  Raises:
+    ValueError: an unknown `units`.
   """
   kernel = np.asarray(kernel, bool)
-  units = np.ones((2 + num_draws, kernel.size), bool)
-  units[1] = ~kernel
+  num_heads_total = num_layers * num_heads
+  masks = np.ones((2 + num_draws, kernel.size), bool)
+  masks[1] = core.without_core(kernel, num_heads_total, units)
   reason = None
   try:
-    _, draws = core.core_ablation_masks(kernel, num_layers * num_heads, num_draws, seed)
-    units[2:] = draws
+    _, draws = core.core_ablation_masks(kernel, num_heads_total, num_draws, seed, units)
+    masks[2:] = draws
   except ValueError as e:
     reason = str(e)
-  heads, mlp = core.split_units(units, num_layers, num_heads)
+  heads, mlp = core.split_units(masks, num_layers, num_heads)
   return heads, mlp, reason
 
 

@@ -4,7 +4,9 @@ Rows are appended with `long_csv.LongCsv`'s single-write append (a crash or a fu
 leaves a torn line); a run is done when its `achieved_sparsity` row is there, so a rerun skips
 it. The full model's rows (the reference of the subnetworks) have sparsity 0 and pruning_seed
 `FULL_MODEL` (-1). The binarised masks of a checkpoint's runs are in
-`WORKDIR/pruning/masks_step<N>.npz` (`save_masks`).
+`WORKDIR/pruning/masks_step<N>.npz` (`save_masks`); a table of another name (prune's
+`--output`, e.g. `pruning_gen.csv`) keeps its own, `WORKDIR/pruning/pruning_gen/masks_step<N>.npz`,
+so pruning with another objective never replaces the masks of the default table.
 """
 
 from __future__ import annotations
@@ -99,13 +101,23 @@ class PruningCsv(long_csv.LongCsv):
       self._append(text)
 
 
-def masks_path(workdir: str, step: int) -> str:
-  return os.path.join(workdir, "pruning", f"masks_step{step}.npz")
+DEFAULT_TABLE = "pruning.csv"
 
 
-def load_masks(workdir: str, step: int) -> dict[str, np.ndarray] | None:
-  """The masks file of `step` as arrays (see `save_masks`), or None when there is none."""
-  path = masks_path(workdir, step)
+def masks_path(workdir: str, step: int, table_name: str = DEFAULT_TABLE) -> str:
+  """The masks file of `step` of the table `table_name` (relative to `workdir`):
+  `pruning/masks_step<N>.npz` for pruning.csv, `pruning/<table without .csv>/masks_step<N>.npz`
+  for any other."""
+  stem = os.path.splitext(os.path.normpath(table_name))[0]
+  folder = os.path.join(workdir, "pruning", *(() if stem == "pruning" else (stem,)))
+  return os.path.join(folder, f"masks_step{step}.npz")
+
+
+def load_masks(workdir: str, step: int, table_name: str = DEFAULT_TABLE
+               ) -> dict[str, np.ndarray] | None:
+  """The masks file of `step` of the table `table_name` as arrays (see `save_masks`), or None
+  when there is none."""
+  path = masks_path(workdir, step, table_name)
   if not os.path.exists(path):
     return None
   with np.load(path) as f:
@@ -116,8 +128,10 @@ MASK_FIELDS = ("seed", "sparsity", "pruning_seed", "head_mask", "mlp_mask", "log
                "log_alpha_mlp")
 
 
-def save_masks(workdir: str, step: int, new: dict[str, np.ndarray]) -> str:
-  """Adds runs to `pruning/masks_step<N>.npz` (atomically), replacing runs of the same key.
+def save_masks(workdir: str, step: int, new: dict[str, np.ndarray],
+               table_name: str = DEFAULT_TABLE) -> str:
+  """Adds runs to the masks file of `step` of `table_name` (`masks_path`, atomically),
+  replacing runs of the same key.
 
   Args:
     new: per run R: 'seed', 'pruning_seed' int [R], 'sparsity' float [R], 'head_mask' bool
@@ -127,14 +141,14 @@ def save_masks(workdir: str, step: int, new: dict[str, np.ndarray]) -> str:
   Returns:
     the file's path.
   """
-  old = load_masks(workdir, step)
+  old = load_masks(workdir, step, table_name)
   merged = {k: np.asarray(new[k]) for k in MASK_FIELDS}
   if old is not None:
     key = lambda d, i: (int(d["seed"][i]), level_key(d["sparsity"][i]), int(d["pruning_seed"][i]))
     new_keys = {key(merged, i) for i in range(len(merged["seed"]))}
     keep = [i for i in range(len(old["seed"])) if key(old, i) not in new_keys]
     merged = {k: np.concatenate([old[k][keep], merged[k]]) for k in MASK_FIELDS}
-  path = masks_path(workdir, step)
+  path = masks_path(workdir, step, table_name)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   buf = io.BytesIO()
   np.savez(buf, **merged)

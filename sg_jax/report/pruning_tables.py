@@ -22,6 +22,7 @@ from sg_jax.pruning import table
 
 IN_ACC, GEN_ACC = core_table.ACCURACY
 PRUNING_CSV, CORE_CSV = "pruning.csv", "pruning_core.csv"
+COMPARE = ("jaccard_heads", "jaccard_within_heads", "core_heads_kept", "jaccard_core_heads")
 
 
 @dataclasses.dataclass
@@ -116,7 +117,8 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     (one row per (training seed, level): pruning seeds, achieved sparsity and KL (means over
     pruning seeds), min and max of the in- and out-of-domain accuracies, core heads / MLPs, and
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
-    absent); one row per training seed: the full model's accuracies and the effective size of
+    absent), `jaccard_within_heads` and `compare` {table: {COMPARE name: value}} from its
+    `compare/<table>/...` rows; one row per training seed: the full model's accuracies and the effective size of
     each variant with its 95% interval).
   """
   step = data.steps[-1]
@@ -138,6 +140,10 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
       for prefix in core_table.ABLATION_PREFIXES:
         for name, key in ((IN_ACC, "in_domain"), (GEN_ACC, "out_of_domain")):
           row[f"{prefix[:-1]}_{key}"] = named.get(prefix + name, math.nan)
+      row["jaccard_within_heads"] = named.get("core/jaccard_within_heads", math.nan)
+      row["compare"] = {name.split("/")[1]: {m: named.get(f"compare/{name.split('/')[1]}/{m}",
+                                                          math.nan) for m in COMPARE}
+                        for name in named if name.startswith("compare/")}
       level_rows.append(row)
     full = data.full.get((step, seed), {})
     row = {"run": data.name, "step": step, "seed": seed,
@@ -198,8 +204,29 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
             "and sparsity level: the means and the accuracy ranges are over the pruning seeds' "
             "binarised subnetworks; the core is the units every one of them keeps "
             "(`core.heuristic_core`); the ablations (from `pruning_core.csv`, "
-            "`sg_jax.prune_core`) are the full model, the full model without the core, and "
-            "without as many random non-core heads (mean over draws). Effective size: 1 - the "
+            "`sg_jax.prune_core`) are the full model, the full model without the core's heads "
+            "(and its MLP blocks with `--ablate_units=all`), and without as many random "
+            "non-core heads (mean over draws). Effective size: 1 - the "
             "highest level within 0.03 of the full model's accuracy, mean over pruning seeds "
             "with its 95% Student-t interval (mean: in- and out-of-domain accuracy averaged)."]
+  return lines + _compare_lines(level_rows)
+
+
+def _compare_lines(level_rows: Sequence[dict]) -> list[str]:
+  """The table of `compare/<T>/` rows (`sg_jax.prune_core --compare`), [] without any."""
+  rows = [(r, t, m) for r in level_rows for t, m in sorted(r.get("compare", {}).items())]
+  if not rows:
+    return []
+  lines = ["", "| run | step | seed | sparsity | other table | head Jaccard within this table | "
+           "within the other | between them | core heads the other keeps | "
+           "Jaccard of the cores' heads |", "|" + "---|" * 10]
+  for r, other, m in rows:
+    cells = [r["run"], str(r["step"]), str(r["seed"]), f"{r['sparsity']:g}", other,
+             _f(r["jaccard_within_heads"]), _f(m["jaccard_within_heads"]),
+             _f(m["jaccard_heads"]), _f(m["core_heads_kept"]), _f(m["jaccard_core_heads"])]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Subnetworks of another pruning objective (`sg_jax.prune_core --compare`, "
+            "docs/pruning.md) against this table's: mean Jaccard of the head sets over pairs "
+            "within each table and between the two; the mean fraction of this table's core "
+            "heads that the other's subnetworks keep; the Jaccard of the two cores' heads."]
   return lines
