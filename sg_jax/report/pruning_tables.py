@@ -117,7 +117,7 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     (one row per (training seed, level): pruning seeds, achieved sparsity and KL (means over
     pruning seeds), min and max of the in- and out-of-domain accuracies, core heads / MLPs, and
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
-    absent), `jaccard_within_heads` and `compare` {table: {COMPARE name: value}} from its
+    absent), `jaccard_within_heads` and `compare_<table>_<COMPARE name>` from its
     `compare/<table>/...` rows; one row per training seed: the full model's accuracies and the effective size of
     each variant with its 95% interval).
   """
@@ -141,9 +141,9 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
         for name, key in ((IN_ACC, "in_domain"), (GEN_ACC, "out_of_domain")):
           row[f"{prefix[:-1]}_{key}"] = named.get(prefix + name, math.nan)
       row["jaccard_within_heads"] = named.get("core/jaccard_within_heads", math.nan)
-      row["compare"] = {name.split("/")[1]: {m: named.get(f"compare/{name.split('/')[1]}/{m}",
-                                                          math.nan) for m in COMPARE}
-                        for name in named if name.startswith("compare/")}
+      for other in sorted({n.split("/")[1] for n in named if n.startswith("compare/")}):
+        for m in COMPARE:
+          row[f"compare_{other}_{m}"] = named.get(f"compare/{other}/{m}", math.nan)
       level_rows.append(row)
     full = data.full.get((step, seed), {})
     row = {"run": data.name, "step": step, "seed": seed,
@@ -214,16 +214,19 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
 
 def _compare_lines(level_rows: Sequence[dict]) -> list[str]:
   """The table of `compare/<T>/` rows (`sg_jax.prune_core --compare`), [] without any."""
-  rows = [(r, t, m) for r in level_rows for t, m in sorted(r.get("compare", {}).items())]
+  suffix = "_" + COMPARE[0]
+  rows = [(r, k[len("compare_"):-len(suffix)]) for r in level_rows for k in sorted(r)
+          if k.startswith("compare_") and k.endswith(suffix)]
   if not rows:
     return []
   lines = ["", "| run | step | seed | sparsity | other table | head Jaccard within this table | "
            "within the other | between them | core heads the other keeps | "
            "Jaccard of the cores' heads |", "|" + "---|" * 10]
-  for r, other, m in rows:
+  for r, other in rows:
+    m = lambda name, r=r, other=other: _f(r[f"compare_{other}_{name}"])
     cells = [r["run"], str(r["step"]), str(r["seed"]), f"{r['sparsity']:g}", other,
-             _f(r["jaccard_within_heads"]), _f(m["jaccard_within_heads"]),
-             _f(m["jaccard_heads"]), _f(m["core_heads_kept"]), _f(m["jaccard_core_heads"])]
+             _f(r["jaccard_within_heads"]), m("jaccard_within_heads"), m("jaccard_heads"),
+             m("core_heads_kept"), m("jaccard_core_heads")]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "Subnetworks of another pruning objective (`sg_jax.prune_core --compare`, "
             "docs/pruning.md) against this table's: mean Jaccard of the head sets over pairs "
