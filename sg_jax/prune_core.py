@@ -166,6 +166,9 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
   all_levels = sorted({lv for (s, _), by_lv in runs.items() if s in todo_steps for lv in by_lv})
   todo_levels = _select("sparsity levels", None if sparsities is None else
                         [table.level_key(x) for x in sparsities], all_levels, "--sparsity")
+  missing = [n for n in compare if not os.path.exists(os.path.join(workdir, n))]
+  if missing:  # before any options file is written
+    raise ValueError(f"--compare: no pruning table {os.path.join(workdir, missing[0])}")
   opts = _pruning_options(in_path)
   if ablation:
     check_options(out_path, {"input": input_name, "num_draws": num_draws,
@@ -173,11 +176,8 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
                              "ablation": opts["ablation"], "ablate_units": ablate_units},
                   legacy={"ablate_units": "all"})
   masks = _Masks(workdir, input_name)
-  compared = {}
-  for name in compare:
-    if not os.path.exists(os.path.join(workdir, name)):
-      raise ValueError(f"--compare: no pruning table {os.path.join(workdir, name)}")
-    compared[os.path.splitext(os.path.normpath(name))[0]] = _Masks(workdir, name)
+  compared = {os.path.splitext(os.path.normpath(name))[0]: _Masks(workdir, name)
+              for name in compare}
   last_step = {}  # (seed, level) -> the last step with runs
   for (s, seed), by_lv in runs.items():
     for lv in by_lv:

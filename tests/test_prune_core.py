@@ -231,8 +231,9 @@ def test_compare_rows_are_the_hand_derived_head_overlaps(workdir, result):
   assert math.isnan(core.mean_jaccard(np.ones((1, 4), bool)))  # one subnetwork: no pair
   assert math.isnan(core.core_kept(np.ones((2, 4), bool), np.zeros(4, bool)))  # empty core
   with pytest.raises(ValueError, match="--compare: no pruning table"):
-    prune_core.prune_core(workdir, output="core_cmp.csv", ablation=False,
+    prune_core.prune_core(workdir, output="core_bad_compare.csv",
                           compare=["pruning_missing.csv"])
+  assert not os.path.exists(os.path.join(workdir, "core_bad_compare.csv.options.json"))
 
 
 def test_rerun_replaces_nothing_and_reuses_the_ablation_rows(workdir, result):
