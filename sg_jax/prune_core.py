@@ -176,7 +176,7 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
                              "ablation": opts["ablation"], "ablate_units": ablate_units},
                   legacy={"ablate_units": "all"})
   masks = _Masks(workdir, input_name)
-  compared = {os.path.splitext(os.path.normpath(name))[0]: _Masks(workdir, name)
+  compared = {table.table_stem(name): _Masks(workdir, name)
               for name in compare}
   last_step = {}  # (seed, level) -> the last step with runs
   for (s, seed), by_lv in runs.items():
@@ -217,7 +217,7 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
                                                   found, stem, num_heads_total)
         if reuse:
           summary["reused"].append(group)
-        elif not (kernel[:num_heads_total] if ablate_units == "heads" else kernel).any():
+        elif core.without_core(kernel, num_heads_total, ablate_units).all():  # removes nothing
           log.info("step %d seed %d sparsity %s: the core has no %s; no core ablation", step,
                    seed, lv, "head" if ablate_units == "heads" else "unit")
         elif ablation:

@@ -104,11 +104,16 @@ class PruningCsv(long_csv.LongCsv):
 DEFAULT_TABLE = "pruning.csv"
 
 
+def table_stem(table_name: str) -> str:
+  """A table's name without `.csv` ('pruning_gen.csv' -> 'pruning_gen')."""
+  return os.path.splitext(os.path.normpath(table_name))[0]
+
+
 def masks_path(workdir: str, step: int, table_name: str = DEFAULT_TABLE) -> str:
   """The masks file of `step` of the table `table_name` (relative to `workdir`):
   `pruning/masks_step<N>.npz` for pruning.csv, `pruning/<table without .csv>/masks_step<N>.npz`
   for any other."""
-  stem = os.path.splitext(os.path.normpath(table_name))[0]
+  stem = table_stem(table_name)
   folder = os.path.join(workdir, "pruning", *(() if stem == "pruning" else (stem,)))
   return os.path.join(folder, f"masks_step{step}.npz")
 
