@@ -209,6 +209,7 @@ def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params
 def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = None,
           last_only: bool = True, seeds: list[int] | None = None, pruning_seeds: int = 4,
           num_steps: int = 0, sparsity_warmup_steps: int = -1, warmup_type: str = "linear",
+          lr_warmup_steps: int = 200,
           objective: str = "kl", ablation: str = "mean", sparsity_from: str = "expected",
           weight_by_params: bool = False, binarise: str = "group", num_lines: int = 1000,
           batch_size: int = 16, eval_lines: int = 0, steps_per_call: int = 100,
@@ -235,18 +236,27 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     raise ValueError(f"--binarise must be one of {BINARISE}, got {binarise!r}")
   goal = objective_lib.parse_objective(objective)
   warmup, total = run_lib.default_steps(max(sparsities))
+  num_steps = num_steps or total
+  sparsity_warmup_steps = warmup if sparsity_warmup_steps < 0 else sparsity_warmup_steps
+  if lr_warmup_steps < 0:
+    raise ValueError(f"--lr_warmup_steps must be >= 0, got {lr_warmup_steps}")
+  if sparsity_warmup_steps > num_steps:
+    log.warning("the sparsity warm-up (%d steps) is longer than --num_steps (%d): the runs end "
+                "at %.0f%% of their target; pass --sparsity_warmup_steps", sparsity_warmup_steps,
+                num_steps, 100.0 * num_steps / sparsity_warmup_steps)
   settings = run_lib.Settings(
-      num_steps=num_steps or total,
-      sparsity_warmup_steps=warmup if sparsity_warmup_steps < 0 else sparsity_warmup_steps,
-      warmup_type=warmup_type, sparsity_from=sparsity_from, weight_by_params=weight_by_params,
-      objective=goal.kind, ablation=ablation)
+      num_steps=num_steps, sparsity_warmup_steps=sparsity_warmup_steps,
+      warmup_type=warmup_type, lr_warmup_steps=lr_warmup_steps, sparsity_from=sparsity_from,
+      weight_by_params=weight_by_params, objective=goal.kind, ablation=ablation)
   todo_steps = _select_steps(workdir, steps, last_only)
   path = os.path.join(workdir, output)
   check_options(path, {"objective": str(goal), "ablation": ablation, "num_steps":
                        settings.num_steps, "sparsity_warmup_steps":
                        settings.sparsity_warmup_steps, "warmup_type": warmup_type,
-                       "sparsity_from": sparsity_from, "weight_by_params": weight_by_params,
-                       "binarise": binarise, "num_lines": num_lines, "batch_size": batch_size})
+                       "lr_warmup_steps": lr_warmup_steps, "sparsity_from": sparsity_from,
+                       "weight_by_params": weight_by_params,
+                       "binarise": binarise, "num_lines": num_lines, "batch_size": batch_size},
+                {"lr_warmup_steps": 200})
   done, full_done = table.done_runs(path), table.done_full_models(path)
   writer = table.PruningCsv(path)
   levels = [table.level_key(s) for s in sparsities]
@@ -295,7 +305,8 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                step, int(sharding.to_host(states.step)[0, 0]), settings.num_steps,
                float(np.mean(history[-1][-1])),
                np.round(metrics["expected_sparsity"][-1].mean(0), 3), time.time() - t0)
-    seconds += time.time() - t0
+    pruning_seconds = time.time() - t0
+    seconds += pruning_seconds
     final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
     states = sharding.to_host(states)
     la_heads, la_mlp = states.log_alpha["heads"], states.log_alpha["mlp"]
@@ -345,8 +356,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                                  / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
                      for i in range(len(chosen)) for k in range(len(grid)) if grid[k][0] == lv]
                 for lv in levels}
-    log.info("step %d: %d runs in %.1f s; achieved sparsity per level %s; -> %s", step,
-             len(chosen) * len(grid), time.time() - t0, achieved, path)
+    log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
+             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(grid),
+             time.time() - t0, pruning_seconds, time.time() - t0 - pruning_seconds, achieved,
+             path)
   return {"rows_written": rows_written, "runs": runs_done, "seconds": seconds,
           "steps": todo_steps}
 
@@ -365,6 +378,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("sparsity_warmup_steps", -1, "Steps of the target's rise (-1 = the "
                        "scaled original schedule).")
   flags.DEFINE_enum("warmup_type", "linear", ["linear", "log"], "Rise of the target sparsity.")
+  flags.DEFINE_integer("lr_warmup_steps", 200, "Linear learning-rate warm-up steps of the gates "
+                       "and multipliers (the original's 200), then a linear decay to 0.")
   flags.DEFINE_string("objective", "kl", "kl | task:SPLIT | train_minus_gen.")
   flags.DEFINE_enum("ablation", "mean", ["mean", "zero"], "What a pruned unit outputs.")
   flags.DEFINE_enum("sparsity_from", "expected", ["expected", "sampled"],
@@ -394,7 +409,8 @@ def main(argv):
         **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
         pruning_seeds=f.pruning_seeds, num_steps=f.num_steps,
         sparsity_warmup_steps=f.sparsity_warmup_steps, warmup_type=f.warmup_type,
-        objective=f.objective, ablation=f.ablation, sparsity_from=f.sparsity_from,
+        lr_warmup_steps=f.lr_warmup_steps, objective=f.objective, ablation=f.ablation,
+        sparsity_from=f.sparsity_from,
         weight_by_params=f.weight_by_params, binarise=f.binarise, num_lines=f.num_lines,
         batch_size=f.batch_size, eval_lines=f.eval_lines, steps_per_call=f.steps_per_call,
         num_devices=f.num_devices, output=f.output)

@@ -132,3 +132,31 @@ def test_step_selection_of_the_pruning_clis():
   assert step_selection("0,3000") == {"steps": [0, 3000], "last_only": False}
   with pytest.raises(ValueError, match="--steps must be 'all' or comma-separated integers"):
     step_selection("3k")
+
+
+def test_lr_warmup_is_an_option_and_old_tables_read_as_200(workdir, caplog):
+  """`lr_warmup_steps` is recorded beside the table; a table written before the option existed
+  resumes as the original's 200 and refuses another value; a sparsity warm-up longer than
+  `num_steps` warns that the runs stop short of their target."""
+  import json  # pylint: disable=import-outside-toplevel
+  output = "pruning_lr.csv"
+  opt_path = os.path.join(workdir, output + ".options.json")
+  prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, output=output, **FAST)
+  with open(opt_path) as f:
+    options = json.load(f)
+  assert options["lr_warmup_steps"] == 200
+  del options["lr_warmup_steps"]  # as a table from before the option
+  with open(opt_path, "w") as f:
+    json.dump(options, f)
+  assert prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, output=output,
+                     **FAST)["runs"] == 0
+  with pytest.raises(ValueError, match="lr_warmup_steps"):
+    prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, output=output, lr_warmup_steps=4,
+                **FAST)
+  with pytest.raises(ValueError, match="--lr_warmup_steps must be >= 0"):
+    prune.prune(workdir, sparsities=[0.5], lr_warmup_steps=-1, output="pruning_x.csv", **FAST)
+  with caplog.at_level("WARNING", logger="sg_jax.prune"):
+    prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, output="pruning_short.csv",
+                **{**FAST, "sparsity_warmup_steps": 24})
+  assert any("longer than --num_steps (12): the runs end at 50% of their target" in r.message
+             for r in caplog.records)

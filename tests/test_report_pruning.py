@@ -184,3 +184,17 @@ def test_summary_lists_the_compare_rows_of_another_objective(tmp_path):
   assert row["compare_pruning_gen_core_heads_kept"] == 0.75  # flat keys, for the CSV
   no_compare = [{k: v for k, v in r.items() if not k.startswith("compare_")} for r in level_rows]
   assert not any("other table" in l for l in pruning_tables.markdown_lines(no_compare, []))
+
+
+def test_summary_clips_effective_size_intervals_to_0_1():
+  """Two pruning seeds give wide t intervals; summary.md shows them clipped to [0, 1], as the
+  figure draws them, and the mean unchanged."""
+  from sg_jax.pruning import core
+  from sg_jax.report import pruning_tables
+  row = {"run": "run", "step": 100, "seed": 0, "full_in_domain": 1.0, "full_out_of_domain": 0.5}
+  for v in core.VARIANTS:
+    row.update({f"effective_size_{v}": 0.6, f"effective_size_{v}_ci_low": -0.67,
+                f"effective_size_{v}_ci_high": 1.87})
+  lines = pruning_tables.markdown_lines([], [row])
+  cells = _table_row(lines, "| run | 100 | 0 | 1 | 0.5 |")
+  assert cells[5:] == ["0.6 [0, 1]"] * len(core.VARIANTS)

@@ -216,7 +216,7 @@ def plot_core_ablation(data: Pruning, path: str, title_prefix: str = ""):
     cores = [data.core_rows[(step, seed, level)].get("core/num_heads", math.nan)
              for seed, level in groups]
     ax.set_xticks(x)
-    ax.set_xticklabels([f"seed {s}\nsp. {lv:g}\n{_count(c)} core heads"
+    ax.set_xticklabels([f"seed {s}\nsp. {lv:g}\n{_count(c)} core head{'' if c == 1 else 's'}"
                         for (s, lv), c in zip(groups, cores)], fontsize=7)
     ax.set_title(title)
     ax.set_ylim(-0.02, 1.02)

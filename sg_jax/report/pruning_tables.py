@@ -197,7 +197,8 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
              _f(r["full_out_of_domain"])]
     for v in core.VARIANTS:
       low, high = r[f"effective_size_{v}_ci_low"], r[f"effective_size_{v}_ci_high"]
-      ci = f" [{_f(low)}, {_f(high)}]" if math.isfinite(low) else ""
+      # An effective size lies in [0, 1]; the t interval of few pruning seeds can leave it.
+      ci = (f" [{_f(max(low, 0.0))}, {_f(min(high, 1.0))}]" if math.isfinite(low) else "")
       cells.append(_f(r[f"effective_size_{v}"]) + ci)
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "At the last pruned step (`sg_jax.prune`, docs/pruning.md). Per training seed "
