@@ -356,10 +356,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                                  / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
                      for i in range(len(chosen)) for k in range(len(grid)) if grid[k][0] == lv]
                 for lv in levels}
+    elapsed = time.time() - t0
     log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
-             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(grid),
-             time.time() - t0, pruning_seconds, time.time() - t0 - pruning_seconds, achieved,
-             path)
+             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(grid), elapsed,
+             pruning_seconds, elapsed - pruning_seconds, achieved, path)
   return {"rows_written": rows_written, "runs": runs_done, "seconds": seconds,
           "steps": todo_steps}
 
