@@ -5,7 +5,8 @@ Plain script (prints tables; not a unit test):
   python benchmarks/prune_throughput.py --models=grok_cpu --runs=1,8 --steps=5
 
 Per model and number of runs R, on random-initialised parameters (the cost of a pruning step does
-not depend on the weights) and random lines of `--length` tokens, `--batch_size` lines per step:
+not depend on the weights) and random lines of `--length` tokens, B lines per step for each B of
+`--batch_sizes` (16: `python -m sg_jax.prune`'s default; 8: the checkpoint-scan schedule):
 * vmapped: `pruning.run.train_runs` (on one device; `python -m sg_jax.prune` runs the same
   program on each device's block of runs, `pruning.placement`): R runs as `--seeds` training
   seeds x R / seeds runs each, `--steps` steps in one `lax.scan` call;
@@ -14,10 +15,11 @@ not depend on the weights) and random lines of `--length` tokens, `--batch_size`
   every local device; a CPU-only host is split into 2 x cores devices as for training);
 * one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
   once per run, `--steps` steps per call.
-Both compile first (untimed); the figure is the best of `--repeats` timed calls. Reported: run
+Each compiles first (untimed); the figure is the best of `--repeats` timed calls, the three
+variants called in turn, so that a slow spell of a shared machine falls on each alike. Reported: run
 steps per second (runs x steps / seconds) and the vmapped / one-at-a-time ratio at the same R,
 and XLA's FLOP count per run step of each program (`cost_analysis` of a 1-step call, which
-counts a scan body once): the vmapped program computes the frozen model's logits once per
+counts a loop body once, so the vmapped figure is of a one-seed program): the vmapped program computes the frozen model's logits once per
 training seed instead of once per run, so its FLOP ratio is the speed-up it would have at equal
 FLOP throughput; on a compute-bound CPU the measured ratio stays near it.
 Models: reference = docs/REFERENCE.md §1 (6 layers, d_model 512, 8 heads, d_ff 2048); grok_cpu
@@ -55,13 +57,19 @@ def _data(length: int, batch: int, num_batches: int = 4) -> dict:
           "targets": jnp.asarray(means_lib.batch_lines(targets, batch))}
 
 
-def _best(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
+def _best_interleaved(fns: dict, repeats: int) -> dict:
+  """Best of `repeats` timed calls of each function, called in turn (round-robin), so that a
+  slow spell of a shared machine falls on every variant alike. Each is called once untimed
+  first (compilation)."""
+  for fn in fns.values():
     jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return min(times)
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - t0)
+  return {name: min(t) for name, t in times.items()}
 
 
 def _flops(lowered) -> float:
@@ -71,7 +79,7 @@ def _flops(lowered) -> float:
   return float(cost.get("flops", float("nan")))
 
 
-def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]:
+def measure(name: str, num_runs: int, batch_size: int, args) -> tuple[float, float, float, float]:
   """(vmapped, one-at-a-time) run steps per second for `num_runs` runs of model `name`, then
   their FLOPs per run step."""
   config = run.pruning_model_config(ModelConfig(vocab_size=VOCAB, dropout=0.0,
@@ -82,10 +90,10 @@ def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]
   per_seed = num_runs // seeds
   params = [init_params(config, jax.random.key(s)) for s in range(seeds)]
   params_s = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params)
-  data = _data(args.length, args.batch_size)
+  data = _data(args.length, batch_size)
   means = tuple(jnp.asarray(m) for m in means_lib.seed_means(
       TransformerLM(config), params_s, np.asarray(data["inputs"]).reshape(-1, args.length),
-      args.batch_size))
+      batch_size))
   settings = run.Settings(num_steps=10 * args.steps, sparsity_warmup_steps=5 * args.steps,
                           lr_warmup_steps=args.steps)
   levels = np.linspace(0.2, 0.8, per_seed)
@@ -113,9 +121,12 @@ def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]
         jax.block_until_ready(out)
     return out
 
+  # XLA counts a loop body once (the loops over seeds and groups too): count one seed's program
+  # with its runs in one group.
+  one_seed = lambda tree: jax.tree_util.tree_map(lambda a: a[:1], tree)
   flops_vmapped = _flops(run.train_runs.lower(
-      states, params_s, means, targets, data, num_steps=1, config=config,
-      settings=settings)) / num_runs
+      one_seed(states), one_seed(params_s), one_seed(means), targets[:1], data, num_steps=1,
+      config=config, settings=settings, group=per_seed)) / per_seed
   flops_alone = _flops(run.train_alone_jit.lower(
       alone_states[0][0], params[0], seed_means[0], jnp.float32(levels[0]), data, num_steps=1,
       config=config, settings=settings))
@@ -129,12 +140,9 @@ def measure(name: str, num_runs: int, args) -> tuple[float, float, float, float]
     return sharded_fn(copy(p_states), p_params, p_means, p_targets, p_data,
                       num_steps=args.steps, config=config, settings=settings)[0].lambdas
 
-  over_devices()
-  t_devices = _best(over_devices, args.repeats)
-  vmapped()
-  t_vmapped = _best(vmapped, args.repeats)
-  one_at_a_time()
-  t_alone = _best(one_at_a_time, args.repeats)
+  t = _best_interleaved({"devices": over_devices, "vmapped": vmapped,
+                         "alone": one_at_a_time}, args.repeats)
+  t_devices, t_vmapped, t_alone = t["devices"], t["vmapped"], t["alone"]
   work = num_runs * args.steps
   return (work / t_vmapped, work / t_alone, flops_vmapped, flops_alone, work / t_devices,
           placement.describe(mesh, seeds, per_seed))
@@ -147,7 +155,8 @@ def main():
   parser.add_argument("--seeds", type=int, default=4, help="training seeds of the vmapped runs")
   parser.add_argument("--steps", type=int, default=5, help="pruning steps per timed call")
   parser.add_argument("--length", type=int, default=24, help="tokens per line")
-  parser.add_argument("--batch_size", type=int, default=16, help="lines per pruning step")
+  parser.add_argument("--batch_sizes", type=common._ints, default=[16, 8],  # pylint: disable=protected-access
+                      help="lines per pruning step")
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--num_devices", type=int, default=0,
                       help="devices of the 'over devices' column (0: all local ones, as "
@@ -159,15 +168,17 @@ def main():
   common.print_rows("machine", common.machine_rows())
   rows = []
   for name in args.models.split(","):
-    for num_runs in args.runs:
-      v, a, fv, fa, d, layout = measure(name, num_runs, args)
-      rows.append([name, str(num_runs), f"{v:.1f}", f"{d:.1f}", f"{a:.1f}", f"{v / a:.2f}",
-                   f"{d / a:.2f}", f"{fv / 1e9:.3f}", f"{fa / 1e9:.3f}", f"{fa / fv:.2f}"])
-      print(f"  {name} x {num_runs} runs: vmapped {v:.1f} (one device), {d:.1f} ({layout}), "
-            f"one at a time {a:.1f} run-steps/s; {fv / 1e9:.3f} / {fa / 1e9:.3f} GFLOP per "
-            f"run step", flush=True)
+    for batch_size in args.batch_sizes:
+      for num_runs in args.runs:
+        v, a, fv, fa, d, layout = measure(name, num_runs, batch_size, args)
+        rows.append([name, str(batch_size), str(num_runs), f"{v:.1f}", f"{d:.1f}", f"{a:.1f}",
+                     f"{v / a:.2f}", f"{d / a:.2f}", f"{fv / 1e9:.3f}", f"{fa / 1e9:.3f}",
+                     f"{fa / fv:.2f}"])
+        print(f"  {name}, {batch_size} lines x {num_runs} runs: vmapped {v:.1f} (one device), "
+              f"{d:.1f} ({layout}), one at a time {a:.1f} run-steps/s; {fv / 1e9:.3f} / "
+              f"{fa / 1e9:.3f} GFLOP per run step", flush=True)
   print()
-  common.print_table(["model", "runs", "vmapped run-steps/s (1 device)",
+  common.print_table(["model", "lines/step", "runs", "vmapped run-steps/s (1 device)",
                       "vmapped over devices", "one-at-a-time run-steps/s", "ratio (1 device)",
                       "ratio (devices)", "vmapped GFLOP/run-step",
                       "one-at-a-time GFLOP/run-step", "FLOP ratio"], rows)

@@ -177,9 +177,11 @@ def test_binarised_masks_follow_the_per_group_rule():
   np.testing.assert_array_equal(mlp, [False, False])
 
 
-def test_one_run_in_the_vmapped_batch_equals_the_run_alone():
-  """2 training seeds x 3 runs (levels, pruning seeds), one program, against each run alone:
-  log_alpha, multipliers and per-step metrics within 1e-5."""
+@pytest.mark.parametrize("group", [None, 1])
+def test_one_run_in_the_vmapped_batch_equals_the_run_alone(group):
+  """2 training seeds x 3 runs (levels, pruning seeds), one program (the 3 runs vmapped
+  together, or one after another), against each run alone: log_alpha, multipliers and per-step
+  metrics within 1e-5."""
   params = [_params(s) for s in (4, 5)]
   params_s = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params)
   data = _train_data(4)
@@ -190,7 +192,8 @@ def test_one_run_in_the_vmapped_batch_equals_the_run_alone():
   keys = jnp.stack([jnp.stack([run.run_key(s, lv, ps) for lv, ps in grid]) for s in (4, 5)])
   targets = jnp.asarray([[lv for lv, _ in grid]] * 2, jnp.float32)
   states, metrics = run.train_runs(run.init_runs(keys, CONFIG, settings), params_s, means_s,
-                                   targets, data, num_steps=60, config=CONFIG, settings=settings)
+                                   targets, data, num_steps=60, config=CONFIG, settings=settings,
+                                   group=group)
   for i in range(2):
     for k, (lv, _) in enumerate(grid):
       alone, alone_metrics = run.train_alone_jit(
@@ -205,6 +208,14 @@ def test_one_run_in_the_vmapped_batch_equals_the_run_alone():
                                    rtol=1e-5)
   assert float(jnp.max(jnp.abs(states.log_alpha["heads"][0, 0] - states.log_alpha["heads"][0, 1]
                                ))) > 1e-3  # the pruning seeds differ
+
+
+def test_runs_per_group_divides_the_runs_of_a_seed():
+  assert [run.runs_per_group(k, "cpu") for k in (1, 3, 8, 12, 32, 7, 11)] == [1, 3, 8, 6, 8, 7, 1]
+  assert run.runs_per_group(32, "gpu") == 32
+  with pytest.raises(ValueError, match="group of 2 runs does not divide the 3 runs"):
+    run.train_runs_unjitted(None, None, None, jnp.zeros((1, 3)), {}, num_steps=1, config=CONFIG,
+                            settings=run.Settings(num_steps=1, sparsity_warmup_steps=0), group=2)
 
 
 def test_effective_size_on_a_hand_built_table():

@@ -2,11 +2,12 @@
 against a frozen model, as a pure function, and every run of a checkpoint in one compiled program.
 
 `run_step` is one optimisation step of one run. `train_alone` scans it over steps for one run;
-`train_runs` scans, per step, a vmap over training seeds of a vmap over that seed's runs
-(sparsity levels x pruning seeds), so the frozen model's forward pass on the batch is computed
-once per training seed and shared by its runs. Both give the same numbers (tests). Optimisers
-(docs/pruning.md): AdamW on log_alpha (lr 0.1), Adam ascent on the multipliers (lr 1.0), each
-with `lr_warmup_steps` linear warm-up then a linear decay to 0 at `num_steps`.
+`train_runs` scans, per step, a loop over training seeds (`lax.map`) of a vmap over that
+seed's runs (sparsity levels x pruning seeds; on a CPU in groups of at most 8), so the frozen
+model's forward pass on the batch is computed once per training seed and shared by its runs.
+Both give the same numbers (tests). Optimisers (docs/pruning.md): AdamW on log_alpha (lr 0.1),
+Adam ascent on the multipliers (lr 1.0), each with `lr_warmup_steps` linear warm-up then a
+linear decay to 0 at `num_steps`.
 """
 
 from __future__ import annotations
@@ -265,45 +266,82 @@ def train_alone_jit(state, params, means, target, data, *, num_steps, config, se
                      settings=settings)
 
 
+# Runs per vmapped group on a CPU: a group's activations (8 runs x 16 lines x 24 tokens x d_ff
+# 512 floats: 6 MB) stay in cache; 32 runs in one vmap were 1.2x slower per run on the 2-core CPU
+# VM (docs/pruning.md, Throughput). Accelerators vmap every run of a seed at once.
+CPU_RUNS_PER_GROUP = 8
+
+
+def runs_per_group(runs_per_seed: int, backend: str | None = None) -> int:
+  """Runs vmapped together: on a CPU the largest divisor of `runs_per_seed` that is at most
+  `CPU_RUNS_PER_GROUP`, elsewhere `runs_per_seed` (`backend`: default `jax.default_backend()`)."""
+  if (backend or jax.default_backend()) != "cpu":
+    return runs_per_seed
+  return max(g for g in range(1, min(runs_per_seed, CPU_RUNS_PER_GROUP) + 1)
+             if runs_per_seed % g == 0)
+
+
 def train_runs_unjitted(states_SxK: RunState, params_S, means_S, targets_SxK: Array,
-                       data: dict, *, num_steps: int, config: ModelConfig, settings: Settings
-                       ) -> tuple[RunState, dict]:
+                        data: dict, *, num_steps: int, config: ModelConfig, settings: Settings,
+                        group: int | None = None) -> tuple[RunState, dict]:
   """`num_steps` steps of every run of a checkpoint (traced; `train_runs` jits it, and
   `placement.train_runs_fn` runs it per device on a block of seeds and runs).
+
+  Per step, the seeds are taken one after another (`lax.map`), and a seed's runs in groups of
+  `group` (default `runs_per_group(K)`), one group after another, each group vmapped: a
+  group's runs share the seed's weights, so each matmul is one plain [group B L, d] x [d, d']
+  product. Vmapping the seeds too makes batched products with per-seed weights, 1.25x slower
+  on CPU (docs/pruning.md, Throughput). The frozen model's logits are computed once per seed
+  and step and shared by all its runs.
 
   Args:
     states_SxK: run states with leading axes [S training seeds, K runs per seed].
     params_S: the seeds' parameters [S, ...]; means_S: ([S, n, H, P], [S, n, D]).
     targets_SxK: float32 [S, K] sparsity levels.
     data: as `train_alone` (shared by every run).
+    group: runs per vmapped group, a divisor of K.
 
   Returns:
     (states [S, K, ...], metrics float32 [num_steps, S, K] each).
-  """
 
-  def per_seed(states_K, params, means, targets_K, batch):
+  Raises:
+    ValueError: `group` does not divide K.
+  """
+  k = targets_SxK.shape[1]
+  group = group or runs_per_group(k)
+  if k % group:
+    raise ValueError(f"pruning runs: a group of {group} runs does not divide the {k} runs per "
+                     "seed")
+  to_groups = lambda tree: jax.tree_util.tree_map(
+      lambda a: a.reshape((k // group, group) + a.shape[1:]), tree)
+  from_groups = lambda tree: jax.tree_util.tree_map(
+      lambda a: a.reshape((k,) + a.shape[2:]), tree)
+
+  def per_seed(batch, seed_args):
+    states_K, params, means, targets_K = seed_args
     full = (full_logits(config, params, batch["inputs"]) if settings.objective == "kl"
             else None)
     one = lambda st, tg: run_step(st, params, means, tg, batch, full, config=config,
                                   settings=settings)
-    return jax.vmap(one)(states_K, targets_K)
+    return from_groups(jax.lax.map(lambda g: jax.vmap(one)(*g),
+                                   (to_groups(states_K), to_groups(targets_K))))
 
   def body(states, _):
     batch = _batch_at(data, states.step[0, 0])
-    return jax.vmap(per_seed, in_axes=(0, 0, 0, 0, None))(states, params_S, means_S,
-                                                          targets_SxK, batch)
+    return jax.lax.map(functools.partial(per_seed, batch),
+                       (states, params_S, means_S, targets_SxK))
 
   return jax.lax.scan(body, states_SxK, None, length=num_steps)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "config", "settings"),
+@functools.partial(jax.jit, static_argnames=("num_steps", "config", "settings", "group"),
                    donate_argnums=(0,))
 def train_runs(states_SxK: RunState, params_S, means_S, targets_SxK: Array, data: dict, *,
-               num_steps: int, config: ModelConfig, settings: Settings
+               num_steps: int, config: ModelConfig, settings: Settings, group: int | None = None
                ) -> tuple[RunState, dict]:
   """`train_runs_unjitted` in one compiled program on one device (the states are donated)."""
   return train_runs_unjitted(states_SxK, params_S, means_S, targets_SxK, data,
-                             num_steps=num_steps, config=config, settings=settings)
+                             num_steps=num_steps, config=config, settings=settings, group=group)
 
 
 def init_runs(key_data_SxKx2: Array, config: ModelConfig, settings: Settings) -> RunState:
