@@ -31,17 +31,21 @@ def step_selection(text: str) -> dict:
   return {"steps": parse_list(text, "steps"), "last_only": False}
 
 
-def check_options(path: str, options: dict, legacy: Mapping[str, object] | None = None) -> None:
+def check_options(path: str, options: dict, legacy: Mapping[str, object] | None = None, *,
+                  record: bool = True, hints: Mapping[str, str] | None = None) -> None:
   """Records the value-changing options beside the CSV (`<path>.options.json`); refuses
   different ones.
 
   An options file that predates an option is read with its `legacy` value (None when not
-  given). Other entries of the file (e.g. `sentences_used`) are kept.
+  given). Other entries of the file (e.g. `sentences_used`) are kept. With `record` False the
+  options are only checked (nothing is written). `hints` maps an option to a text added to the
+  refusal when that option differs (`{old}` becomes the recorded value, e.g.
+  "--num_steps={old}").
 
   Raises:
     ValueError: the CSV was written with other options.
   """
-  legacy = legacy or {}
+  legacy, hints = legacy or {}, hints or {}
   opt_path = path + ".options.json"
   old = {}
   if os.path.exists(opt_path):
@@ -50,9 +54,12 @@ def check_options(path: str, options: dict, legacy: Mapping[str, object] | None 
     was = lambda k: old.get(k, legacy.get(k))
     diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
     if diff:
+      advice = " ".join(hints[k].format(old=diff[k][0]) for k in diff if k in hints)
       raise ValueError(f"{path} was written with other options ({diff}, as (old, new)); pass "
-                       "another --output or the same options")
+                       "another --output or the same options"
+                       + (f" ({advice} for this table)" if advice else ""))
   elif os.path.exists(path) and os.path.getsize(path) > 0:
     log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
-  with fileio.open_atomic(opt_path) as f:
-    json.dump({**old, **options}, f, indent=1)
+  if record:
+    with fileio.open_atomic(opt_path) as f:
+      json.dump({**old, **options}, f, indent=1)

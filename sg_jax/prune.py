@@ -206,6 +206,14 @@ def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params
   return results, full, np.asarray(kl)
 
 
+# Options files written before an option existed read as the value used then.
+LEGACY_OPTIONS = {"lr_warmup_steps": 200}
+# A table's schedule is set by the highest level of the command that created it: adding levels
+# or pruning seeds to it needs the same schedule (docs/pruning.md, "Adding runs to a table").
+SCHEDULE_HINTS = {"num_steps": "--num_steps={old}",
+                  "sparsity_warmup_steps": "--sparsity_warmup_steps={old}"}
+
+
 def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = None,
           last_only: bool = True, seeds: list[int] | None = None, pruning_seeds: int = 4,
           num_steps: int = 0, sparsity_warmup_steps: int = -1, warmup_type: str = "linear",
@@ -222,7 +230,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
   `num_devices` 0 lays the runs over every local device (`placement.run_mesh`).
 
   Returns:
-    {'rows_written': n, 'runs': r, 'seconds': wall time of the pruning programs, 'steps': [...]}.
+    {'rows_written': n, 'runs': runs written, 'runs_trained': runs pruned (a seed's runs that
+    are in the table already are trained again when another seed lacks the same (level,
+    pruning seed), but not written), 'seconds': wall time of the pruning programs, 'steps':
+    [...]}.
 
   Raises:
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
@@ -250,19 +261,20 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
       weight_by_params=weight_by_params, objective=goal.kind, ablation=ablation)
   todo_steps = _select_steps(workdir, steps, last_only)
   path = os.path.join(workdir, output)
-  check_options(path, {"objective": str(goal), "ablation": ablation, "num_steps":
-                       settings.num_steps, "sparsity_warmup_steps":
-                       settings.sparsity_warmup_steps, "warmup_type": warmup_type,
-                       "lr_warmup_steps": lr_warmup_steps, "sparsity_from": sparsity_from,
-                       "weight_by_params": weight_by_params,
-                       "binarise": binarise, "num_lines": num_lines, "batch_size": batch_size},
-                {"lr_warmup_steps": 200})
+  options = {"objective": str(goal), "ablation": ablation, "num_steps": settings.num_steps,
+             "sparsity_warmup_steps": settings.sparsity_warmup_steps, "warmup_type": warmup_type,
+             "lr_warmup_steps": lr_warmup_steps, "sparsity_from": sparsity_from,
+             "weight_by_params": weight_by_params, "binarise": binarise, "num_lines": num_lines,
+             "batch_size": batch_size}
+  # Refuse other options before any work, but write nothing until the first rows: a command
+  # that fails (an unknown seed or split) leaves no table behind to block the next one.
+  check_options(path, options, LEGACY_OPTIONS, record=False, hints=SCHEDULE_HINTS)
   done, full_done = table.done_runs(path), table.done_full_models(path)
-  writer = table.PruningCsv(path)
+  writer = None
   levels = [table.level_key(s) for s in sparsities]
   grid = [(lv, ps) for lv in levels for ps in range(pruning_seeds)]
   data_cache = {}
-  rows_written = runs_done = 0
+  rows_written = runs_done = runs_trained = 0
   seconds = 0.0
   for step in todo_steps:
     restored = checkpointing.restore(workdir, step, params_only=True)
@@ -275,24 +287,27 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     if not chosen:
       log.info("step %d: every run is in %s already", step, path)
       continue
+    # The (level, pruning seed) pairs some chosen seed still lacks: a rerun that adds pruning
+    # seeds or levels trains only those (a run depends on its own key only, `run.run_key`).
+    pairs = [(lv, ps) for lv, ps in grid if any((step, s, lv, ps) not in done for s in chosen)]
     if not data_cache:
       data_cache.update(load_lines(restored, workdir, num_lines=num_lines,
                                    batch_size=batch_size, eval_lines=eval_lines,
                                    split=goal.split))
     task, data = data_cache["task"], data_cache["train"]
     model_config, vocab, params_S, means_S = seed_inputs(restored, chosen, data_cache)
-    keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in grid])
+    keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in pairs])
                       for s in chosen])
-    targets = jnp.asarray([[lv for lv, _ in grid]] * len(chosen), jnp.float32)
-    mesh = placement.run_mesh(len(chosen), len(grid), num_devices)
+    targets = jnp.asarray([[lv for lv, _ in pairs]] * len(chosen), jnp.float32)
+    mesh = placement.run_mesh(len(chosen), len(pairs), num_devices)
     params_S, (states, targets), data = placement.place(
         mesh, params_S, (run_lib.init_runs(keys, model_config, settings), targets), data)
     means_S = placement.place(mesh, means_S, None)[0]
     train_runs = placement.train_runs_fn(mesh)
-    log.info("step %d: pruning %d runs (%d seeds x %d levels x %d pruning seeds), %d steps, "
-             "objective %s; %s", step, len(chosen) * len(grid), len(chosen), len(levels),
-             pruning_seeds, settings.num_steps, goal,
-             placement.describe(mesh, len(chosen), len(grid)))
+    log.info("step %d: pruning %d runs (%d seeds x %d of the %d (level, pruning seed) pairs), "
+             "%d steps, objective %s; %s", step, len(chosen) * len(pairs), len(chosen),
+             len(pairs), len(grid), settings.num_steps, goal,
+             placement.describe(mesh, len(chosen), len(pairs)))
     t0 = time.time()
     tail = max(1, settings.num_steps // 10)
     history = []
@@ -301,12 +316,14 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                                    config=model_config, settings=settings)
       metrics = sharding.to_host(metrics)
       history.append(metrics["objective"])
-      log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity %s (%.0f s)",
+      log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity per (level, "
+               "pruning seed), mean over seeds, %s (%.0f s)",
                step, int(sharding.to_host(states.step)[0, 0]), settings.num_steps,
                float(np.mean(history[-1][-1])),
                np.round(metrics["expected_sparsity"][-1].mean(0), 3), time.time() - t0)
     pruning_seconds = time.time() - t0
     seconds += pruning_seconds
+    runs_trained += len(chosen) * len(pairs)
     final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
     states = sharding.to_host(states)
     la_heads, la_mlp = states.log_alpha["heads"], states.log_alpha["mlp"]
@@ -314,10 +331,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
       head_keep, mlp_keep = hard_concrete.deterministic_masks(la_heads, la_mlp,
                                                               binarise == "group_threshold")
     else:
-      pairs = [[hard_concrete.global_masks(la_heads[i, k], la_mlp[i, k], grid[k][0])
-                for k in range(len(grid))] for i in range(len(chosen))]
-      head_keep = np.asarray([[p[0] for p in row] for row in pairs])
-      mlp_keep = np.asarray([[p[1] for p in row] for row in pairs])
+      masks = [[hard_concrete.global_masks(la_heads[i, k], la_mlp[i, k], pairs[k][0])
+                for k in range(len(pairs))] for i in range(len(chosen))]
+      head_keep = np.asarray([[m[0] for m in row] for row in masks])
+      mlp_keep = np.asarray([[m[1] for m in row] for row in masks])
     results, full, kl = _evaluate(mesh, task, model_config, vocab, data_cache["eval"], data,
                                   ablation, params_S, means_S, head_keep, mlp_keep,
                                   num_devices)
@@ -329,7 +346,7 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     for i, s in enumerate(chosen):
       if (step, s) not in full_done:
         rows += [(step, s, 0.0, table.FULL_MODEL, name, v[i, 0]) for name, v in full.items()]
-      for k, (lv, ps) in enumerate(grid):
+      for k, (lv, ps) in enumerate(pairs):
         if (step, s, lv, ps) in done:
           continue
         units = head_keep[i, k].size + mlp_keep[i, k].size
@@ -343,25 +360,29 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
                    "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}
         rows += [(step, s, lv, ps, name, float(v)) for name, v in per_run.items()]
         runs_done += 1
+    if writer is None:  # the first rows: record the options and create the table
+      check_options(path, options, LEGACY_OPTIONS)
+      writer = table.PruningCsv(path)
     writer.append(rows)
     rows_written += len(rows)
-    flat = lambda a: a.reshape((-1,) + a.shape[2:])
+    new = np.asarray([[(step, s, lv, ps) not in done for lv, ps in pairs] for s in chosen])
+    flat = lambda a: a[new]  # [S, K, ...] -> the new runs' [R, ...] (the done ones kept as saved)
     table.save_masks(workdir, step, {
-        "seed": np.repeat(chosen, len(grid)), "sparsity": np.tile([g[0] for g in grid],
-                                                                  len(chosen)),
-        "pruning_seed": np.tile([g[1] for g in grid], len(chosen)),
+        "seed": flat(np.repeat(np.asarray(chosen)[:, None], len(pairs), 1)),
+        "sparsity": flat(np.tile([g[0] for g in pairs], (len(chosen), 1))),
+        "pruning_seed": flat(np.tile([g[1] for g in pairs], (len(chosen), 1))),
         "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
         "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)}, output)
     achieved = {lv: [round(float(1.0 - (head_keep[i, k].sum() + mlp_keep[i, k].sum())
                                  / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
-                     for i in range(len(chosen)) for k in range(len(grid)) if grid[k][0] == lv]
-                for lv in levels}
+                     for i in range(len(chosen)) for k in range(len(pairs)) if pairs[k][0] == lv]
+                for lv in dict.fromkeys(lv for lv, _ in pairs)}
     elapsed = time.time() - t0
     log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
-             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(grid), elapsed,
+             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(pairs), elapsed,
              pruning_seconds, elapsed - pruning_seconds, achieved, path)
-  return {"rows_written": rows_written, "runs": runs_done, "seconds": seconds,
-          "steps": todo_steps}
+  return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
+          "seconds": seconds, "steps": todo_steps}
 
 
 def define_flags() -> None:

@@ -1,6 +1,6 @@
 """Tests of the pruning CLI (`sg_jax.prune`) on a tiny two-seed workdir: the CSV's columns and
-rows per run, the masks file, a rerun that adds nothing, a larger grid that adds only the new
-runs, and one-line errors."""
+rows per run, the masks file, a rerun that adds nothing, a larger grid that trains and adds only
+the new runs, a failed command that writes nothing, and one-line errors."""
 
 from __future__ import annotations
 
@@ -66,13 +66,36 @@ def test_writes_every_run_and_resumes_without_duplicates(workdir):
   again = prune.prune(workdir, sparsities=[0.3, 0.6], pruning_seeds=2, **FAST)
   assert again["runs"] == 0 and open(path).read() == before
   more = prune.prune(workdir, sparsities=[0.3, 0.6], pruning_seeds=3, seeds=[5], **FAST)
-  assert more["runs"] == 2  # pruning seed 2 of seed 5 at both levels
+  # pruning seed 2 of seed 5 at both levels, and only those are trained
+  assert more["runs"] == more["runs_trained"] == 2
   rows = table.read_rows(path)
   keys = [(r[1], r[2], r[3]) for r in rows if r[4] == "achieved_sparsity"]
   assert len(keys) == len(set(keys)) == 10
   assert len(table.load_masks(workdir, STEP)["seed"]) == 10
-  with pytest.raises(ValueError, match="other options"):
+  # Seed 3 lacks pruning seed 2 (seed 5 has it) and both lack level 0.45: 5 pairs trained for
+  # both seeds, the 8 missing runs written, the masks file gains those 8.
+  mixed = prune.prune(workdir, sparsities=[0.3, 0.45, 0.6], pruning_seeds=3, **FAST)
+  assert (mixed["runs"], mixed["runs_trained"]) == (8, 10)
+  keys = [(r[1], r[2], r[3]) for r in table.read_rows(path) if r[4] == "achieved_sparsity"]
+  assert len(keys) == len(set(keys)) == 18
+  assert set(keys) == {(s, lv, p) for s in SEEDS for lv in (0.3, 0.45, 0.6) for p in range(3)}
+  masks = table.load_masks(workdir, STEP)
+  assert len({(int(s), float(lv), int(p)) for s, lv, p in zip(
+      masks["seed"], masks["sparsity"], masks["pruning_seed"])}) == len(masks["seed"]) == 18
+  with pytest.raises(ValueError, match="other options.*--num_steps=12 for this table"):
     prune.prune(workdir, sparsities=[0.3], pruning_seeds=1, **{**FAST, "num_steps": 13})
+
+
+def test_a_failed_command_leaves_no_table_behind(workdir):
+  """An unknown seed is refused before anything is written, so the next command (with other
+  options) is not blocked by an empty table and options file."""
+  path = os.path.join(workdir, "pruning_failed.csv")
+  with pytest.raises(ValueError, match=r"seeds \[7\] are not in the run"):
+    prune.prune(workdir, sparsities=[0.5], seeds=[7], output="pruning_failed.csv", **FAST)
+  assert not os.path.exists(path) and not os.path.exists(path + ".options.json")
+  result = prune.prune(workdir, sparsities=[0.5], pruning_seeds=1, output="pruning_failed.csv",
+                       **{**FAST, "num_steps": 10})
+  assert result["runs"] == 2 and os.path.exists(path + ".options.json")
 
 
 def test_bad_inputs_give_one_line_errors(workdir, tmp_path):
