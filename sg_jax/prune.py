@@ -239,10 +239,13 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
     ValueError: bad options, unknown seeds, options differing from the CSV's.
   """
-  if (pruning_seeds < 1 or num_lines < 0 or batch_size < 1 or steps_per_call < 1
-      or num_devices < 0):
-    raise ValueError("--pruning_seeds, --batch_size and --steps_per_call must be >= 1 and "
-                     "--num_lines and --num_devices >= 0")
+  counts = {"pruning_seeds": (pruning_seeds, 1), "batch_size": (batch_size, 1),
+            "steps_per_call": (steps_per_call, 1), "num_lines": (num_lines, 0),
+            "num_devices": (num_devices, 0)}
+  bad = [f"--{name} must be >= {low}, got {value}" for name, (value, low) in counts.items()
+         if value < low]
+  if bad:
+    raise ValueError("; ".join(bad))
   if binarise not in BINARISE:
     raise ValueError(f"--binarise must be one of {BINARISE}, got {binarise!r}")
   goal = objective_lib.parse_objective(objective)

@@ -108,6 +108,9 @@ def test_bad_inputs_give_one_line_errors(workdir, tmp_path):
     prune.prune(workdir, sparsities=[0.5], steps=[7], last_only=False)
   with pytest.raises(ValueError, match="--objective"):
     prune.prune(workdir, sparsities=[0.5], objective="entropy")
+  with pytest.raises(ValueError, match="^--pruning_seeds must be >= 1, got 0; --num_lines must "
+                     "be >= 0, got -1$"):
+    prune.prune(workdir, sparsities=[0.5], pruning_seeds=0, num_lines=-1)
   out = subprocess.run([sys.executable, "-m", "sg_jax.prune", f"--workdir={workdir}",
                         "--sparsities=0.5,1.5"], capture_output=True, text=True, check=False,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
