@@ -16,12 +16,13 @@ not depend on the weights) and random lines of `--length` tokens, B lines per st
 * one at a time: the same per-run function jitted alone (`pruning.run.train_alone_jit`), called
   once per run, `--steps` steps per call.
 Each compiles first (untimed); the figure is the best of `--repeats` timed calls, the three
-variants called in turn, so that a slow spell of a shared machine falls on each alike. Reported: run
-steps per second (runs x steps / seconds) and the vmapped / one-at-a-time ratio at the same R,
-and XLA's FLOP count per run step of each program (`cost_analysis` of a 1-step call, which
-counts a loop body once, so the vmapped figure is of a one-seed program): the vmapped program computes the frozen model's logits once per
-training seed instead of once per run, so its FLOP ratio is the speed-up it would have at equal
-FLOP throughput; on a compute-bound CPU the measured ratio stays near it.
+variants called in turn, so that a slow spell of a shared machine falls on each alike.
+Reported: run steps per second (runs x steps / seconds), the vmapped / one-at-a-time ratio at the
+same R, and XLA's FLOP count per run step of each program (`cost_analysis` of a 1-step call; XLA
+counts a loop body once, so the vmapped figure is of a one-seed program): the vmapped program
+computes the frozen model's logits once per training seed instead of once per run, so its FLOP
+ratio is the speed-up it would have at equal FLOP throughput; on a compute-bound CPU the measured
+ratio stays near it.
 Models: reference = docs/REFERENCE.md §1 (6 layers, d_model 512, 8 heads, d_ff 2048); grok_cpu
 = configs/question.py's preset (6 layers, d_model 128, 4 heads, d_ff 512).
 """

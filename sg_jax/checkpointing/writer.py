@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -144,6 +145,10 @@ class CheckpointWriter:
     """After a failure: closes the manager without raising and removes the temporary folders of
     unfinished saves. Returns the folders removed."""
     self.pending = None
+    # The failed save's unfinished tensorstore writes are coroutines nobody awaits any more;
+    # Python would warn about each at exit, after the run's one-line error.
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)
     try:
       self.manager.close()
     except Exception:  # pylint: disable=broad-except  (the failure was reported already)

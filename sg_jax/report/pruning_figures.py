@@ -137,7 +137,7 @@ def plot_inclusion(data: Pruning, step: int, path: str, title_prefix: str = ""):
 
 def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
   """Effective size vs training step per training seed (mean over pruning seeds, 95%
-  Student-t band), one panel per variant of `core.VARIANTS`.
+  Student-t band, and a bar at each step), one panel per variant of `core.VARIANTS`.
 
   Returns:
     the (closed) Figure written to `path`, or None when no (step, seed) has an effective size.
@@ -159,6 +159,10 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
       ax.fill_between(entry["step"], np.clip(np.where(band, low, entry[variant]), 0, 1),
                       np.clip(np.where(band, high, entry[variant]), 0, 1), color=colors[seed],
                       alpha=0.15, lw=0)
+      # The interval as a bar at each step too: a band over a single step has no width.
+      banded_steps = np.asarray(entry["step"])[band]
+      ax.vlines(banded_steps, np.clip(np.asarray(low)[band], 0, 1),
+                np.clip(np.asarray(high)[band], 0, 1), color=colors[seed], alpha=0.5, lw=1.2)
       ax.plot(entry["step"], entry[variant], "o-", color=colors[seed], lw=1.6, ms=4,
               label=f"seed {seed}")
     ax.set_title(f"effective size from {titles[variant]}", fontsize=9)
@@ -166,8 +170,8 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("effective size (1 - sparsity)")
-  _legend_outside(axes[0][-1]).set_title("band: 95% t-interval over\npruning seeds (in [0, 1])",
-                                         prop={"size": 8})
+  _legend_outside(axes[0][-1]).set_title(
+      "band and bars: 95% t-interval\nover pruning seeds (in [0, 1])", prop={"size": 8})
   fig.suptitle(f"{title_prefix}effective size of {data.name} (within {core.TOLERANCE:g} of the "
                "full model)")
   return _save(plt, fig, path)
