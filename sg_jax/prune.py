@@ -353,11 +353,13 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
         if (step, s, lv, ps) in done:
           continue
         units = head_keep[i, k].size + mlp_keep[i, k].size
-        kept = head_keep[i, k].sum() + mlp_keep[i, k].sum()
-        kept_params = (weights[0] * head_keep[i, k]).sum() + (weights[1] * mlp_keep[i, k]).sum()
-        per_run = {table.MARKER: 1.0 - kept / units,
-                   "achieved_sparsity_params": 1.0 - kept_params / (weights[0].sum()
-                                                                     + weights[1].sum()),
+        closed = units - head_keep[i, k].sum() - mlp_keep[i, k].sum()
+        closed_params = ((weights[0] * ~np.asarray(head_keep[i, k], bool)).sum()
+                         + (weights[1] * ~np.asarray(mlp_keep[i, k], bool)).sum())
+        # closed / total, not 1 - kept / total: 3 of 15 units is 0.2, not 0.19999999999999996
+        per_run = {table.MARKER: closed / units,
+                   "achieved_sparsity_params": closed_params / (weights[0].sum()
+                                                                + weights[1].sum()),
                    "expected_sparsity": expected[i, k], "final_objective": final_objective[i, k],
                    "lambda1": states.lambdas[i, k, 0], "lambda2": states.lambdas[i, k, 1],
                    "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}

@@ -284,8 +284,8 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
     heads[i, k:k + per], mlp[i, k:k + per] = h, m
   evaluator = evaluate_lib.make_evaluator(data["task"], model_config, vocab, data["eval"],
                                           opts["ablation"])
-  log.info("step %d: scoring %d cores (%d masks per seed)", step, len(to_ablate),
-           heads.shape[1])
+  log.info("step %d: scoring %d cores (%d masks per seed: per level the full model, the core "
+           "ablated and %d random-head draws)", step, len(to_ablate), heads.shape[1], num_draws)
   metrics = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.asarray(heads, jnp.float32),
                                            jnp.asarray(mlp, jnp.float32)))
   for (seed, lv), reason in reasons.items():

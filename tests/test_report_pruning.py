@@ -11,6 +11,7 @@ import math
 import os
 
 import numpy as np
+import pytest
 
 from sg_jax import report
 from sg_jax.pruning import core_table
@@ -111,8 +112,14 @@ def test_figures_and_summary(tmp_path):
   # averaged accuracies (full 0.9): 0.745, 0.59, 0.825, 0.845 all < 0.87, sizes 1 and 1.
   seed_row = _table_row(lines, "| run | 200 | 0 | 1 | 0.8 |")
   assert seed_row[5] == "1 [1, 1]"
-  # summary.md clips the interval 0.75 -+ 3.18 to [0, 1]; summary_pruning_seeds.csv keeps it.
+  # The interval 0.75 -+ 3.18 is clipped to [0, 1], in summary.md and the CSV alike.
   assert seed_row[6] == seed_row[7] == "0.75 [0, 1]"
+  with open(os.path.join(result["out_dir"], "summary_pruning_seeds.csv")) as f:
+    seed_csv = next(r for r in csv.DictReader(f) if r["step"] == "200" and r["seed"] == "0")
+  for v in ("in_domain", "out_of_domain"):
+    assert float(seed_csv[f"effective_size_{v}"]) == pytest.approx(0.75)
+    assert (float(seed_csv[f"effective_size_{v}_ci_low"]),
+            float(seed_csv[f"effective_size_{v}_ci_high"])) == (0.0, 1.0)
   with open(os.path.join(result["out_dir"], "summary_pruning.csv")) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4

@@ -95,7 +95,7 @@ def run_tables(pruning_rows: Iterable[table.Row]):
 def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, dict]],
                         full: Mapping[str, float] | None) -> tuple[list[Row], str | None]:
   """`effective_size/<variant>` and its `/ci_low`, `/ci_high` (mean -+ the 95% Student-t
-  half-width, nan for one pruning seed) of one (step, seed), over every level of `runs`
+  half-width, clipped to [0, 1]; nan for one pruning seed) of one (step, seed), over every level of `runs`
   ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every level has.
 
   Returns:
@@ -117,9 +117,11 @@ def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, 
   rows = []
   for variant in core.VARIANTS:
     mean, ci = sizes[variant]["mean"], sizes[variant]["ci"]
+    # An effective size lies in [0, 1]; the t interval of few pruning seeds can leave it.
+    low, high = (float(np.clip(b, 0.0, 1.0)) for b in (mean - ci, mean + ci))
     rows += [(step, seed, nan, f"effective_size/{variant}", mean),
-             (step, seed, nan, f"effective_size/{variant}/ci_low", mean - ci),
-             (step, seed, nan, f"effective_size/{variant}/ci_high", mean + ci)]
+             (step, seed, nan, f"effective_size/{variant}/ci_low", low),
+             (step, seed, nan, f"effective_size/{variant}/ci_high", high)]
   return rows, None
 
 

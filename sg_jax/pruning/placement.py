@@ -65,8 +65,9 @@ def run_mesh(num_seeds: int, runs_per_seed: int, max_devices: int = 0) -> Mesh:
 def describe(mesh: Mesh, num_seeds: int, runs_per_seed: int) -> str:
   d_seed, d_run = mesh.devices.shape
   return (f"{num_seeds} seeds x {runs_per_seed} runs on {math.prod(mesh.devices.shape)} "
-          f"device(s) ({d_seed} x {d_run}: {num_seeds // d_seed} x {runs_per_seed // d_run} "
-          f"runs per device), backend {jax.default_backend()}")
+          f"device(s) (seeds split over {d_seed}, each seed's runs over {d_run}: "
+          f"{num_seeds // d_seed} seed(s) x {runs_per_seed // d_run} runs per device), "
+          f"backend {jax.default_backend()}")
 
 
 def place(mesh: Mesh, per_seed, per_run, shared=None):

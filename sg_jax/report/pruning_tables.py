@@ -81,7 +81,8 @@ def effective_sizes(data: Pruning) -> dict[int, dict[str, np.ndarray]]:
   Returns:
     {seed: {'step': int [T], '<variant>', '<variant>/ci_low', '<variant>/ci_high': float [T]}}
     for the variants of `core.VARIANTS` (mean -+ the 95% Student-t half-width over pruning
-    seeds, nan for one pruning seed); steps without the full model's accuracies are left out.
+    seeds, clipped to [0, 1]; nan for one pruning seed); steps without the full model's
+    accuracies are left out.
   """
   out: dict = {}
   for (step, seed), by_level in sorted(data.runs.items()):
@@ -119,7 +120,7 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
     absent), `jaccard_within_heads` and `compare_<table>_<COMPARE name>` from its
     `compare/<table>/...` rows; one row per training seed: the full model's accuracies and the effective size of
-    each variant with its 95% interval).
+    each variant with its 95% interval, clipped to [0, 1]).
   """
   step = data.steps[-1]
   sizes = effective_sizes(data)
