@@ -95,8 +95,9 @@ def run_tables(pruning_rows: Iterable[table.Row]):
 def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, dict]],
                         full: Mapping[str, float] | None) -> tuple[list[Row], str | None]:
   """`effective_size/<variant>` and its `/ci_low`, `/ci_high` (mean -+ the 95% Student-t
-  half-width, clipped to [0, 1]; nan for one pruning seed) of one (step, seed), over every level of `runs`
-  ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every level has.
+  half-width, clipped to [0, 1]; nan for one pruning seed) of one (step, seed), over every
+  level of `runs` ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every
+  level has.
 
   Returns:
     (rows with sparsity nan, None), or ([], the reason) when the full model's accuracies or a

@@ -119,8 +119,8 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     pruning seeds), min and max of the in- and out-of-domain accuracies, core heads / MLPs, and
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
     absent), `jaccard_within_heads` and `compare_<table>_<COMPARE name>` from its
-    `compare/<table>/...` rows; one row per training seed: the full model's accuracies and the effective size of
-    each variant with its 95% interval, clipped to [0, 1]).
+    `compare/<table>/...` rows; one row per training seed: the full model's accuracies and
+    the effective size of each variant with its 95% interval, clipped to [0, 1]).
   """
   step = data.steps[-1]
   sizes = effective_sizes(data)
