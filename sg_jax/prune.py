@@ -345,6 +345,13 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
         h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None
     )))(states.log_alpha["heads"], states.log_alpha["mlp"]))
+    # Achieved sparsity [S, K] as closed / total, not 1 - kept / total: 3 of 15 units is 0.2,
+    # not 0.19999999999999996.
+    head_off, mlp_off = ~np.asarray(head_keep, bool), ~np.asarray(mlp_keep, bool)
+    achieved = ((head_off.sum((-2, -1)) + mlp_off.sum(-1))
+                / (head_off[0, 0].size + mlp_off[0, 0].size))
+    achieved_params = (((weights[0] * head_off).sum((-2, -1)) + (weights[1] * mlp_off).sum(-1))
+                       / (weights[0].sum() + weights[1].sum()))
     rows = []
     for i, s in enumerate(chosen):
       if (step, s) not in full_done:
@@ -352,14 +359,8 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
       for k, (lv, ps) in enumerate(pairs):
         if (step, s, lv, ps) in done:
           continue
-        units = head_keep[i, k].size + mlp_keep[i, k].size
-        closed = units - head_keep[i, k].sum() - mlp_keep[i, k].sum()
-        closed_params = ((weights[0] * ~np.asarray(head_keep[i, k], bool)).sum()
-                         + (weights[1] * ~np.asarray(mlp_keep[i, k], bool)).sum())
-        # closed / total, not 1 - kept / total: 3 of 15 units is 0.2, not 0.19999999999999996
-        per_run = {table.MARKER: closed / units,
-                   "achieved_sparsity_params": closed_params / (weights[0].sum()
-                                                                + weights[1].sum()),
+        per_run = {table.MARKER: achieved[i, k],
+                   "achieved_sparsity_params": achieved_params[i, k],
                    "expected_sparsity": expected[i, k], "final_objective": final_objective[i, k],
                    "lambda1": states.lambdas[i, k, 0], "lambda2": states.lambdas[i, k, 1],
                    "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}
@@ -378,14 +379,13 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
         "pruning_seed": flat(np.tile([g[1] for g in pairs], (len(chosen), 1))),
         "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
         "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)}, output)
-    achieved = {lv: [round(float(1.0 - (head_keep[i, k].sum() + mlp_keep[i, k].sum())
-                                 / (head_keep[i, k].size + mlp_keep[i, k].size)), 3)
-                     for i in range(len(chosen)) for k in range(len(pairs)) if pairs[k][0] == lv]
+    by_level = {lv: [round(float(achieved[i, k]), 3) for i in range(len(chosen))
+                     for k in range(len(pairs)) if pairs[k][0] == lv]
                 for lv in dict.fromkeys(lv for lv, _ in pairs)}
     elapsed = time.time() - t0
     log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
              "achieved sparsity per level %s; -> %s", step, len(chosen) * len(pairs), elapsed,
-             pruning_seconds, elapsed - pruning_seconds, achieved, path)
+             pruning_seconds, elapsed - pruning_seconds, by_level, path)
   return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
           "seconds": seconds, "steps": todo_steps}
 

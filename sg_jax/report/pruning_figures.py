@@ -155,14 +155,12 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
   for ax, variant in zip(axes[0], core.VARIANTS):
     for seed, entry in sorted(sizes.items()):
       low, high = entry[variant + "/ci_low"], entry[variant + "/ci_high"]
-      band = np.isfinite(low)  # nan for one pruning seed; drawn clipped to [0, 1]
-      ax.fill_between(entry["step"], np.clip(np.where(band, low, entry[variant]), 0, 1),
-                      np.clip(np.where(band, high, entry[variant]), 0, 1), color=colors[seed],
-                      alpha=0.15, lw=0)
+      band = np.isfinite(low)  # nan for one pruning seed; clipped to [0, 1] (core_table)
+      ax.fill_between(entry["step"], np.where(band, low, entry[variant]),
+                      np.where(band, high, entry[variant]), color=colors[seed], alpha=0.15, lw=0)
       # The interval as a bar at each step too: a band over a single step has no width.
-      banded_steps = np.asarray(entry["step"])[band]
-      ax.vlines(banded_steps, np.clip(np.asarray(low)[band], 0, 1),
-                np.clip(np.asarray(high)[band], 0, 1), color=colors[seed], alpha=0.5, lw=1.2)
+      ax.vlines(entry["step"][band], low[band], high[band], color=colors[seed], alpha=0.5,
+                lw=1.2)
       ax.plot(entry["step"], entry[variant], "o-", color=colors[seed], lw=1.6, ms=4,
               label=f"seed {seed}")
     ax.set_title(f"effective size from {titles[variant]}", fontsize=9)
