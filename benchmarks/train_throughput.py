@@ -67,6 +67,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax import compile_cache, sharding, train  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns, train_layout)
@@ -186,12 +187,13 @@ def _dot_flops(avals, params) -> float:
 def one_seed_state(config, vocab_size: int):
   """(`train_fns(config, vocab_size, None)`, one seed's initial TrainState) without a seed axis."""
   fns = train_fns(config, vocab_size, None)
-  state = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))(train.seed_keys([0])[0])
+  state = jax.jit(lambda k: step_lib.init_state(k, fns.model, fns.tx))(
+      step_lib.seed_keys([0])[0])
   return fns, state
 
 
 def step_matmuls(config, vocab_size: int, split) -> dict:
-  """The matmuls of one seed's packed forward+backward (`train.packed_loss_and_grads`).
+  """The matmuls of one seed's packed forward+backward (`step.loss_and_grads` on a row).
 
   One batch of `batch_size` lines is packed into a row of exactly its total length (no padding
   position): of 64 random batches (fixed seed), the one whose total length is closest to the
@@ -209,9 +211,9 @@ def step_matmuls(config, vocab_size: int, split) -> dict:
   batches = [rng.choice(len(split), batch, replace=False) for _ in range(64)]
   idx = min(batches, key=lambda b: abs(lengths[b].sum() - batch * lengths.mean()))
   data = jax.device_put(train_layout(config, split, 1)[0])
-  packed = lambda params, key: train.packed_loss_and_grads(
-      params, key, data, jnp.asarray(idx, jnp.int32), int(lengths[idx].sum()),
-      jnp.asarray(3, jnp.int32), fns.model)
+  packed = lambda params, key: step_lib.loss_and_grads(
+      params, key, data, jnp.asarray(idx, jnp.int32), jnp.asarray(3, jnp.int32), fns.model,
+      fns.objective, capacity=int(lengths[idx].sum()))
   dots = _dot_generals(jax.make_jaxpr(packed)(state.params, state.key).jaxpr)
   return {"dots": dots, "dot_flops": sum(_dot_flops(*d) for d in dots),
           "tokens": int(lengths[idx].sum()),
@@ -289,29 +291,30 @@ def make_sequential_step(fns, batch_size: int, capacities):
   """Jitted `(state, data, perm, step) -> state`: one training step of ONE seed.
 
   Gathers the seed's batch on device (line `perm[(step % steps_per_epoch) * batch + i]`) and calls
-  `train.train_step`, or, when packing is on, `train.loss_and_grads` on the lines packed into one
-  row (`train.packed_loss_and_grads`, smallest of `capacities` that holds them) and then
-  `train.apply_gradients` outside the bucket switch, as `train.make_chunk_fn` does per seed.
+  `step.train_step`, or, when packing is on, `step.loss_and_grads` on the lines packed into one
+  row (the smallest of `capacities` that holds them) and then `step.apply_gradients` outside
+  the bucket switch, as `step.make_chunk_fn` does per seed.
   """
   cache_key = (fns.model, id(fns.tx), batch_size, capacities)
   if cache_key in _SEQUENTIAL_CACHE:  # one compilation per depth and layout
     return _SEQUENTIAL_CACHE[cache_key][0]
-  model, tx = fns.model, fns.tx
+  model, tx, objective = fns.model, fns.tx, fns.objective
 
   def step_fn(state, data, perm, step):
     steps_per_epoch = data["inputs"].shape[0] // batch_size
     idx = jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
     if capacities is None:
-      return train.train_step(state, data["inputs"][idx], data["targets"][idx], step, model, tx)
+      return step_lib.train_step(state, data, idx, step, model, tx, objective)
 
     def packed(capacity):
-      return lambda params, key: train.packed_loss_and_grads(params, key, data, idx, capacity,
-                                                             step, model)
+      return lambda params, key: step_lib.loss_and_grads(params, key, data, idx, step, model,
+                                                         objective, capacity=capacity)
 
     need = jnp.sum(data["lengths"][idx])
     bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-    loss, grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params, state.key)
-    return train.apply_gradients(state, loss, grads, step, tx)
+    (loss, _), grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
+                                      state.key)
+    return step_lib.apply_gradients(state, loss, grads, step, tx)
 
   jitted = jax.jit(step_fn, donate_argnums=(0,))
   _SEQUENTIAL_CACHE[cache_key] = (jitted, fns.tx)  # keeps tx alive: its id stays unique
@@ -321,7 +324,7 @@ def make_sequential_step(fns, batch_size: int, capacities):
 def time_sequential(fns, data, keys, batch_size: int, capacities, steps_per_seed: int):
   """(compile seconds, total seconds) of training the seeds one after another, per-step jit."""
   step_fn = make_sequential_step(fns, batch_size, capacities)
-  init_one = jax.jit(lambda k: train.init_state(k, fns.model, fns.tx))
+  init_one = jax.jit(lambda k: step_lib.init_state(k, fns.model, fns.tx))
   n = data["inputs"].shape[0]
   states = [init_one(k) for k in keys]
   perms = [jax.device_put(np.random.default_rng(s).permutation(n).astype(np.int32))
@@ -354,32 +357,36 @@ def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[st
   model, tx = fns.model, fns.tx
   idx = np.random.default_rng(0).choice(len(split), int(config.train.batch_size), replace=False)
   x, y = jnp.asarray(split.inputs[idx]), jnp.asarray(split.targets[idx])
+  batch = {"inputs": x, "targets": y, "lengths": jnp.asarray(split.lengths[idx])}
+  rows = jnp.arange(x.shape[0], dtype=jnp.int32)
   key = jax.random.key(1)
-  grads = jax.jit(jax.grad(train.lm_loss), static_argnums=1)(state.params, model, x, y, None)
+  lm_loss = lambda p, k: step_lib.total_loss(p, model, fns.objective, (), (), x, y, k)[0]
+  grads = jax.jit(jax.grad(lm_loss))(state.params, None)
   parts = [
       ("forward, no dropout", lambda p: model.apply({"params": p}, x, deterministic=True),
        (state.params,)),
       ("forward, dropout", lambda p: model.apply({"params": p}, x, deterministic=False,
                                                  rngs={"dropout": key}), (state.params,)),
       ("forward+backward, no dropout",
-       lambda p: jax.value_and_grad(train.lm_loss)(p, model, x, y, None), (state.params,)),
+       lambda p: jax.value_and_grad(lm_loss)(p, None), (state.params,)),
       ("forward+backward, dropout",
-       lambda p: jax.value_and_grad(train.lm_loss)(p, model, x, y, key), (state.params,)),
+       lambda p: jax.value_and_grad(lm_loss)(p, key), (state.params,)),
       ("optimizer (clip + AdamW)",
        lambda g, o, p: optax.apply_updates(p, tx.update(g, o, p)[0]),
        (grads, state.opt_state, state.params)),
       ("train_step (all of it)",
-       lambda s: train.train_step(s, x, y, jnp.asarray(3, jnp.int32), model, tx), (state,)),
+       lambda s: step_lib.train_step(s, batch, rows, jnp.asarray(3, jnp.int32), model, tx,
+                                     fns.objective), (state,)),
   ]
   scan_steps = 4
 
   def scanned(s):  # the same fixed batch, inside lax.scan as a chunk runs it, no seed axis
-    body = lambda s, t: (train.train_step(s, x, y, t, model, tx), None)
+    body = lambda s, t: (step_lib.train_step(s, batch, rows, t, model, tx, fns.objective), None)
     return jax.lax.scan(body, s, jnp.arange(scan_steps, dtype=jnp.int32))[0]
 
   host, _ = train_layout(config, split, 1)
   data = jax.device_put(host)
-  stacked = fns.init(train.seed_keys([0]))
+  stacked = fns.init(step_lib.seed_keys([0]))
   parts += [
       ("train_step in lax.scan, per step", scanned, (state,)),
       ("fns.chunk, 1 seed (vmap + scan), per step",

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 import ml_collections
 import numpy as np
+
+from sg_jax import per_seed
 
 log = logging.getLogger("sg_jax")
 
@@ -50,22 +52,6 @@ def add_defaults(data: ml_collections.ConfigDict) -> None:
   `--config.data.num_disambiguating="(0,0,100,100)"` gives one per seed)."""
   for name, default in FIELDS.items():
     data[name] = (default,)
-
-
-def per_seed(value: Any, num_seeds: int, name: str = "") -> list:
-  """A composition value as one entry per seed: a scalar or 1-sequence is repeated.
-
-  Raises:
-    ValueError: a sequence whose length is neither 1 nor `num_seeds`.
-  """
-  if isinstance(value, (list, tuple)):
-    if len(value) == 1:
-      return list(value) * num_seeds
-    if len(value) != num_seeds:
-      raise ValueError(f"invalid config: data.{name} has {len(value)} values for {num_seeds} "
-                       f"seeds (give one value, or one per seed)")
-    return list(value)
-  return [value] * num_seeds
 
 
 def parse_mix(text: str, constructions: Sequence[str]) -> dict[str, float]:
@@ -115,7 +101,7 @@ def seed_mixes(config: ml_collections.ConfigDict) -> list[Mix]:
     ValueError: a field with a wrong number of values or an out-of-range value.
   """
   n = int(config.num_seeds)
-  values = {name: per_seed(config.data.get(name, (default,)), n, name)
+  values = {name: per_seed.values(config.data.get(name, (default,)), n, f"data.{name}")
             for name, default in FIELDS.items()}
   mixes = [Mix(num_disambiguating=int(values["num_disambiguating"][k]),
                exclude_identity=bool(values["exclude_identity"][k]),
@@ -229,7 +215,7 @@ def extra_training_examples(config: ml_collections.ConfigDict, task, data_dir: s
   """The lines composition appends to the training split: the largest `num_disambiguating` any
   seed takes, drawn outside the task's other splits (read from `data_dir`); [] when no seed
   takes any. Deterministic in `data.seed`, so every reader of the training set gets the same
-  lines (`input_pipeline.load_data`, the SAS arcs of `sas.train_arrays`)."""
+  lines (`input_pipeline.load_data`, the loss terms' arrays of `training_examples`)."""
   need = max(m.num_disambiguating for m in seed_mixes(config))
   if need <= 0:
     return []
@@ -238,6 +224,16 @@ def extra_training_examples(config: ml_collections.ConfigDict, task, data_dir: s
     if split != "train":
       held_out += task.read_split(data_dir, split)
   return disambiguating_examples(task, need, int(config.data.seed), held_out)
+
+
+def training_examples(config: ml_collections.ConfigDict, task, data_dir: str) -> list:
+  """The examples of the training set on device, row i = example i: the training split read
+  from `data_dir`, then the disambiguating lines (`extra_training_examples`) when composition
+  is active."""
+  examples = task.read_split(data_dir, "train")
+  if active(config):
+    examples += extra_training_examples(config, task, data_dir)
+  return examples
 
 
 def summary(mixes: Sequence[Mix], pools: Sequence[np.ndarray], facts: LineFacts,

@@ -61,6 +61,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # Which task to train on: a registered task name (sg_jax.tasks.names()), e.g. question.
   c.task = task
+  # Training objective (sg_jax/objectives, docs/objectives.md): "lm" = next-token prediction.
+  c.objective = "lm"
   # Seeds first_seed .. first_seed + num_seeds - 1 train at once (vmapped). Seed s initialises
   # its parameters, dropout and data order from jax.random.key(s) only, so a seed trained in a
   # group equals the same seed trained alone.
@@ -431,8 +433,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
   need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
   need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
-  from sg_jax import sas  # pylint: disable=import-outside-toplevel  (imports jax)
-  sas.validate(config)
+  from sg_jax import objectives, terms  # pylint: disable=import-outside-toplevel  (imports jax)
+  objectives.from_config(config)
+  terms.validate(config)
   need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
 
 

@@ -122,10 +122,13 @@ def format_summary(result: dict, workdir: str) -> str:
 
   Args:
     result: as returned by `train.train_and_evaluate` ('step', 'seeds', 'eval' {name: [S]},
-      'trained_steps').
+      'trained_steps', and 'per_seed' {column: [S]}: options that differ by seed, such as a
+      loss term's lambda, shown before the metrics).
     workdir: the run's --workdir.
   """
-  columns = [c for c in SUMMARY_COLUMNS if c in result["eval"]]
+  options = result.get("per_seed", {})
+  columns = list(options) + [c for c in SUMMARY_COLUMNS if c in result["eval"]]
+  value_of = lambda c: options[c] if c in options else result["eval"][c]
   if result.get("trained_steps", 1) == 0:
     head = f"the run was already complete at step {result['step']}; final evaluation per seed:"
   else:
@@ -133,10 +136,11 @@ def format_summary(result: dict, workdir: str) -> str:
   widths = [max(len(c), 8) for c in columns]
   lines = [head, "  seed  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
   for i, seed in enumerate(result["seeds"]):
-    values = [float(np.asarray(result["eval"][c])[i]) for c in columns]
-    cells = ["nan" if np.isnan(v) else f"{v:.4f}" for v in values]
+    values = [float(np.asarray(value_of(c))[i]) for c in columns]
+    cells = ["nan" if np.isnan(v) else f"{v:.4g}" if c in options else f"{v:.4f}"
+             for c, v in zip(columns, values)]
     lines.append(f"  {seed:4d}  " + "  ".join(x.rjust(w) for x, w in zip(cells, widths)))
-  if any(np.isnan(np.asarray(result["eval"][c], np.float64)).any() for c in columns):
+  if any(np.isnan(np.asarray(value_of(c), np.float64)).any() for c in columns):
     lines.append("  (nan: the seed diverged; see train/diverged_step in metrics.csv)")
   quoted = shlex.quote(workdir)
   lines += [f"metrics (every step, seed and metric): {os.path.join(workdir, 'metrics.csv')}",

@@ -28,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import layers
+from sg_jax.interventions import check_interventions, mean_ablate
 from sg_jax.decoding import apply_cached, init_cache  # noqa: F401  (the model's decoding API)
 
 Array = jax.Array
 
 INTERMEDIATES = "intermediates"  # the flax collection the forward pass sows into
+ATTENTIONS = ("causal", "bidirectional")  # ModelConfig.attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,9 @@ class ModelConfig:
     layer_impl: "tuned" (`layers.py`'s CPU layers), "plain" (Flax's) or "auto" (tuned on CPU,
       plain on GPU/TPU); same parameters either way (`layers.layer_set`).
     matmul_precision: "default", "high" or "highest" for every matmul (`layers.MATMUL_PRECISIONS`).
+    attention: "causal" (a token attends to itself and the tokens before it) or "bidirectional"
+      (to every token of its line): set by the training objective (`objectives`), not by
+      `config.model`.
   """
 
   vocab_size: int
@@ -69,6 +74,7 @@ class ModelConfig:
   layer_norm_eps: float = 1e-5
   layer_impl: str = "auto"
   matmul_precision: str = "default"
+  attention: str = "causal"
 
   def __post_init__(self):
     # The one statement of the model fields' rules: configlib.validate checks a run config's
@@ -85,6 +91,7 @@ class ModelConfig:
         (self.layer_impl in layers.LAYER_IMPLS, "layer_impl", "must be auto, tuned or plain"),
         (self.matmul_precision in layers.MATMUL_PRECISIONS, "matmul_precision",
          "must be default, high or highest"),
+        (self.attention in ATTENTIONS, "attention", f"must be one of {ATTENTIONS}"),
     )
     for ok, name, rule in rules:
       if not ok:
@@ -95,18 +102,19 @@ class ModelConfig:
     return self.d_model // self.num_heads
 
   @classmethod
-  def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512) -> "ModelConfig":
+  def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512,
+                  attention: str = "causal") -> "ModelConfig":
     """Builds a ModelConfig from the `model` section of an ml_collections config.
 
     Each field of `model_cfg` sets the ModelConfig field of the same name (cast to the type of
     its default); fields it does not set keep their defaults.
 
     Raises:
-      ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`/`max_len`,
-        which come from the arguments), or a value breaks a rule of `__post_init__`.
+      ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`, `max_len` or
+        `attention`, which come from the arguments), or a value breaks a rule of
+        `__post_init__`.
     """
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("vocab_size",
-                                                                           "max_len")}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _FROM_ARGUMENTS}
     values = {}
     for name, value in model_cfg.items():
       if name not in fields:
@@ -114,7 +122,10 @@ class ModelConfig:
                          f"{', '.join(fields)})")
       default = fields[name].default
       values[name] = type(default)(value) if isinstance(default, (bool, int, float, str)) else value
-    return cls(vocab_size=vocab_size, max_len=max_len, **values)
+    return cls(vocab_size=vocab_size, max_len=max_len, attention=attention, **values)
+
+
+_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention")
 
 
 def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> nn.initializers.Initializer:
@@ -150,23 +161,22 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))
 
 
-def mean_ablate(x: Array, mask: Array, means: Array | None) -> Array:
-  """Mean ablation `(x - mu) * z + mu` (docs/REFERENCE.md §2), or zero ablation `x * z`.
+def self_attention_mask(attention: str, length: int) -> Array:
+  """Boolean [length, length] mask of one line under `ModelConfig.attention`: `causal_mask`,
+  or all True ('bidirectional')."""
+  if attention == "causal":
+    return causal_mask(length)
+  return jnp.ones((length, length), dtype=bool)
 
-  Args:
-    x: activations, e.g. [B, L, H, P] head outputs or [B, L, D] MLP outputs.
-    mask: z, broadcastable to x (e.g. [H, 1] per head, [] per MLP block); 1 keeps the unit,
-      0 replaces it by mu; values in between interpolate (hard-concrete gates).
-    means: mu broadcastable to x (e.g. [H, P], or [B, L, H, P] per position), or None.
 
-  Returns:
-    x's shape and dtype (z and mu are cast to it).
-  """
-  z = mask.astype(x.dtype)
-  if means is None:
-    return x * z
-  mu = means.astype(x.dtype)
-  return (x - mu) * z + mu
+def line_key_mask(unpack_BxNxM: Array, repack_BxL: Array) -> Array:
+  """Boolean [B * N, M]: True at the slots of the line layout that hold a token of their own
+  line (`packing.pack_lines`: slot o of line j is its token when the row position it reads
+  maps back to j * M + o), False past a line's end."""
+  b, n, m = unpack_BxNxM.shape
+  back = jnp.take_along_axis(repack_BxL, unpack_BxNxM.reshape(b, n * m), axis=1)
+  want = jnp.arange(n * m, dtype=back.dtype)[None, :]
+  return (back == want).reshape(b * n, m)
 
 
 class MultiHeadAttention(nn.Module):
@@ -230,7 +240,9 @@ class MultiHeadAttention(nn.Module):
       q_BxLxHxP, k_BxLxHxP, v_BxLxHxP = (layers.unpack_lines(t, unpack_BxNxM)
                                          for t in (q_BxLxHxP, k_BxLxHxP, v_BxLxHxP))
       ids_BxL, positions_BxL = layers.default_token_ids_and_positions(*q_BxLxHxP.shape[:2])
-      mask_BxHxLxL = causal_mask(q_BxLxHxP.shape[1])[None, None]
+      mask_BxHxLxL = self_attention_mask(cfg.attention, q_BxLxHxP.shape[1])[None, None]
+      if cfg.attention == "bidirectional":  # keys past a line's end hold other tokens
+        mask_BxHxLxL = mask_BxHxLxL & line_key_mask(unpack_BxNxM, repack_BxL)[:, None, None, :]
     one_query = decode and q_BxLxHxP.shape[1] == 1
     logits_BxHxLxL = layers.attention_logits(q_BxLxHxP, k_BxLxHxP, one_query, lay.precision)
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
@@ -304,28 +316,6 @@ class TransformerLayer(nn.Module):
         x_BxLxD + drop(ff_BxLxD, "output_dropout"))
 
 
-def _check_interventions(cfg: ModelConfig, head_mask, head_means, mlp_mask, mlp_means):
-  """One-line errors for intervention arrays of the wrong shape (shapes are static)."""
-  n, h, p, d = cfg.num_layers, cfg.num_heads, cfg.head_dim, cfg.d_model
-  checks = (
-      (head_mask, "head_mask", lambda s: s == (n, h), f"[num_layers, num_heads] = {(n, h)}"),
-      (head_means, "head_means", lambda s: len(s) in (3, 5) and s[0] == n and s[-2:] == (h, p),
-       f"[num_layers, num_heads, head_dim] = {(n, h, p)} or [num_layers, batch, length, "
-       f"num_heads, head_dim]"),
-      (mlp_mask, "mlp_mask", lambda s: s == (n,), f"[num_layers] = {(n,)}"),
-      (mlp_means, "mlp_means", lambda s: len(s) in (2, 4) and s[0] == n and s[-1] == d,
-       f"[num_layers, d_model] = {(n, d)} or [num_layers, batch, length, d_model]"),
-  )
-  for value, name, ok, want in checks:
-    if value is not None and not ok(tuple(jnp.shape(value))):
-      raise ValueError(f"{name} must have shape {want} (per run; vmap any leading axes), got "
-                       f"{tuple(jnp.shape(value))}")
-  for means, mask, names in ((head_means, head_mask, "head_means needs head_mask"),
-                             (mlp_means, mlp_mask, "mlp_means needs mlp_mask")):
-    if means is not None and mask is None:
-      raise ValueError(f"{names} (the means replace masked units; pass a mask of zeros and ones)")
-
-
 class TransformerLM(nn.Module):
   """Causal transformer LM of the structural-grokking study, for one seed.
 
@@ -393,10 +383,10 @@ class TransformerLM(nn.Module):
     if length > cfg.max_len:
       raise ValueError(f"sequence length {length} exceeds model max_len {cfg.max_len}")
     if decode and (not deterministic or positions_BxL is None or attention_mask is not None
-                   or lines is not None):
-      raise ValueError("decode=True needs deterministic=True and positions_BxL, and takes "
-                       "neither attention_mask nor lines")
-    _check_interventions(cfg, head_mask, head_means, mlp_mask, mlp_means)
+                   or lines is not None or cfg.attention != "causal"):
+      raise ValueError("decode=True needs causal attention, deterministic=True and "
+                       "positions_BxL, and takes neither attention_mask nor lines")
+    check_interventions(cfg, head_mask, head_means, mlp_mask, mlp_means)
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
                      embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
     x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
@@ -411,7 +401,9 @@ class TransformerLM(nn.Module):
     x_BxLxD = layers.CoordinateDropout(cfg.dropout, name="embedding_dropout")(
         x_BxLxD, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
 
-    mask = causal_mask(length)[None, None]
+    mask = self_attention_mask(cfg.attention, length)[None, None]
+    if cfg.attention == "bidirectional":  # no real token attends to the padding after its line
+      mask = mask & (tokens_BxL != 0)[:, None, None, :]
     if attention_mask is not None and lines is not None:
       raise ValueError("pass either attention_mask or lines (packed rows), not both")
     if attention_mask is not None:

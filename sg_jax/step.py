@@ -24,10 +24,10 @@ import ml_collections
 import optax
 
 from sg_jax import configlib
-from sg_jax import evaluation
 from sg_jax import model as model_lib
-from sg_jax import sas as sas_lib
+from sg_jax import objectives
 from sg_jax import sharding
+from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
 from sg_jax.packing import pack_lines
 
@@ -106,49 +106,101 @@ def _subkey(key_data: Array, purpose: int) -> Array:
   return jax.random.fold_in(jax.random.wrap_key_data(key_data), purpose)
 
 
-PARAMS_KEY, DROPOUT_KEY, DATA_KEY = 0, 1, 2
+# Purposes folded into a seed's root key: one independent stream each.
+PARAMS_KEY, DROPOUT_KEY, DATA_KEY, OBJECTIVE_KEY = 0, 1, 2, 3
 
 
 def init_state(key_data: Array, model: model_lib.TransformerLM,
-               tx: optax.GradientTransformation) -> TrainState:
-  """Initial state of one seed from its key data (uint32 [2])."""
+               tx: optax.GradientTransformation, extra_sums: tuple[str, ...] = ()
+               ) -> TrainState:
+  """Initial state of one seed from its key data (uint32 [2]); `extra_sums` names further
+  running sums (the loss terms' penalties, `terms.sum_name`)."""
   params = model_lib.init_params(model.config, _subkey(key_data, PARAMS_KEY))
   zero = jnp.zeros((), jnp.float32)
+  sums = {"loss": zero, "grad_norm": zero, "steps": zero} | {name: zero for name in extra_sums}
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                     key=key_data, diverged=jnp.zeros((), bool),
-                    diverged_step=jnp.full((), -1, jnp.int32),
-                    sums={"loss": zero, "grad_norm": zero, "steps": zero})
+                    diverged_step=jnp.full((), -1, jnp.int32), sums=sums)
 
 
-def lm_loss(params, model: model_lib.TransformerLM, inputs_BxL: Array, targets_BxL: Array,
-            dropout_key: Array | None, **model_kwargs) -> Array:
-  """Mean token cross-entropy (nats) over the non-padding target positions of a batch.
+def model_inputs(objective: objectives.Objective, data: dict, idx_B: Array,
+                 capacity: int | None, key_data: Array, step: Array
+                 ) -> tuple[Array, Array, dict]:
+  """(inputs, targets, model keyword arguments) of one seed's step on the lines `idx_B`.
 
-  `model_kwargs` (positions_BxL, token_ids_BxL, lines) describe packed rows (`pack_lines`).
+  The objective turns the stored lines into its inputs and targets (`Objective.lines`, with the
+  seed's OBJECTIVE_KEY folded with `step`); with `capacity` they are then packed into one row
+  of that many token positions (`pack_lines`; the keyword arguments describe the row), else they
+  stay a padded batch [batch, length] (no keyword arguments).
+
+  Args:
+    data: {'inputs', 'targets': int32 [num_lines, length], 'lengths': int32 [num_lines]}.
+    idx_B: int32 [batch] line indices.
+    capacity: static packed-row length, or None (padded).
+    key_data: the seed's uint32 [2] key data.
   """
-  logits = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
-                       rngs=None if dropout_key is None else {"dropout": dropout_key},
-                       **model_kwargs)
-  loss_sum, count = evaluation.token_losses(logits, targets_BxL)
-  return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
+  key = jax.random.fold_in(_subkey(key_data, OBJECTIVE_KEY), step)
+  lengths = data["lengths"][idx_B]
+  inputs, targets = objective.lines(data["inputs"][idx_B], data["targets"][idx_B], lengths, key)
+  if capacity is None:
+    return inputs, targets, {}
+  rows = pack_lines(inputs, targets, lengths, jnp.arange(idx_B.shape[0]), capacity)
+  return rows.pop("inputs"), rows.pop("targets"), rows
 
 
-def loss_and_grads(params, key_data: Array, inputs_BxL: Array, targets_BxL: Array, step: Array,
-                   model: model_lib.TransformerLM, **model_kwargs) -> tuple[Array, Any]:
-  """(loss [], gradients like `params`) of one seed's step, with that step's dropout masks.
+def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Objective,
+               terms: tuple, lams_T: tuple, inputs_BxL: Array, targets_BxL: Array,
+               dropout_key: Array | None, data: dict | None = None, idx_B: Array | None = None,
+               **model_kwargs) -> tuple[Array, tuple[Array, tuple]]:
+  """(objective loss + sum_t lams_T[t] * penalty_t, (objective loss, (penalty_t, ...))) of one
+  seed's batch (float32 scalars).
 
-  `key_data` is the seed's uint32 [2] key data; `model_kwargs` describe packed rows (see
-  `pack_lines`); the default is a padded batch.
+  Args:
+    terms: the active loss terms (`terms.active`), static; () = the objective alone, and the
+      model then runs without sowing anything.
+    lams_T: each term's lambda for this seed and step (float32 [] each).
+    dropout_key: this step's dropout key, or None (deterministic).
+    data, idx_B: the training data and the step's lines, for the terms' per-line arrays.
+    model_kwargs: describe packed rows (`pack_lines`).
   """
+  mutable = [model_lib.INTERMEDIATES] if any(t.needs_intermediates for t in terms) else False
+  out = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
+                    rngs=None if dropout_key is None else {"dropout": dropout_key},
+                    mutable=mutable, **model_kwargs)
+  logits, sown = (out[0], out[1][model_lib.INTERMEDIATES]) if mutable else (out, None)
+  loss = objective.loss(logits, targets_BxL)
+  total, penalties = loss, []
+  for term, lam in zip(terms, lams_T):
+    pen = term.penalty(params, sown, data, idx_B, model.config)
+    total = total + lam * pen
+    penalties.append(pen)
+  return total, (loss, tuple(penalties))
+
+
+def loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, step: Array,
+                   model: model_lib.TransformerLM, objective: objectives.Objective,
+                   terms: tuple = (), lams_T: tuple = (), capacity: int | None = None
+                   ) -> tuple[tuple[Array, tuple], Any]:
+  """((objective loss [], (penalty_t [], ...)), gradients like `params`) of one seed's step on
+  the lines `idx_B` of `data`, with that step's dropout masks: the one training body's loss
+  (`model_inputs`, then `total_loss`). `key_data` is the seed's uint32 [2] key data."""
+  inputs, targets, model_kwargs = model_inputs(objective, data, idx_B, capacity, key_data, step)
   dropout_key = jax.random.fold_in(_subkey(key_data, DROPOUT_KEY), step)
-  return jax.value_and_grad(lm_loss)(params, model, inputs_BxL, targets_BxL, dropout_key,
-                                     **model_kwargs)
+  (_, aux), grads = jax.value_and_grad(total_loss, has_aux=True)(
+      params, model, objective, terms, lams_T, inputs, targets, dropout_key, data, idx_B,
+      **model_kwargs)
+  return aux, grads
 
 
 def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
-                    tx: optax.GradientTransformation) -> TrainState:
+                    tx: optax.GradientTransformation, penalties: dict | None = None
+                    ) -> TrainState:
   """The optimiser update of one seed from `loss_and_grads`; a non-finite loss/gradient freezes
-  its parameters for good (marks the seed diverged; see `TrainState.diverged`)."""
+  its parameters for good (marks the seed diverged; see `TrainState.diverged`).
+
+  `penalties` ({sums key: float32 []}, the loss terms' penalties) are added to their running
+  sums; `loss` is the objective's loss (`train/loss`).
+  """
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -158,8 +210,10 @@ def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
   # ones overwrite them in place): ~10% of a depth-2 step (docs/performance.md).
   params = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old),
                                   optax.apply_updates(state.params, updates), state.params)
-  sums = {"loss": state.sums["loss"] + loss, "grad_norm": state.sums["grad_norm"] + grad_norm,
-          "steps": state.sums["steps"] + 1.0}
+  sums = {**state.sums, "loss": state.sums["loss"] + loss,
+          "grad_norm": state.sums["grad_norm"] + grad_norm, "steps": state.sums["steps"] + 1.0}
+  for name, value in (penalties or {}).items():
+    sums[name] = state.sums[name] + value
   return state.replace(
       step=state.step + 1, params=params, opt_state=opt_state,
       diverged=state.diverged | ~finite,
@@ -167,15 +221,13 @@ def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
       sums=sums)
 
 
-def train_step(state: TrainState, inputs_BxL: Array, targets_BxL: Array, step: Array,
+def train_step(state: TrainState, data: dict, idx_B: Array, step: Array,
                model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-               **model_kwargs) -> TrainState:
-  """One AdamW step of one seed: `loss_and_grads`, then `apply_gradients`.
-
-  `model_kwargs` describe packed rows (see `pack_lines`); the default is a padded batch.
-  """
-  loss, grads = loss_and_grads(state.params, state.key, inputs_BxL, targets_BxL, step, model,
-                               **model_kwargs)
+               objective: objectives.Objective, capacity: int | None = None) -> TrainState:
+  """One AdamW step of one seed on the lines `idx_B` of `data` (no loss terms):
+  `loss_and_grads`, then `apply_gradients`."""
+  (loss, _), grads = loss_and_grads(state.params, state.key, data, idx_B, step, model,
+                                    objective, capacity=capacity)
   return apply_gradients(state, loss, grads, step, tx)
 
 
@@ -194,15 +246,6 @@ def epoch_permutation(key_data: Array, step: Array, num_lines: int, steps_per_ep
   return jax.random.permutation(
       jax.random.fold_in(_subkey(key_data, DATA_KEY), step // steps_per_epoch), num_lines)
 
-
-def packed_loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, capacity: int,
-                          step: Array, model: model_lib.TransformerLM) -> tuple[Array, Any]:
-  """`loss_and_grads` of one seed on the lines `idx_B` of `data` ({'inputs', 'targets': int32
-  [num_lines, length], 'lengths': int32 [num_lines]}) packed into one row of `capacity` token
-  positions (`pack_lines`)."""
-  rows = pack_lines(data["inputs"], data["targets"], data["lengths"], idx_B, capacity)
-  inputs, targets = rows.pop("inputs"), rows.pop("targets")
-  return loss_and_grads(params, key_data, inputs, targets, step, model, **rows)
 
 def line_sampler(data: dict, keys_S: Array, batch_size: int,
                  pool_sizes: tuple[int, ...] | None = None, sharded: bool = False):
@@ -262,26 +305,31 @@ def line_sampler(data: dict, keys_S: Array, batch_size: int,
 def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
                   batch_size: int, capacities: tuple[int, ...] | None,
                   pool_sizes: tuple[int, ...] | None = None, sharded: bool = False,
-                  sas_options: Any = None) -> Callable:
+                  objective: objectives.Objective | None = None, terms: tuple = ()
+                  ) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
-  The per-seed functions (`epoch_permutation`, `batch_indices`, `loss_and_grads` or
-  `packed_loss_and_grads`, `apply_gradients`) get the seed axis here, with `jax.vmap`; the step
-  loop is a `lax.scan` outside the vmap, so the epoch-boundary `cond` and the packing bucket
-  `switch` are real branches (not selects).
+  The one training body of sg_jax: the per-seed functions (`epoch_permutation`,
+  `batch_indices`, `loss_and_grads`, `apply_gradients`) get the seed axis here, with
+  `jax.vmap`; the step loop is a `lax.scan` outside the vmap, so the epoch-boundary `cond` and
+  the packing bucket `switch` are real branches (not selects). What a study changes in training
+  is a value handed in: the `objective` (default `lm`) and the loss `terms` added to it.
 
   Args of `chunk`:
     state: stacked TrainState [S, ...].
     data: {'inputs', 'targets': int32 [num_lines, length], 'lengths': int32 [num_lines]} on
       device, shared by all seeds; with per-seed composition also 'pools' and 'pool_sizes'
-      (`line_sampler`; `pool_sizes` then lists their distinct values).
+      (`line_sampler`; `pool_sizes` then lists their distinct values); with loss terms also
+      their per-line arrays and per-seed '<name>_lambda', '<name>_start', '<name>_end'
+      (`terms.train_arrays`).
     start_step: int32 [] global step of the first step.
     num_steps: static.
 
-  With `sas_options` (`sas.SasOptions`), the loss is `sas.regularised_loss` with each seed's
-  lambda (`sas.seed_lambdas`: `data` then also holds 'dep_head' [num_lines, length] and the
-  per-seed 'sas_lambda', 'sas_start', 'sas_end'), and `sums['sas_loss']` adds the penalty.
+  With `terms`, each seed's gradient is that of the objective's loss plus each term's lambda
+  (at this step, `terms.lambdas_at`) times its penalty; `train/loss` stays the objective's
+  loss and `sums['<name>_loss']` adds each penalty.
   """
+  objective = objective or objectives.from_config({})
 
   def chunk(state, data, start_step, num_steps):
     perms, sample = line_sampler(data, state.key, batch_size, pool_sizes, sharded)
@@ -289,33 +337,28 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
     # Only the gradients depend on the layout; the optimiser update runs outside the bucket
     # `switch`, whose branches then read the parameters and return fresh buffers (an update
     # inside the branches made XLA copy parameters and both moments every step).
-    def padded(params, keys, idx_SxB, step):
-      def one(p, k, idx):
-        return loss_and_grads(p, k, data["inputs"][idx], data["targets"][idx], step, model)
-      return jax.vmap(one)(params, keys, idx_SxB)
-
-    def packed(capacity):
-      def run(params, keys, idx_SxB, step):
-        def one(p, k, idx):
-          return packed_loss_and_grads(p, k, data, idx, capacity, step, model)
-        return jax.vmap(one)(params, keys, idx_SxB)
+    def grads_of(capacity):
+      def run(params, keys, idx_SxB, lams_TxS, step):
+        def one(p, k, idx, lams):
+          return loss_and_grads(p, k, data, idx, step, model, objective, terms, lams, capacity)
+        return jax.vmap(one)(params, keys, idx_SxB, lams_TxS)
       return run
 
     def body(carry, t):
       state, perm = carry
       step = start_step + t
       perm, idx = sample(perm, step)
-      if sas_options is not None:  # the SAS regulariser (docs/sas.md)
-        return sas_lib.regularised_body(state, perm, idx, step, data, model, tx, capacities,
-                                        sas_options, apply_gradients), None
+      lams = tuple(terms_lib.lambdas_at(data, term, state.step.shape[0], step) for term in terms)
       if capacities is None:
-        loss, grads = padded(state.params, state.key, idx, step)
+        (loss, pens), grads = grads_of(None)(state.params, state.key, idx, lams, step)
       else:
         need = jnp.max(jnp.sum(data["lengths"][idx], axis=-1))
         bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-        loss, grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
-                                     state.key, idx, step)
-      state = jax.vmap(lambda s, l, g: apply_gradients(s, l, g, step, tx))(state, loss, grads)
+        (loss, pens), grads = jax.lax.switch(bucket, [grads_of(c) for c in capacities],
+                                             state.params, state.key, idx, lams, step)
+      named = {terms_lib.sum_name(term): pen for term, pen in zip(terms, pens)}
+      state = jax.vmap(lambda s, l, g, p: apply_gradients(s, l, g, step, tx, p))(
+          state, loss, grads, named)
       return (state, perm), None
 
     (state, _), _ = jax.lax.scan(body, (state, perms(start_step)),
@@ -334,6 +377,8 @@ class TrainFns:
   model: model_lib.TransformerLM
   tx: optax.GradientTransformation
   capacities: tuple[int, ...] | None  # packed-row buckets (None = padded batches)
+  objective: objectives.Objective
+  terms: tuple  # the active loss terms (`terms.active`)
 
 
 _TRAIN_FNS_CACHE: dict = {}
@@ -380,18 +425,18 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   """
   cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh, pool_sizes)
   if cache_key not in _TRAIN_FNS_CACHE:
-    model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model, vocab_size))
+    objective = objectives.from_config(config)
+    model = model_lib.TransformerLM(objectives.model_config(config, vocab_size))
     tx = make_optimizer(config.optim, int(config.train.num_steps))
-    sas_options = sas_lib.options_from_config(config)
-    init_one = lambda k: init_state(k, model, tx)
-    if sas_options is not None:
-      init_one = lambda k: sas_lib.with_sas_sums(init_state(k, model, tx))
-    init = jax.jit(jax.vmap(init_one))
+    terms = terms_lib.active(config)
+    sums = tuple(terms_lib.sum_name(term) for term in terms)
+    init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx, sums)))
     chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
-                             sharded=mesh is not None, sas_options=sas_options)
+                             sharded=mesh is not None, objective=objective, terms=terms)
     if mesh is not None:
       chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
     chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))
     _TRAIN_FNS_CACHE[cache_key] = TrainFns(init=init, chunk=chunk, model=model, tx=tx,
-                                           capacities=capacities)
+                                           capacities=capacities, objective=objective,
+                                           terms=terms)
   return _TRAIN_FNS_CACHE[cache_key]

@@ -35,7 +35,7 @@ from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax.analysis import uas
 from sg_jax import metric_logging
-from sg_jax import sas as sas_lib
+from sg_jax import terms as terms_lib
 from sg_jax import model as model_lib
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
@@ -45,8 +45,8 @@ from sg_jax.input_pipeline import (check_vocabulary, load_data, make_eval_fn,  #
 from sg_jax.packing import pack_lines, packing_capacities, padding_fraction  # noqa: F401
 from sg_jax.step import (DATA_KEY, DROPOUT_KEY, PARAMS_KEY, TrainFns, TrainState,  # noqa: F401
                          apply_gradients, batch_indices, epoch_permutation, init_state,
-                         lm_loss, loss_and_grads, make_chunk_fn, make_optimizer, make_schedule,
-                         make_train_fns, packed_loss_and_grads, seed_keys, train_step)
+                         loss_and_grads, make_chunk_fn, make_optimizer, make_schedule,
+                         make_train_fns, seed_keys, train_step)
 from sg_jax.workdir import (CHANGEABLE_WITH_FLAG, EXIT_PREEMPTED,  # noqa: F401
                             RESUMABLE_CHANGES, CallSizer, Preempted, StopSignal,
                             check_workdir_config, check_writable, classify_config_change)
@@ -208,9 +208,7 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     mesh = sharding.seed_mesh(len(seeds), config.num_devices)
     per_device = len(seeds) // mesh.devices.size
     host_data, capacities = make_train_data(config, splits["train"], per_device)
-    host_data.update(sas_lib.train_arrays(config, task, workdir,  # {} when lambdas are 0
-                                          host_data["inputs"].shape[1],
-                                          num_lines=host_data["inputs"].shape[0]))
+    host_data.update(_term_arrays(config, task, workdir, host_data))  # {} without terms
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
     # removed, so that a failed first attempt leaves nothing behind.
@@ -309,7 +307,29 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
   if not last_eval:  # the run had already finished: report its final evaluation again
     last_eval = _logged_eval(table, step, seeds) or _log_eval(loop, step, state, write=False)
   return {"step": step, "seeds": seeds, "eval": last_eval, "state": state,
-          "trained_steps": step - loop.start_step}
+          "trained_steps": step - loop.start_step, "per_seed": _per_seed_options(config)}
+
+
+def _per_seed_options(config) -> dict[str, np.ndarray]:
+  """{'<term>.lambda': [S]} each active loss term's strength per seed, for the closing table."""
+  return {f"{term.name}.lambda": terms_lib.seed_arrays(config, term)[f"{term.name}_lambda"]
+          for term in terms_lib.active(config)}
+
+
+def _term_arrays(config, task, workdir: str, host_data: dict) -> dict:
+  """The active loss terms' per-line arrays of the training set and per-seed strengths and
+  windows (`terms.train_arrays`; {} without active terms).
+
+  Raises:
+    ValueError: a term's own refusal, or the training examples do not match the training
+      arrays' rows (`terms.train_arrays`).
+  """
+  if not terms_lib.active(config):
+    return {}
+  examples = composition.training_examples(
+      config, task, config.data.dir or os.path.join(workdir, "data"))
+  num_lines, length = host_data["inputs"].shape
+  return terms_lib.train_arrays(config, task, examples, length, num_lines)
 
 
 def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
@@ -355,7 +375,7 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       ckpt.wait()
     else:
       ckpt.check()
-    if step % config.train.log_every == 0 or step == config.train.num_steps:
+    if _is_log_step(step, config):
       state = _log_train(loop, step=step, state=state)
     if evaluation.is_eval_step(step, config) or step == config.train.num_steps:
       # A stop signal before or during the evaluation skips it: the step is checkpointed at
@@ -377,6 +397,14 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       ckpt.wait()
       raise Preempted(f"signal {received}: checkpoint written at step {step}", step)
   return state, step, last_eval
+
+
+def _is_log_step(step: int, config) -> bool:
+  """Training metrics are logged every `train.log_every` steps, at the last step, and at every
+  evaluation step (so a dense evaluation schedule, `eval.dense_until`, densifies the loss curve
+  too: an onset located on `train/loss` needs its points, `analysis.onsets`)."""
+  return (step % config.train.log_every == 0 or step == config.train.num_steps
+          or evaluation.is_eval_step(step, config))
 
 
 def _agreed_signal(stop: StopSignal) -> int | None:
@@ -444,8 +472,8 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
       "train/diverged_step": diverged_step,
   }
   metrics["train/loss"] = np.where(diverged, np.nan, metrics["train/loss"])
-  if "sas_loss" in sums:  # the SAS regulariser's penalty (docs/sas.md)
-    metrics["train/sas_loss"] = sums["sas_loss"] / n
+  for term in terms_lib.active(config):  # each loss term's penalty (e.g. SAS, docs/sas.md)
+    metrics[f"train/{terms_lib.sum_name(term)}"] = sums[terms_lib.sum_name(term)] / n
   loop.table.write(step, seeds, metrics)
   loop.summaries.write(step, seeds, metrics)
   rate = (step - loop.start_step) / max(time.time() - loop.start_time, 1e-9)

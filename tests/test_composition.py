@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, composition, configlib, tasks, train
+from sg_jax import checkpointing, composition, configlib, tasks, terms, train
 from sg_jax.tasks import mccoy
 
 CONS = ("none", "PP", "RC-subj", "RC-obj", "RC-intrans")
@@ -109,13 +109,14 @@ def test_a_seed_in_a_mixed_group_equals_the_seed_trained_alone(tiny_config, tmp_
 def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
   """With both a data mix and the SAS regulariser, the arcs cover every training line (the
   appended disambiguating ones included), row for row with the training data."""
-  from sg_jax import sas  # pylint: disable=import-outside-toplevel
   config = tiny_config(**{"num_seeds": 2, "data.num_disambiguating": (0, 20),
                           "sas.lambdas": (0.0, 0.01)})
   task, _, splits = train.load_data(config, str(tmp_path))
   data, _ = train.make_train_data(config, splits["train"], 2)
-  arcs = sas.train_arrays(config, task, str(tmp_path), data["inputs"].shape[1],
-                          num_lines=data["inputs"].shape[0])
+  examples = composition.training_examples(config, task, config.data.dir)
+  arcs = terms.train_arrays(config, task, examples, data["inputs"].shape[1],
+                            num_lines=data["inputs"].shape[0])
+  np.testing.assert_array_equal(arcs["sas_lambda"], [0.0, 0.01])
   assert arcs["dep_head"].shape[0] == data["inputs"].shape[0] == len(splits["train"])
   extra = composition.extra_training_examples(config, task, config.data.dir)
   assert len(extra) == 20
@@ -125,4 +126,4 @@ def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
                                         data["inputs"].shape[1])["dep_head"][0]
   np.testing.assert_array_equal(arcs["dep_head"][-1], want)
   with pytest.raises(ValueError, match="cover"):
-    sas.train_arrays(config, task, str(tmp_path), data["inputs"].shape[1], num_lines=5)
+    terms.train_arrays(config, task, examples, data["inputs"].shape[1], num_lines=5)

@@ -160,3 +160,9 @@ def test_final_summary_is_a_per_seed_table_with_next_commands():
   assert len(text) < 800
   result["trained_steps"] = 0
   assert "already complete" in metric_logging.format_summary(result, "w").splitlines()[0]
+  # A loss term's per-seed lambda comes first (the SAS regimes of a group, docs/sas.md).
+  result["per_seed"] = {"sas.lambda": np.array([0.0, -0.01], np.float32)}
+  lines = metric_logging.format_summary(result, "w").splitlines()
+  assert lines[1].split()[:3] == ["seed", "sas.lambda", "in_domain/accuracy"]
+  assert lines[2].split()[:3] == ["3", "0", "1.0000"]
+  assert lines[3].split()[:3] == ["4", "-0.01", "nan"]

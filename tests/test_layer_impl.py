@@ -11,6 +11,7 @@ import pytest
 from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import model as model_lib
+from sg_jax import objectives
 from sg_jax import step as step_lib
 
 VOCAB = 20
@@ -122,7 +123,8 @@ def _dot_precisions(cfg) -> list:
   tokens = jnp.ones((2, 5), jnp.int32)
   model = model_lib.TransformerLM(cfg)
   params = model_lib.init_params(cfg, jax.random.key(0))
-  loss = lambda p: step_lib.lm_loss(p, model, tokens, tokens, None)
+  loss = lambda p: step_lib.total_loss(p, model, objectives.from_config({}), (), (), tokens,
+                                      tokens, None)[0]
   jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
   found = []
 

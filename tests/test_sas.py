@@ -1,5 +1,5 @@
-"""The SAS regulariser (sg_jax/sas.py; docs/sas.md): penalty on hand-built attention, its gradient
-against finite differences, lambda 0, per-seed lambdas in a group, windows and packing."""
+"""The SAS regulariser (sg_jax/terms/sas.py; docs/sas.md): penalty on hand-built attention, its
+gradient against finite differences, lambda 0, per-seed lambdas in a group, windows and packing."""
 
 import os
 
@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import configlib, metric_logging, sas, tasks, train
+from sg_jax import configlib, metric_logging, objectives, step, tasks, terms, train
 from sg_jax.analysis import uas
 from sg_jax.model import ModelConfig, TransformerLM, init_params
+from sg_jax.terms import sas
 
 from run_files import params as run_params
 
@@ -52,9 +53,13 @@ def test_gradient_matches_finite_differences(variant, p):
   params = init_params(config, jax.random.PRNGKey(0))
   options = sas.SasOptions(variant=variant, p=p)
 
+  objective = objectives.from_config({})
+  data, idx = {"dep_head": batch["dep_head"]}, jnp.arange(batch["inputs"].shape[0])
+  loss = lambda prm, lam: step.total_loss(prm, model, objective, (options,), (lam,),
+                                          batch["inputs"], targets, None, data, idx)
+
   def f(prm):
-    return sas.regularised_loss(prm, model, batch["inputs"], targets, batch["dep_head"],
-                                jnp.float32(-0.7), None, options)[0]
+    return loss(prm, jnp.float32(-0.7))[0]
 
   grads = jax.grad(f)(params)
   leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -68,9 +73,7 @@ def test_gradient_matches_finite_differences(variant, p):
                                                         jax.tree_util.tree_leaves(direction)))
   assert numeric == pytest.approx(analytic, rel=2e-2)
   # The penalty's own gradient is not negligible in that check.
-  pen_only = jax.grad(lambda prm: sas.regularised_loss(
-      prm, model, batch["inputs"], targets, batch["dep_head"], jnp.float32(1.0), None,
-      options)[1][1])(params)
+  pen_only = jax.grad(lambda prm: loss(prm, jnp.float32(1.0))[1][1][0])(params)
   assert optax_norm(pen_only) > 1e-3
 
 
@@ -131,4 +134,4 @@ def test_bad_sas_config_is_refused(tiny_config):
     configlib.validate(tiny_config(**{"sas.variant": "mean"}))
   config = tiny_config(task="dyck", **{"sas.lambdas": (0.1,)})
   with pytest.raises(ValueError, match="declares no gold dependencies"):
-    sas.train_arrays(config, tasks.from_config(config), "unused", 8)
+    terms.train_arrays(config, tasks.from_config(config), [], 8)

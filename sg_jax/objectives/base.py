@@ -1,0 +1,148 @@
+"""What a training objective is: how a step's lines become model inputs and targets, which
+attention the model uses, and how the loss is reduced (docs/objectives.md).
+
+An objective is a small frozen (hashable) object: it is static in the compiled training step
+(`step.make_chunk_fn`), so each objective compiles its own step and a field read inside it can
+never reuse a step compiled for another. It is written for ONE seed's batch of lines; the seed
+axis is added by the step, as for everything per seed.
+
+The convention shared by every objective: the loss is the mean token cross-entropy over the
+target positions whose id is not 0 (`<pad>`): an objective that scores only some positions (a
+masked LM) sets the other targets to 0. That keeps packed rows (`packing.pack_lines`) working
+for every objective, since packing moves inputs and targets together.
+
+Registering an objective (`register`) makes it selectable as `config.objective`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sg_jax import model as model_lib
+
+Array = jax.Array
+
+ATTENTIONS = ("causal", "bidirectional")
+
+
+def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]:
+  """Per-line summed cross-entropy (nats) and number of scored target tokens.
+
+  Args:
+    logits_BxLxV: float logits [batch, length, vocab].
+    targets_BxL: int32 [batch, length] target ids; id 0 (`<pad>`) is not scored.
+
+  Returns:
+    (loss_sum [batch] float32, count [batch] float32).
+  """
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+  mask = (targets_BxL != 0).astype(jnp.float32)
+  return jnp.sum(ce * mask, axis=-1), jnp.sum(mask, axis=-1)
+
+
+def mean_token_loss(logits_BxLxV: Array, targets_BxL: Array) -> Array:
+  """Mean token cross-entropy (nats, float32 []) over the scored targets of a batch (0 for a
+  batch without any)."""
+  loss_sum, count = token_losses(logits_BxLxV, targets_BxL)
+  return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """Base class of the training objectives (a subclass is a frozen dataclass).
+
+  Class attributes:
+    name: the `config.objective` value that selects it.
+    attention: the model's attention within a line: 'causal' (a token attends to itself and
+      the tokens before it) or 'bidirectional' (to every token of its line); `<pad>` keys are
+      never attended in packed rows, and in padded rows they only matter to padding queries.
+  """
+
+  name: ClassVar[str] = ""
+  attention: ClassVar[str] = "causal"
+
+  @classmethod
+  def from_config(cls, config) -> "Objective":
+    """The objective of a run config (override to read options); raises ValueError naming a
+    bad field."""
+    del config
+    return cls()
+
+  def lines(self, inputs_BxL: Array, targets_BxL: Array, lengths_B: Array, key: Array
+            ) -> tuple[Array, Array]:
+    """The model inputs and targets of one seed's lines (default: the stored ones).
+
+    Args:
+      inputs_BxL: int32 [batch, length] stored inputs (`SOS w1 ... wn`, then 0).
+      targets_BxL: int32 [batch, length] stored targets (`w1 ... wn EOS`, then 0).
+      lengths_B: int32 [batch] non-padding positions of each line.
+      key: this seed's and step's key for the objective's own randomness (a typed PRNG key;
+        a pure function of the seed and the step, so resumed and grouped runs draw alike).
+
+    Returns:
+      (inputs, targets), int32 [batch, length] each; target 0 = not scored. Positions past a
+      line's length must stay 0 in both.
+    """
+    del lengths_B, key
+    return inputs_BxL, targets_BxL
+
+  def loss(self, logits_BxLxV: Array, targets_BxL: Array) -> Array:
+    """The loss of a batch (float32 []): `mean_token_loss` unless overridden."""
+    return mean_token_loss(logits_BxLxV, targets_BxL)
+
+
+_REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register(cls: type[Objective]) -> type[Objective]:
+  """Registers an objective class under `cls.name` (usable as a class decorator).
+
+  Raises:
+    ValueError: no name, an unknown `attention`, or the name is taken by another class (a
+      class of the same module and name, e.g. a config file loaded again, replaces its
+      earlier self).
+  """
+  if not cls.name:
+    raise ValueError(f"objective class {cls.__name__} has no name")
+  if cls.attention not in ATTENTIONS:
+    raise ValueError(f"objective {cls.name!r}: attention must be one of {ATTENTIONS}, got "
+                     f"{cls.attention!r}")
+  old = _REGISTRY.get(cls.name, cls)
+  if (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+    raise ValueError(f"objective {cls.name!r} is already registered ({_REGISTRY[cls.name]})")
+  _REGISTRY[cls.name] = cls
+  return cls
+
+
+def names() -> tuple[str, ...]:
+  """The registered objectives' names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def from_config(config) -> Objective:
+  """The objective of a run config (`config.objective`, default 'lm').
+
+  Raises:
+    ValueError: an unregistered name (naming the registered ones) or bad options.
+  """
+  name = str(config.get("objective", "lm"))
+  if name not in _REGISTRY:
+    raise ValueError(f"invalid config: objective {name!r} is not registered (registered: "
+                     f"{', '.join(_REGISTRY)}; docs/objectives.md says how to add one)")
+  return _REGISTRY[name].from_config(config)
+
+
+def model_config(config, vocab_size: int, max_len: int = 512):
+  """The `model.ModelConfig` of a run config: its `model` section, with the attention of its
+  objective (`from_config(config).attention`).
+
+  Raises:
+    ValueError: a bad model field or objective.
+  """
+  return model_lib.ModelConfig.from_config(config.model, vocab_size, max_len,
+                                           attention=from_config(config).attention)

@@ -1,0 +1,142 @@
+"""The syntactic-attention-structure (SAS) loss term (Chen et al., ICLR 2024; docs/REFERENCE.md
+§3; docs/sas.md "The regulariser"), registered as `sas` (config section `config.sas`).
+
+`loss = objective loss + lambda_s(step) * penalty`, with, per gold arc (`Task.gold_dependencies`),
+the attention A of the later token on the earlier one (a causal LM reads each arc in that
+direction only; `analysis.uas`):
+
+* `sum` variant: sum over layers and heads of A (with `sas.p` != 1: (sum of A^p)^(1/p), the
+  original's p-norm form);
+* `max` variant: the max over (layer, head) of A;
+* `sas.direction`: 'both' (every arc), 'head' (only arcs whose head comes first: the dependent's
+  row attending to its head) or 'children' (only arcs whose dependent comes first: the head's row
+  attending to its child).
+
+The penalty is the MEAN over the batch's arcs (the original sums over the batch without
+normalising; sg_jax normalises per arc, so lambda does not scale with the batch size or the
+sentence length). lambda > 0 suppresses SAS, lambda < 0 promotes it. Each seed's lambda and step
+window (`sas.lambdas`, `sas.starts`, `sas.ends`) are the generic fields of every loss term
+(`terms.base`): one value per seed or one for all; with every lambda 0 (the default) the term is
+not built at all, so the run is bit-identical to one without it.
+
+`train/sas_loss` (metrics.csv) is the penalty (without lambda) averaged over the steps since the
+last log; `train/loss` stays the objective's loss. The attention probabilities are the model's
+sown ones (`model.INTERMEDIATES`, before dropout); packed rows (`packing.pack_lines`) compute
+attention in the per-line layout [batch, length], so the arcs (`dep_head` [num_lines, length] of
+the training set) are gathered by line index alike in both layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from sg_jax.tasks import dependencies
+from sg_jax.terms import base
+
+Array = jax.Array
+VARIANTS = ("sum", "max")
+DIRECTIONS = ("both", "head", "children")
+
+
+@base.register
+@dataclasses.dataclass(frozen=True)
+class SasOptions(base.LossTerm):
+  """The SAS term with its static options (hashable: they shape the compiled step).
+
+  Attributes:
+    variant: 'sum' or 'max' over (layer, head).
+    p: the sum variant's p-norm exponent (1 = plain sum).
+    direction: 'both', 'head' or 'children' (module docstring).
+  """
+
+  name = "sas"
+  needs_intermediates = True
+  variant: str = "sum"
+  p: float = 1.0
+  direction: str = "both"
+
+  @classmethod
+  def default_section(cls) -> ml_collections.ConfigDict:
+    section = super().default_section()
+    section.variant, section.p, section.direction = "sum", 1.0, "both"
+    return section
+
+  @classmethod
+  def from_section(cls, section) -> "SasOptions":
+    return cls(variant=str(section.variant), p=float(section.p),
+               direction=str(section.direction))
+
+  def check(self, config) -> None:
+    """Raises ValueError naming a bad `sas.variant`, `sas.direction` or `sas.p`."""
+    del config
+    if self.variant not in VARIANTS:
+      raise ValueError(f"invalid config: sas.variant must be one of {VARIANTS}, got "
+                       f"{self.variant!r}")
+    if self.direction not in DIRECTIONS:
+      raise ValueError(f"invalid config: sas.direction must be one of {DIRECTIONS}, got "
+                       f"{self.direction!r}")
+    if not self.p > 0:
+      raise ValueError(f"invalid config: sas.p must be > 0, got {self.p}")
+
+  def train_arrays(self, config, task, examples: list, length: int) -> dict[str, np.ndarray]:
+    """{'dep_head': int32 [num_lines, length]} the gold arcs of the training lines
+    (`dependencies.dependency_arrays`).
+
+    Raises:
+      ValueError: the task declares no gold dependencies.
+    """
+    del config
+    if not getattr(task, "has_gold_dependencies", False):
+      raise ValueError(f"invalid config: sas.lambdas is nonzero but the {task.name} task "
+                       "declares no gold dependencies")
+    arcs = dependencies.dependency_arrays([task.gold_dependencies(ex) for ex in examples],
+                                          length)
+    return {"dep_head": arcs["dep_head"]}
+
+  def penalty(self, params, sown, data: dict, idx_B: Array, model_config) -> Array:
+    """`penalty` of the sown attention of every layer on the arcs of the lines `idx_B`."""
+    del params
+    attention = jnp.stack([sown[f"layer_{i}"]["attention"]["attention"][0]
+                           for i in range(model_config.num_layers)])
+    return penalty(attention, data["dep_head"][idx_B], self)[0]
+
+
+def penalty(attention_NxBxHxLxL: Array, dep_head_BxL: Array, options: SasOptions
+            ) -> tuple[Array, Array]:
+  """The term's penalty of one seed's batch (module docstring).
+
+  Args:
+    attention_NxBxHxLxL: attention probabilities [layers, batch, heads, L, L].
+    dep_head_BxL: int32 [batch, L] head position of each position's word, -1 = no arc.
+    options: variant, p, direction.
+
+  Returns:
+    (mean over the selected arcs of the per-arc term, float32 []; 0 without arcs), number of
+    selected arcs (float32 []).
+  """
+  att = attention_NxBxHxLxL.astype(jnp.float32)
+  pos = jnp.arange(att.shape[-1])[None, :]
+  has = dep_head_BxL >= 0
+  if options.direction == "head":
+    has = has & (dep_head_BxL < pos)
+  elif options.direction == "children":
+    has = has & (dep_head_BxL > pos)
+  head = jnp.where(has, dep_head_BxL, 0)
+  later, earlier = jnp.maximum(pos, head), jnp.minimum(pos, head)
+  b_idx = jnp.arange(att.shape[1])[:, None]
+  a_BxLxNxH = att[:, b_idx, :, later, earlier]
+  a_BxLxK = a_BxLxNxH.reshape(a_BxLxNxH.shape[:2] + (-1,))
+  if options.variant == "max":
+    term = jnp.max(a_BxLxK, axis=-1)
+  elif options.p == 1.0:
+    term = jnp.sum(a_BxLxK, axis=-1)
+  else:  # p-norm; the tiny floor keeps the gradient of x^(1/p) at 0 finite
+    term = jnp.sum(jnp.power(a_BxLxK, options.p), axis=-1)
+    term = jnp.power(jnp.maximum(term, 1e-30), 1.0 / options.p)
+  count = jnp.sum(has).astype(jnp.float32)
+  return jnp.sum(jnp.where(has, term, 0.0)) / jnp.maximum(count, 1.0), count

@@ -1,0 +1,193 @@
+"""The objective and loss-term registries and the one training body (sg_jax/objectives,
+sg_jax/terms, sg_jax/step.py; docs/objectives.md): a toy objective and a toy term registered
+from a test module train through the loop with per-seed strengths, and SAS through the generic
+body equals the regularised loss written out by hand."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sg_jax import checkpointing, configlib, metric_logging, objectives, packing, step, tasks
+from sg_jax import terms, train
+from sg_jax.analysis import uas
+from sg_jax.model import ModelConfig, TransformerLM, INTERMEDIATES, init_params
+from sg_jax.terms import sas
+
+import toy_config
+import toy_training
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def test_previous_token_lines_on_a_hand_built_batch():
+  inputs = jnp.asarray([[5, 7, 9, 0, 0], [5, 8, 0, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([3, 2], jnp.int32)
+  got_in, got_t = toy_training.PreviousToken().lines(inputs, inputs, lengths, None)
+  np.testing.assert_array_equal(got_in, inputs)
+  np.testing.assert_array_equal(got_t, [[0, 5, 7, 0, 0], [0, 5, 0, 0, 0]])
+
+
+def test_registries_refuse_unknown_and_clashing_names(tiny_config):
+  assert {"lm", "prev_token"} <= set(objectives.names())
+  assert {"sas", "l2"} <= set(terms.names())
+  with pytest.raises(ValueError, match=r"objective 'mlmx' is not registered \(registered: lm"):
+    configlib.validate(tiny_config(objective="mlmx"))
+
+  class Other(objectives.Objective):
+    name = "lm"
+  with pytest.raises(ValueError, match="objective 'lm' is already registered"):
+    objectives.register(Other)
+
+  class Nameless(terms.LossTerm):
+    pass
+  with pytest.raises(ValueError, match="has no name"):
+    terms.register(Nameless)
+  config = tiny_config()
+  config.l2 = toy_training.L2.default_section()
+  config.l2.lambdas = (0.1, 0.2, 0.3)
+  with pytest.raises(ValueError, match=r"l2.lambdas needs one value or one per seed: got 3 "
+                                       r"values for 2 seeds"):
+    configlib.validate(config)
+  config.l2.lambdas, config.l2.ends = (0.1,), (-1,)
+  with pytest.raises(ValueError, match="l2.starts and l2.ends must be >= 0"):
+    configlib.validate(config)
+  config.l2.ends, config.l2.scale = (0,), -1.0
+  with pytest.raises(ValueError, match="l2.scale must be > 0"):
+    configlib.validate(config)
+
+
+def test_strengths_and_windows_per_seed(tiny_config):
+  config = tiny_config(**{"sas.lambdas": (0.5, -0.5), "sas.starts": (0, 4), "sas.ends": (0, 9)})
+  (term,) = terms.active(config)
+  arrays = terms.seed_arrays(config, term)
+  lam = lambda t: np.asarray(terms.lambdas_at(arrays, term, 2, jnp.int32(t)))
+  np.testing.assert_array_equal(lam(0), [0.5, 0.0])
+  np.testing.assert_array_equal(lam(4), [0.5, -0.5])
+  np.testing.assert_array_equal(lam(9), [0.5, 0.0])
+  assert terms.active(tiny_config()) == ()  # every lambda 0: nothing is built
+
+
+def _toy_run(workdir, data_dir, lambdas):
+  config = toy_training_config(data_dir, **{"train.num_steps": 20, "eval.every": 20,
+                                            "checkpoint.every": 20})
+  config.l2.lambdas = lambdas
+  train.train_and_evaluate(config, workdir)
+  rows = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
+  p = checkpointing.restore(workdir).state["params"]
+  flat = np.concatenate([np.asarray(x).reshape(x.shape[0], -1)
+                         for x in jax.tree_util.tree_leaves(p)], axis=1)
+  return rows, flat
+
+
+def toy_training_config(data_dir, **fields):
+  config = toy_config.get_config(str(data_dir))
+  for field, value in fields.items():
+    configlib.set_field(config, field, value)
+  return config
+
+
+def test_toy_objective_and_term_train_with_per_seed_strengths(tiny_data, tmp_path):
+  """prev_token is learnt (its loss falls by half); l2 with lambda 0 for seed 0 and 0.05 for
+  seed 1: seed 0 equals the run without the term, seed 1 ends with smaller weights."""
+  rows, with_l2 = _toy_run(str(tmp_path / "l2"), tiny_data, (0.0, 0.05))
+  plain_rows, plain = _toy_run(str(tmp_path / "plain"), tiny_data, (0.0,))
+  np.testing.assert_allclose(with_l2[0], plain[0], rtol=0, atol=1e-6)
+  assert np.linalg.norm(with_l2[1]) < np.linalg.norm(plain[1]) - 0.1
+  l2 = {(r["step"], r["seed"]): r["value"] for r in rows if r["name"] == "train/l2_loss"}
+  assert sorted(l2) == [(10, 0), (10, 1), (20, 0), (20, 1)]
+  assert l2[(20, 1)] == pytest.approx(np.sum(with_l2[1] ** 2), rel=0.05)
+  assert not [r for r in plain_rows if r["name"] == "train/l2_loss"]
+  loss = {(r["step"], r["seed"]): r["value"] for r in plain_rows if r["name"] == "train/loss"}
+  assert loss[(20, 0)] < 0.5 * loss[(10, 0)] or loss[(20, 0)] < 1.0
+
+
+@pytest.mark.slow
+def test_toy_objective_through_main(tiny_data, tmp_path):
+  """`python -m sg_jax.main --config=tests/toy_config.py:DATA` trains with the user's objective
+  and term (registered by the config file's import)."""
+  workdir = str(tmp_path / "run")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  out = subprocess.run(
+      [sys.executable, "-m", "sg_jax.main", f"--config=tests/toy_config.py:{tiny_data}",
+       f"--workdir={workdir}", "--config.train.num_steps=10", "--config.eval.every=10",
+       "--config.checkpoint.every=10"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
+  l2 = {r["seed"]: r["value"] for r in rows if r["name"] == "train/l2_loss"}
+  assert sorted(l2) == [0, 1] and all(v > 0 for v in l2.values())
+  assert '"objective": "prev_token"' in open(os.path.join(workdir, "config.json")).read()
+
+
+def test_sas_through_the_body_equals_the_hand_written_regularised_loss():
+  """One seed's step: `step.loss_and_grads` with the SAS term = value_and_grad of `LM loss +
+  lambda * penalty` written out as the regulariser was before the body was shared."""
+  task = tasks.get_task("question")
+  vocab = task.vocab()
+  examples = task.generate_examples(seed=5, sizes={"train": 4, "dev": 2, "test": 2, "gen": 2})
+  lines = [(vocab.encode(ex.words), task.gold_dependencies(ex)) for ex in examples["train"]]
+  batch = uas.line_batches(lines, sos_id=vocab.sos_id, batch_size=4)[0]
+  targets = np.zeros_like(batch["inputs"])
+  targets[:, :-1] = batch["inputs"][:, 1:]
+  data = {"inputs": jnp.asarray(batch["inputs"]), "targets": jnp.asarray(targets),
+          "lengths": jnp.asarray((batch["inputs"] != 0).sum(1), jnp.int32),
+          "dep_head": jnp.asarray(batch["dep_head"])}
+  config = ModelConfig(vocab_size=vocab.size, num_layers=2, d_model=16, num_heads=2, d_ff=32,
+                       max_len=64)
+  model = TransformerLM(config)
+  params = init_params(config, jax.random.key(0))
+  key_data, t, lam = jax.random.key_data(jax.random.key(3)), jnp.int32(7), jnp.float32(0.3)
+  options = sas.SasOptions(variant="sum", p=2.0)
+  idx = jnp.arange(4, dtype=jnp.int32)
+  (loss, (pen,)), grads = step.loss_and_grads(params, key_data, data, idx, t, model,
+                                              objectives.from_config({}), (options,), (lam,))
+
+  def by_hand(prm):
+    dropout = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key_data),
+                                                    step.DROPOUT_KEY), t)
+    logits, state = model.apply({"params": prm}, data["inputs"], deterministic=False,
+                                rngs={"dropout": dropout}, mutable=[INTERMEDIATES])
+    sown = state[INTERMEDIATES]
+    att = jnp.stack([sown[f"layer_{i}"]["attention"]["attention"][0] for i in range(2)])
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), data["targets"][..., None], -1)[..., 0]
+    mask = data["targets"] != 0
+    lm = jnp.sum(jnp.where(mask, ce, 0.0)) / jnp.sum(mask)
+    p = sas.penalty(att, data["dep_head"], options)[0]
+    return lm + lam * p, (lm, p)
+
+  (_, (lm_want, pen_want)), grads_want = jax.value_and_grad(by_hand, has_aux=True)(params)
+  assert float(loss) == pytest.approx(float(lm_want), rel=1e-6)
+  assert float(pen) == pytest.approx(float(pen_want), rel=1e-6) and float(pen) > 0
+  for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_want)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_bidirectional_attention_sees_its_whole_line_only_padded_and_packed():
+  """With attention='bidirectional' a line's logits do not depend on the padding after it nor,
+  in a packed row, on the other lines; and they depend on later tokens (unlike causal)."""
+  cfg = ModelConfig(vocab_size=12, num_layers=2, d_model=16, num_heads=2, d_ff=32, max_len=16,
+                    attention="bidirectional", dropout=0.0)
+  model = TransformerLM(cfg)
+  params = init_params(cfg, jax.random.key(1))
+  lines = jnp.asarray([[3, 4, 5, 0, 0, 0], [6, 7, 0, 0, 0, 0], [8, 9, 10, 11, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([3, 2, 4], jnp.int32)
+  padded = model.apply({"params": params}, lines)
+  wider = model.apply({"params": params}, jnp.pad(lines, ((0, 0), (0, 4))))
+  np.testing.assert_allclose(padded, wider[:, :6], atol=1e-5)
+  rows = packing.pack_lines(lines, lines, lengths, jnp.arange(3), 12)
+  packed = model.apply({"params": params}, rows.pop("inputs"), positions_BxL=rows["positions_BxL"],
+                       token_ids_BxL=rows["token_ids_BxL"], lines=rows["lines"])[0]
+  starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+  for j, (s, n) in enumerate(zip(starts, lengths)):
+    np.testing.assert_allclose(packed[s:s + n], padded[j, :n], atol=1e-5)
+  changed = lines.at[0, 2].set(9)  # a later token changes the first position's logits
+  assert not np.allclose(model.apply({"params": params}, changed)[0, 0], padded[0, 0], atol=1e-4)
+  causal = TransformerLM(ModelConfig(**{**cfg.__dict__, "attention": "causal"}))
+  np.testing.assert_allclose(causal.apply({"params": params}, changed)[0, 0],
+                             causal.apply({"params": params}, lines)[0, 0], atol=1e-6)
