@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import layers
-from sg_jax.decoding import apply_cached, init_cache  # noqa: F401  (the model's decoding API)
 
 Array = jax.Array
 
