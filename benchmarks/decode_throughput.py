@@ -14,7 +14,7 @@ every line decodes the split's longest target whatever it emits). `--quick` shri
 10,000 lines, data seed 0) and encoded as training encodes them (padded to the split's longest
 line).
 
-Measured, per seed count and split, through the production path: `train.make_eval_fn` (the
+Measured, per seed count and split, through the production path: `evaluator.make_eval_fn` (the
 teacher-forced loss and the tense metric, seeds vmapped and sharded over `sharding.seed_mesh`
 as in training, one jitted call per batch), with `eval.kv_cache` True (new) and False (old):
 * new: the first `--max_lines` lines of the split (default: configs/tense.py's
@@ -49,7 +49,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import evaluation, sharding, tasks, train  # noqa: E402
+from sg_jax import decoding, evaluator, input_pipeline, sharding, tasks, train  # noqa: E402
 from sg_jax import model as model_lib  # noqa: E402
 
 from common import (_QUICK_MODEL, _REPO, _ints, load_average, machine_rows,  # noqa: E402
@@ -114,18 +114,19 @@ def seed_params(config, vocab_size: int, num_seeds: int, mesh):
 
 
 def time_split(config, fns, vocab, params, split: str, encoded, lines: int, batch: int, mesh):
-  """Times `train.make_eval_fn` on the first `lines` lines of one split.
+  """Times `evaluator.make_eval_fn` on the first `lines` lines of one split.
 
   Returns:
     {'first_s': first batch (with compilation), 'per_line_s': later batches' seconds per
      computed line (padding lines of a last partial batch are computed too), 'wall_s',
      'lines' (real lines), 'batch', 'accuracy': [S]}.
   """
-  data = sharding.put_replicated({split: train.prepare_eval_batches(encoded, batch, lines)},
-                                 mesh)
+  data = sharding.put_replicated(
+      {split: input_pipeline.prepare_eval_batches(encoded, batch, lines)}, mesh)
   marks = []
   mark = lambda split, index, n: marks.append((time.perf_counter(), n))
-  evaluate = train.make_eval_fn(config, fns, vocab, data, batch_callback=mark)
+  evaluate = evaluator.make_eval_fn(tasks.from_config(config), fns.model, vocab, data,
+                                    kv_cache=config.eval.kv_cache, batch_callback=mark)
   start = time.perf_counter()
   result = sharding.to_host(evaluate(params))
   wall = time.perf_counter() - start
@@ -154,16 +155,16 @@ def tokens_agree(fns, params, encoded, lines: int) -> tuple[bool, int]:
   inputs = jnp.asarray(encoded.inputs[:lines])
   task_pos = jnp.asarray(encoded.task_pos[:lines])
   steps = int(np.max(encoded.lengths[:lines] - encoded.task_pos[:lines]))
-  old = jax.jit(lambda p: evaluation.greedy_decode(
+  old = jax.jit(lambda p: decoding.greedy_decode(
       lambda t: model.apply({"params": p}, t), inputs, task_pos, steps))(p0)
-  apply_cached = lambda p, t, pos, c: model_lib.apply_cached(model, p, t, pos, c)
-  init_cache = lambda p, b, n: model_lib.init_cache(model, p, b, n)
+  apply_cached = lambda p, t, pos, c: decoding.apply_cached(model, p, t, pos, c)
+  init_cache = lambda p, b, n: decoding.init_cache(model, p, b, n)
 
   def new_decoder(p):  # as make_eval_fn runs it: the teacher-forced pass fills the cache
     b, n = inputs.shape
     prefilled = apply_cached(p, inputs, jnp.broadcast_to(jnp.arange(n), (b, n)),
                              init_cache(p, b, n))
-    return evaluation.greedy_decode_cached(
+    return decoding.greedy_decode_cached(
         lambda t, pos, c: apply_cached(p, t, pos, c), lambda b, n: init_cache(p, b, n), inputs,
         task_pos, steps, prefilled=prefilled)
 

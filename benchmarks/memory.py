@@ -45,7 +45,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import evaluation, train  # noqa: E402
+from sg_jax import evaluation, tasks, train  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns,
@@ -57,7 +57,6 @@ MB = 1e6
 
 def question_splits(num_train: int, num_eval: int, seed: int = 0):
   """(vocab, {'train', 'dev', 'gen': EncodedSplit}) of generated question-formation lines."""
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
   task = tasks.get_task("question")
   examples = task.generate_examples(seed=seed, sizes={"train": num_train, "dev": num_eval,
                                                       "test": 10, "gen": num_eval})
@@ -66,9 +65,9 @@ def question_splits(num_train: int, num_eval: int, seed: int = 0):
 
 
 def eval_fn(fns, vocab):
-  """Jitted `(params [S, ...], eval data) -> metrics`, as `train.make_eval_fn` builds it."""
+  """Jitted `(params [S, ...], eval data) -> metrics`, as `evaluator.make_eval_fn` builds it."""
   apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
-  evaluate_one = evaluation.make_evaluate_fn("question", apply_fn, vocab)
+  evaluate_one = evaluation.make_evaluate_fn(tasks.get_task("question"), apply_fn, vocab)
 
   def evaluate(params, data):
     return {name: evaluate_one(params, batches) for name, batches in data.items()}

@@ -1,10 +1,12 @@
-"""Shared config defaults, the `key=value` config-string parser, and config validation.
+"""Shared config defaults, the presets, and the `key=value` config-string parser.
 
 Every file in `configs/` calls `base_config(task)` and `apply_config_string(config, arg)`, so
 `--config=configs/tense.py:depth=8,seeds=4,quick` works the same for every task (in the style of
 big_vision's parameter strings). Any field can still be overridden afterwards with
 `--config.section.field=value` (ml_collections' config_flags). Values derived from other values
-(e.g. a default warm-up) are resolved in `train.py`, after command-line overrides.
+(e.g. a default warm-up) are resolved in `train.py`, after command-line overrides. A resolved
+config is checked by `sg_jax.config_checks.validate` (each feature's rules live in its module).
+This module imports no JAX (config files import it before JAX starts; tested).
 
 Defaults reproduce the *released* structural-grokking code (Murty et al., ACL 2023;
 `docs/REFERENCE.md` §1): d_model 512, 8 heads, feed-forward 2048, untied output layer,
@@ -169,7 +171,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.eval.dense_until = 0
   c.eval.dense_every = 100
 
-  # SAS regulariser (Chen et al. 2024; docs/sas.md, sg_jax/sas.py): loss + lambda * the mean
+  # SAS regulariser (Chen et al. 2024; docs/sas.md, sg_jax/terms/sas.py): loss + lambda * the mean
   # attention on gold arcs. Per-seed tuples (one value for all, or one per seed), e.g.
   # --config.sas.lambdas="(0.0,0.0,0.01,-0.01)"; all 0 = off (nothing is built). The original's
   # README run: lambda 0.001 with variant "max"; its code's default: 0.01 with "sum".
@@ -381,69 +383,6 @@ TINY = {
 # Presets every task's config file accepts; a task's own presets live in its config file
 # (configs/question.py: grok_cpu).
 PRESETS = {"quick": QUICK, "paper": PAPER, "tiny": TINY}
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks a resolved config before any compute; raises ValueError naming the bad field."""
-
-  def need(cond: bool, field: str, msg: str):
-    if not cond:
-      raise ValueError(f"invalid config: {field} {msg} (got {_get(config, field)!r})")
-
-  need(config.task in tasks_lib.names(), "task", f"must be one of {tasks_lib.names()}")
-  need(config.num_seeds >= 1, "num_seeds", "must be >= 1")
-  need(config.first_seed >= 0, "first_seed", "must be >= 0")
-  need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")
-  need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
-  need(config.data.max_length >= 0, "data.max_length", "must be >= 0 (0 = no cap)")
-  composition.seed_mixes(config)  # raises ValueError naming a bad composition field
-  # The model section's rules live with the model (`ModelConfig.__post_init__`).
-  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel  (imports jax)
-  model_lib.ModelConfig.from_config(config.model, vocab_size=1)
-  o = config.optim
-  need(o.learning_rate > 0, "optim.learning_rate", "must be > 0")
-  need(o.eps > 0, "optim.eps", "must be > 0")
-  need(0 <= o.b1 < 1, "optim.b1", "must be in [0, 1)")
-  need(0 <= o.b2 < 1, "optim.b2", "must be in [0, 1)")
-  need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-  need(o.schedule in ("linear", "constant", "wsd"), "optim.schedule",
-       "must be linear, constant or wsd")
-  need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-  need(o.decay_steps >= 0, "optim.decay_steps", "must be >= 0 (0 = train.num_steps)")
-  decay_steps = o.decay_steps or config.train.num_steps
-  need(decay_steps > o.warmup_steps or o.schedule == "constant", "optim.decay_steps",
-       "(0 = train.num_steps) must exceed optim.warmup_steps")
-  if o.schedule == "wsd":
-    need(o.cooldown_steps >= 1, "optim.cooldown_steps", "must be >= 1 with schedule wsd")
-    need(decay_steps - o.cooldown_steps >= o.warmup_steps, "optim.cooldown_steps",
-         f"must be <= decay_steps - warmup_steps = {decay_steps} - {o.warmup_steps} with "
-         f"schedule wsd (decay_steps 0 = train.num_steps)")
-  need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
-  t = config.train
-  need(t.num_steps >= 1, "train.num_steps", "must be >= 1")
-  need(t.batch_size >= 1, "train.batch_size", "must be >= 1")
-  need(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1")
-  need(t.max_call_seconds >= 0, "train.max_call_seconds", "must be >= 0 (0 = no limit)")
-  need(t.log_every >= 1, "train.log_every", "must be >= 1")
-  need(t.packing_buckets >= 1, "train.packing_buckets", "must be >= 1")
-  need(config.eval.every >= 1, "eval.every", "must be >= 1")
-  need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
-  need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
-  need(config.eval.uas_lines >= 0, "eval.uas_lines", "must be >= 0 (0 disables)")
-  need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
-  need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
-  need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
-  from sg_jax import objectives, terms  # pylint: disable=import-outside-toplevel  (imports jax)
-  objectives.from_config(config)
-  terms.validate(config)
-  need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
-
-
-def _get(config, dotted):
-  node = config
-  for p in dotted.split("."):
-    node = node[p]
-  return node
 
 
 def _config_args(args: list[str]) -> tuple[str | None, list[str]]:

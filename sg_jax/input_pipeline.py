@@ -2,26 +2,23 @@
 
 `load_data` generates (if needed), reads, checks and encodes the task's splits; `make_train_data`
 turns the training split into the host arrays the compiled step reads (and the packing buckets);
-`prepare_eval_batches` and `make_eval_fn` build the seed-vmapped evaluation of the held-out splits.
+`prepare_eval_batches` lays out the held-out splits in evaluation batches (evaluated by
+`evaluator.make_eval_fn`). The split files live in `tasks.io.run_data_dir(config.data, workdir)`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from sg_jax import composition
 from sg_jax import evaluation
-from sg_jax import model as model_lib
-from sg_jax.analysis import uas as uas_lib
+from sg_jax import tasks
 from sg_jax.packing import packing_capacities
-from sg_jax.step import TrainFns
+from sg_jax.tasks import io as tasks_io
 
 log = logging.getLogger("sg_jax")
 
@@ -62,8 +59,6 @@ def seed_pools(config: ml_collections.ConfigDict, split) -> dict[str, np.ndarray
   Raises:
     ValueError: a pool smaller than one batch.
   """
-  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
-
   constructions = tasks.from_config(config).constructions
   extras = split.extras
   facts = composition.LineFacts(
@@ -111,10 +106,8 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
       outside the vocabulary (file and line in the message).
     ValueError: the batch is larger than the training split.
   """
-  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
-
   task = tasks.from_config(config)
-  data_dir = config.data.dir or os.path.join(workdir, "data")
+  data_dir = tasks_io.run_data_dir(config.data, workdir)
   task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
   vocab = task.vocab()
   splits = {}
@@ -161,8 +154,6 @@ def _split_file(data_dir: str, task, split: str) -> str:
 
 def check_vocabulary(examples, vocab, path: str, task_name: str) -> None:
   """Raises DataError naming file, line and word if a line uses a word the model does not know."""
-  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
-
   known = set(vocab.words)
   for line, ex in enumerate(examples, start=1):
     for word in tuple(ex.source) + tuple(ex.target):
@@ -194,86 +185,3 @@ def prepare_eval_batches(split, batch_size: int, max_lines: int,
   batch_size = min(batch_size, n)
   arrays, _ = evaluation.pad_to_multiple(arrays, batch_size)
   return {k: v.reshape((-1, batch_size) + v.shape[1:]) for k, v in arrays.items()}
-
-
-def present_constructions(task, batches: dict) -> dict[str, int]:
-  """{tag: index} of the task's constructions that occur on the valid lines of `batches`."""
-  if "construction" not in batches:
-    return {}
-  ids = np.asarray(batches["construction"])[np.asarray(batches["valid"])]
-  return {name: k for k, name in enumerate(task.constructions) if np.any(ids == k)}
-
-
-def make_eval_fn(config, fns: TrainFns, vocab, eval_data: dict,
-                 batch_callback: Callable[[str, int, int], None] | None = None) -> Callable:
-  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
-
-  Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
-  batch, ...] arrays, `prepare_eval_batches`), driven from Python so that an evaluation longer
-  than a few seconds logs its progress (`evaluation.ProgressLog`: lines done, rate, time left,
-  at most every 15 s); the first one, which compiles, and any after a long one say what they
-  evaluate before their first batch.
-  With `uas.EVAL_KEY` batches in `eval_data` (`uas.eval_batches`), `in_domain` also gets `uas`
-  and `uas_weight` (best head; docs/sas.md).
-  The metric is the task's (`tasks.from_config(config).make_metrics`); a task that decodes
-  (tense) decodes with the key/value cache unless `config.eval.kv_cache` is False.
-
-  Args:
-    batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
-      (the benchmarks time batches with it).
-  """
-  from sg_jax import tasks  # local import: keeps `import sg_jax.input_pipeline` light
-
-  task = tasks.from_config(config)
-  apply_fn = lambda p, t: fns.model.apply({"params": p}, t, deterministic=True)
-  kv_cache_fns = None
-  if task.decodes and config.eval.get("kv_cache", True):
-    kv_cache_fns = (lambda p, t, pos, c: model_lib.apply_cached(fns.model, p, t, pos, c),
-                    lambda p, b, n: model_lib.init_cache(fns.model, p, b, n))
-  per_split = {}
-  uas_eval = None  # UAS of attention on in-domain lines (docs/sas.md), with its own batches
-  if uas_lib.EVAL_KEY in eval_data:
-    uas_eval = uas_lib.make_uas_eval(fns.model, vocab, eval_data[uas_lib.EVAL_KEY])
-  for name, batches in eval_data.items():
-    if name == uas_lib.EVAL_KEY:
-      continue
-    split = evaluation.make_split_evaluator(
-        task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches),
-        kv_cache_fns=kv_cache_fns, constructions=present_constructions(task, batches))
-    one_batch = lambda p, data, i, split=split: split.batch_sums(
-        p, jax.tree_util.tree_map(lambda x: x[i], data))
-    stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)
-    summarize = lambda sums, split=split: jax.vmap(split.summarize)(stack(sums))
-    per_split[name] = (jax.jit(jax.vmap(one_batch, in_axes=(0, None, None))),
-                       jax.jit(summarize), np.asarray(batches["valid"]).sum(axis=1))
-
-  last_seconds = []  # durations of the evaluations so far
-
-  def evaluate(params):
-    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
-    progress = evaluation.ProgressLog(sum(int(v[2].sum()) for v in per_split.values()),
-                                      num_seeds)
-    # A line before the first batch when the evaluation compiles (its first batches can take
-    # minutes at the reference size) or took long last time.
-    if not last_seconds or last_seconds[-1] >= progress.first_after_s:
-      splits = " and ".join(f"{name} ({int(v[2].sum())} lines)" for name, v in per_split.items())
-      batch = next(iter(eval_data.values()))["inputs"].shape[1]
-      progress.open(f"{splits} x {num_seeds} seeds, {batch} lines per batch"
-                    + ("; compiling first (the first batch of each split includes its "
-                       "compilation)" if not last_seconds else ""))
-    results = {}
-    for name, (one_batch, summarize, lines) in per_split.items():
-      sums = []
-      for i, n in enumerate(lines):
-        sums.append(jax.block_until_ready(one_batch(params, eval_data[name], np.int32(i))))
-        progress.update(n, name)
-        if batch_callback is not None:
-          batch_callback(name, i, int(n))
-      results[name] = summarize(sums)
-    if uas_eval is not None:
-      results["in_domain"] = {**results["in_domain"], **uas_eval(params)}
-    progress.close()
-    last_seconds.append(progress.clock() - progress.start)
-    return results
-
-  return evaluate

@@ -29,7 +29,6 @@ import numpy as np
 
 from sg_jax import layers
 from sg_jax.interventions import check_interventions, mean_ablate
-from sg_jax.decoding import apply_cached, init_cache  # noqa: F401  (the model's decoding API)
 
 Array = jax.Array
 
@@ -77,7 +76,7 @@ class ModelConfig:
   attention: str = "causal"
 
   def __post_init__(self):
-    # The one statement of the model fields' rules: configlib.validate checks a run config's
+    # The one statement of the model fields' rules: config_checks.validate checks a run config's
     # `model` section by building a ModelConfig from it.
     rules = (
         (self.num_layers >= 1, "num_layers", "(depth) must be >= 1"),

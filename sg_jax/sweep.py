@@ -47,6 +47,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from sg_jax import configlib
 from sg_jax import fileio
 
 EXIT_PREEMPTED = 75  # same as sg_jax.train.EXIT_PREEMPTED (not imported: keeps start-up light)
@@ -105,8 +106,6 @@ def resolve_config(config_arg: str, depth: int, seeds: int, overrides: Sequence[
   Raises:
     ValueError: missing config file, no get_config in it, or a bad override (naming it).
   """
-  from sg_jax import configlib  # pylint: disable=import-outside-toplevel
-
   path, _ = split_config_arg(config_arg)
   if not os.path.isfile(path):
     raise ValueError(f"config file {path!r} does not exist")
@@ -125,6 +124,8 @@ def resolve_config(config_arg: str, depth: int, seeds: int, overrides: Sequence[
 
 def latest_step(workdir: str) -> int | None:
   """Latest committed checkpoint step of `workdir` (None when there is none)."""
+  # Not for a circle: checkpointing imports orbax and JAX (seconds), which the sweep driver
+  # needs only here; it runs no JAX itself (its jobs are subprocesses).
   from sg_jax import checkpointing  # pylint: disable=import-outside-toplevel
 
   steps = checkpointing.all_steps(workdir)

@@ -30,7 +30,7 @@ import numpy as np
 from sg_jax import checkpointing
 from sg_jax import compile_cache
 from sg_jax import composition
-from sg_jax import configlib
+from sg_jax import config_checks
 from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax.analysis import uas
@@ -40,8 +40,9 @@ from sg_jax import model as model_lib
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
 # Re-exported: tests, benchmarks, scripts and notebooks use them as train.<name>.
-from sg_jax.input_pipeline import (check_vocabulary, load_data, make_eval_fn,  # noqa: F401
+from sg_jax.input_pipeline import (check_vocabulary, load_data,  # noqa: F401
                                    make_train_data, prepare_eval_batches)
+from sg_jax.evaluator import make_eval_fn
 from sg_jax.packing import pack_lines, packing_capacities, padding_fraction  # noqa: F401
 from sg_jax.step import (DATA_KEY, DROPOUT_KEY, PARAMS_KEY, TrainFns, TrainState,  # noqa: F401
                          apply_gradients, batch_indices, epoch_permutation, init_state,
@@ -199,7 +200,7 @@ def _save(loop: _Loop, step: int, state: TrainState) -> None:
 
 def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_change, state_hook,
                         tensorboard) -> dict:
-  configlib.validate(config)
+  config_checks.validate(config)
   created = check_writable(workdir)
   try:
     check_workdir_config(workdir, config, allow_config_change)
@@ -231,7 +232,7 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
                                   task.eval_fields)
        for name in ("in_domain", "out_of_domain")}
       | uas.eval_batches(config, task, vocab, workdir), mesh)  # {} without gold dependencies
-  evaluate = make_eval_fn(config, fns, vocab, eval_data)
+  evaluate = make_eval_fn(task, fns.model, vocab, eval_data, kv_cache=config.eval.kv_cache)
 
   writer = sharding.is_writer()
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)

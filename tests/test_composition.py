@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, composition, configlib, tasks, terms, train
+from sg_jax import checkpointing, composition, config_checks, configlib, tasks, terms, train
 from sg_jax.tasks import mccoy
 
 CONS = ("none", "PP", "RC-subj", "RC-obj", "RC-intrans")
@@ -47,7 +47,7 @@ def test_per_seed_values_and_bad_values(load_config):
   assert all(m.exclude_identity for m in mixes) and composition.active(config)
   configlib.set_field(config, "data.subset_fraction", (0.5, 1.0))
   with pytest.raises(ValueError, match="2 values for 4 seeds"):
-    configlib.validate(config)
+    config_checks.validate(config)
   with pytest.raises(ValueError, match="subject_mix entry 'RC=1'"):
     composition.parse_mix("RC=1", CONS)
   assert composition.parse_mix("PP=0.5", CONS)["PP"] == 0.5

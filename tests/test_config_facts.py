@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from sg_jax import config_checks
 from sg_jax import configlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,7 @@ def test_validation_of_the_model_section_is_the_model_configs(arg, field, load_c
   from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel  (imports jax)
   c = load_config("question", arg)
   with pytest.raises(ValueError) as from_validate:
-    configlib.validate(c)
+    config_checks.validate(c)
   with pytest.raises(ValueError) as from_model:
     model_lib.ModelConfig.from_config(c.model, vocab_size=5)
   assert str(from_validate.value) == str(from_model.value)

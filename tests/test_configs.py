@@ -9,6 +9,7 @@ import numpy as np
 
 import pytest
 
+from sg_jax import config_checks
 from sg_jax import configlib
 from sg_jax import metric_logging
 
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                                         ("dyck", 400_000)])
 def test_defaults_reproduce_the_released_code(task, steps, load_config):
   c = load_config(task)
-  configlib.validate(c)
+  config_checks.validate(c)
   assert c.task == task
   assert (c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff) == (6, 512, 8, 2048)
   assert c.model.tied_embeddings is False and c.optim.grad_clip_norm == 1.0
@@ -45,7 +46,7 @@ def test_config_string_aliases_presets_and_types(load_config):
 @pytest.mark.parametrize("task", ["question", "tense", "dyck"])
 def test_tiny_preset_is_the_quick_one_shrunk_for_tests(task, load_config, tiny_data):
   tiny, quick = load_config(task, "tiny"), load_config(task, "quick")
-  configlib.validate(tiny)
+  config_checks.validate(tiny)
   assert (tiny.model.num_layers, tiny.model.d_model, tiny.num_seeds) == (1, 32, 2)
   assert (tiny.train.num_steps, tiny.eval.every, tiny.checkpoint.every) == (40, 20, 20)
   differ = {name for name, _, _ in configlib.differences(quick.to_dict(), tiny.to_dict())}
@@ -71,7 +72,7 @@ def test_tiny_preset_is_the_quick_one_shrunk_for_tests(task, load_config, tiny_d
 def test_invalid_values_name_the_field(arg, match, load_config):
   c = load_config("question", arg)
   with pytest.raises(ValueError, match=match):
-    configlib.validate(c)
+    config_checks.validate(c)
 
 
 def test_parser_errors_name_the_key(load_config):
@@ -89,7 +90,7 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
   c = load_config("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
                        "optim.cooldown_steps=400")
-  configlib.validate(c)
+  config_checks.validate(c)
   lr = train.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
   expected = {0: 0.0, 50: 5e-4, 100: 1e-3, 400: 1e-3, 600: 1e-3, 800: 5e-4, 1000: 0.0,
               5000: 0.0}
@@ -100,7 +101,7 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(load_config):
 def test_grok_cpu_preset_cools_down_at_its_last_step(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
   c = load_config("question", "grok_cpu")
-  configlib.validate(c)
+  config_checks.validate(c)
   assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
   assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (6, 128, 4)
   for steps in (30_000, 50_000):  # the cool-down follows a changed step count
@@ -166,3 +167,14 @@ def test_final_summary_is_a_per_seed_table_with_next_commands():
   assert lines[1].split()[:3] == ["seed", "sas.lambda", "in_domain/accuracy"]
   assert lines[2].split()[:3] == ["3", "0", "1.0000"]
   assert lines[3].split()[:3] == ["4", "-0.01", "nan"]
+
+
+def test_configlib_and_the_tasks_import_no_jax():
+  """Config files import configlib (and with it the tasks) before JAX starts: neither imports
+  JAX, nor does config validation live there (`config_checks`, which does)."""
+  code = ("import sys; import sg_jax.configlib, sg_jax.tasks; "
+          "assert 'jax' not in sys.modules and 'flax' not in sys.modules, 'jax imported'; "
+          "assert not hasattr(sg_jax.configlib, 'validate')")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]

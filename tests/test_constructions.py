@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import evaluation, input_pipeline, tasks
+from sg_jax import evaluation, evaluator, input_pipeline, tasks
 
 
 def _lines(task, sentence):
@@ -68,11 +68,11 @@ def test_per_construction_metrics_equal_the_metric_on_each_construction_alone():
   table = jax.random.normal(jax.random.PRNGKey(0), (vocab.size, vocab.size))
   apply_fn = lambda params, tokens: params[tokens] + 0.3 * jnp.arange(tokens.shape[1])[:, None]
   batches = input_pipeline.prepare_eval_batches(split, 4, 0, task.eval_fields)
-  present = input_pipeline.present_constructions(task, batches)
+  present = evaluator.present_constructions(task, batches)
   assert present == {"RC-subj": 2, "RC-obj": 3, "RC-intrans": 4}
-  evaluator = evaluation.make_split_evaluator(task, apply_fn, vocab, constructions=present)
-  got = evaluator.summarize(jax.lax.map(lambda b: evaluator.batch_sums(table, b),
-                                        jax.tree_util.tree_map(jnp.asarray, batches)))
+  split_eval = evaluation.make_split_evaluator(task, apply_fn, vocab, constructions=present)
+  got = split_eval.summarize(jax.lax.map(lambda b: split_eval.batch_sums(table, b),
+                                         jax.tree_util.tree_map(jnp.asarray, batches)))
   plain = evaluation.make_evaluate_fn(task, apply_fn, vocab)
   for tag in present:
     alone = task.encode([e for e, t in zip(examples, order) if t == tag], vocab)

@@ -15,7 +15,8 @@ import pytest
 
 from sg_jax import tasks
 from sg_jax.tasks import dyck, io, mccoy, pcfg, question, tense, trees
-from sg_jax.tasks.base import DataError, Example, declarative_tree
+from sg_jax.tasks.base import declarative_tree
+from sg_jax.tasks.examples import DataError, Example
 
 
 # --- trees -----------------------------------------------------------------------------------
@@ -268,14 +269,14 @@ def test_malformed_plain_file_is_an_error_beside_its_bracketed_twin(tmp_path):
 
 
 def test_training_data_checks_the_plain_file_too(tmp_path):
-  from sg_jax import configlib, train  # pylint: disable=import-outside-toplevel  (imports jax)
+  from sg_jax import configlib, input_pipeline  # pylint: disable=import-outside-toplevel  (jax)
   _generate_small(tmp_path)
   _edit_line(tmp_path / "question.train", 4, lambda line: line.replace(" ", " zzz ", 1))
   config = configlib.base_config("question")
   config.data.dir = str(tmp_path)
   config.data.num_train = 30
   with pytest.raises(DataError, match=r"question_bracket.train:4: word 2 .* has 'zzz'"):
-    train.load_data(config, str(tmp_path / "run"))
+    input_pipeline.load_data(config, str(tmp_path / "run"))
 
 
 def test_write_error_names_the_file_being_written(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import pytest
 
 from sg_jax import tasks
 from sg_jax.tasks import dependencies, trees
-from sg_jax.tasks.base import Example
+from sg_jax.tasks.examples import Example
 
 
 def named(example, arcs):

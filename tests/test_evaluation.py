@@ -1,15 +1,26 @@
-"""Task metrics on hand-built logits with known answers."""
+"""Task metrics on hand-built logits with known answers, the decoders, and the run's evaluator."""
+
+import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sg_jax import decoding
 from sg_jax import evaluation
+from sg_jax import evaluator
+from sg_jax import input_pipeline
+from sg_jax import model as model_lib
+from sg_jax import tasks
+from sg_jax.tasks import dyck
+from sg_jax.tasks import question
+from sg_jax.tasks import tense
+from sg_jax.tasks import vocab as vocab_lib
+from sg_jax.tasks.examples import Example
 
 
 def test_question_auxiliary_ranking():
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
   vocab = vocab_lib.Vocab.from_word_classes(
       {"do": "Aux", "does": "Aux", "doesn't": "Aux", "don't": "Aux", "newt": "N"})
   ids = {w: vocab.id_of(w) for w in vocab.words}
@@ -23,8 +34,8 @@ def test_question_auxiliary_ranking():
            "task_pos": jnp.asarray([2, 1]), "transformed": jnp.asarray([True, True]),
            "valid": jnp.asarray([True, True])}
   aux = jnp.asarray([ids[w] for w in ("do", "does", "don't", "doesn't")])
-  ok = (evaluation.question_prediction(jnp.asarray(logits), batch["task_pos"], aux)
-        == evaluation.question_target(batch["targets"], batch["task_pos"]))
+  ok = (question.question_prediction(jnp.asarray(logits), batch["task_pos"], aux)
+        == question.question_target(batch["targets"], batch["task_pos"]))
   np.testing.assert_array_equal(np.asarray(ok), [True, False])
   # The task's metric (what the evaluation runs) counts the same lines.
   out = tasks.get_task("question").make_metrics(vocab)(batch, jnp.asarray(logits), None)
@@ -44,12 +55,12 @@ def test_dyck_closing_bracket_accuracy_and_min_distance():
   logits[0, 3, 1] = 5.0  # an opening bracket is not a candidate
   close_mask = np.array([[False, False, True, True]])
   distance = np.array([[0, 0, 1, 3]])
-  c, n = evaluation.dyck_correct(jnp.asarray(logits), jnp.asarray(targets),
-                                 jnp.asarray(close_mask), jnp.asarray(distance), close_ids)
+  c, n = dyck.dyck_correct(jnp.asarray(logits), jnp.asarray(targets),
+                           jnp.asarray(close_mask), jnp.asarray(distance), close_ids)
   assert (float(c[0]), float(n[0])) == (1.0, 2.0)
-  c, n = evaluation.dyck_correct(jnp.asarray(logits), jnp.asarray(targets),
-                                 jnp.asarray(close_mask), jnp.asarray(distance), close_ids,
-                                 min_distance=2)
+  c, n = dyck.dyck_correct(jnp.asarray(logits), jnp.asarray(targets),
+                           jnp.asarray(close_mask), jnp.asarray(distance), close_ids,
+                           min_distance=2)
   assert (float(c[0]), float(n[0])) == (0.0, 1.0)
 
 
@@ -62,24 +73,24 @@ def test_greedy_decode_and_tense_metric():
     return jnp.eye(vocab)[nxt] * 10.0
 
   inputs = jnp.asarray([[7, 1, 2, 3, 0, 0, 0]])  # SOS=7, task token at position 2
-  decoded = evaluation.greedy_decode(apply_fn, inputs, jnp.asarray([2]), num_steps=4)
+  decoded = decoding.greedy_decode(apply_fn, inputs, jnp.asarray([2]), num_steps=4)
   # after position 2 (token 2) the model emits 3, 4, 5, 6
   np.testing.assert_array_equal(np.asarray(decoded), [[0, 0, 3, 4, 5, 6, 0]])
   targets = jnp.asarray([[1, 2, 3, 4, 5, 6, 0]])
   pos_table = jnp.asarray([0, 1, 2, 3, 4, 5, 9, 9])
-  ok = evaluation.tense_correct(decoded, targets, jnp.asarray([2]), jnp.asarray([6]),
-                                jnp.asarray([3]), pos_table)
+  ok = tense.tense_correct(decoded, targets, jnp.asarray([2]), jnp.asarray([6]),
+                           jnp.asarray([3]), pos_table)
   assert bool(ok[0])
   # Same POS class but a different main verb -> wrong.
   pos_table2 = pos_table.at[4].set(7).at[2].set(7)
   targets2 = targets.at[0, 3].set(2)
-  ok = evaluation.tense_correct(decoded, targets2, jnp.asarray([2]), jnp.asarray([6]),
-                                jnp.asarray([3]), pos_table2)
+  ok = tense.tense_correct(decoded, targets2, jnp.asarray([2]), jnp.asarray([6]),
+                           jnp.asarray([3]), pos_table2)
   assert not bool(ok[0])
   # A target one word longer (EOS later) -> wrong POS sequence.
   targets3 = jnp.asarray([[1, 2, 3, 4, 5, 5, 6]])
-  ok = evaluation.tense_correct(decoded, targets3, jnp.asarray([2]), jnp.asarray([7]),
-                                jnp.asarray([3]), pos_table)
+  ok = tense.tense_correct(decoded, targets3, jnp.asarray([2]), jnp.asarray([7]),
+                           jnp.asarray([3]), pos_table)
   assert not bool(ok[0])
 
 
@@ -108,15 +119,13 @@ def test_question_rule_auxiliaries_hand_built():
       [11, 7, 5, 1, 8, 9, 10, 4, 0, 0, 0],
   ])
   task_pos = jnp.asarray([9, 9, 6])
-  move_first, skip_rel = evaluation.question_rule_auxiliaries(jnp.asarray(inputs), task_pos,
-                                                              aux, rel)
+  move_first, skip_rel = question.question_rule_auxiliaries(jnp.asarray(inputs), task_pos,
+                                                            aux, rel)
   np.testing.assert_array_equal(np.asarray(move_first), [2, 4, 1])
   np.testing.assert_array_equal(np.asarray(skip_rel), [3, 4, -1])
 
 
 def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_lines():
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import question, vocab as vocab_lib  # pylint: disable=import-outside-toplevel
   task = tasks.get_task("question")
   vocab = task.vocab()
   sizes = {"train": 50, "dev": 10, "test": 10, "gen": 200}
@@ -127,7 +136,7 @@ def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_l
   # make_evaluate_fn finds them by their POS class
   rel_class = vocab_lib.POS_CLASSES.index("Rel")
   assert sorted(np.flatnonzero(np.asarray(vocab.pos_table) == rel_class)) == sorted(rel.tolist())
-  move_first, skip_rel = evaluation.question_rule_auxiliaries(
+  move_first, skip_rel = question.question_rule_auxiliaries(
       jnp.asarray(enc.inputs), jnp.asarray(enc.task_pos), aux, rel)
   want_first = vocab.encode([question.linear_question(ex.source[:-1])[0] for ex in gen])
   want_skip = vocab.encode([question.skip_relative_auxiliary(ex.source[:-1]) for ex in gen])
@@ -143,13 +152,10 @@ def test_question_rule_auxiliaries_equal_the_word_level_rules_on_generated_gen_l
 def test_question_evaluate_reports_rule_agreement():
   # A "model" that always ranks "does" first: agreement = share of quest lines whose rule fronts
   # "does"; accuracy = share whose gold first word is "does". Non-quest lines are not counted.
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
   words = ("do", "does", "don't", "doesn't", "that", "who", "newt", "sees", ".", "quest", "decl",
            "?")
   pos = ("Aux",) * 4 + ("Rel", "Rel", "N", "V", "punct", "task", "task", "punct")
   vocab = vocab_lib.Vocab.from_word_classes(dict(zip(words, pos)))
-  from sg_jax.tasks.base import Example  # pylint: disable=import-outside-toplevel
   lines = [
       # move-first "does", skip-relative "don't", gold "don't"
       Example(source=tuple("newt that does sees don't sees . quest".split()),
@@ -166,7 +172,7 @@ def test_question_evaluate_reports_rule_agreement():
   enc = tasks.get_task("question").encode(lines, vocab)
   does = vocab.encode(["does"])[0]
   apply_fn = lambda params, tokens: jnp.zeros(tokens.shape + (vocab.size,)).at[..., does].set(1.0)
-  evaluate = evaluation.make_evaluate_fn("question", apply_fn, vocab)
+  evaluate = evaluation.make_evaluate_fn(tasks.get_task("question"), apply_fn, vocab)
   arrays = {k: v[None] for k, v in enc.as_dict().items()}
   arrays["valid"] = np.ones((1, len(lines)), bool)
   out = evaluate(None, {k: jnp.asarray(v) for k, v in arrays.items()})
@@ -176,7 +182,6 @@ def test_question_evaluate_reports_rule_agreement():
 
 
 def _tense_lines(num_lines: int, seed: int = 1):
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
   task = tasks.get_task("tense")
   sizes = {"train": 20, "dev": 10, "test": 10, "gen": num_lines}
   vocab = task.vocab()
@@ -186,7 +191,6 @@ def _tense_lines(num_lines: int, seed: int = 1):
 def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_line():
   """Several seeds (vmapped) and depths, on generated tense lines whose task tokens sit at
   different positions; also with more steps than the lines leave room for (clamped positions)."""
-  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
   vocab, enc = _tense_lines(100)
   inputs, task_pos = jnp.asarray(enc.inputs), jnp.asarray(enc.task_pos)
   assert len(set(enc.task_pos.tolist())) > 3
@@ -200,11 +204,11 @@ def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_li
         jax.random.split(jax.random.key(depth), 3))
     cases = ((steps, prefix),) + (((enc.inputs.shape[1] + 2, 0),) if depth == 1 else ())
     for num_steps, prefix_length in cases:
-      old = jax.jit(jax.vmap(lambda p: evaluation.greedy_decode(
+      old = jax.jit(jax.vmap(lambda p: decoding.greedy_decode(
           lambda t: model.apply({"params": p}, t), inputs, task_pos, num_steps)))(params)
-      new = jax.jit(jax.vmap(lambda p: evaluation.greedy_decode_cached(
-          lambda t, pos, c: model_lib.apply_cached(model, p, t, pos, c),
-          lambda b, n: model_lib.init_cache(model, p, b, n), inputs, task_pos, num_steps,
+      new = jax.jit(jax.vmap(lambda p: decoding.greedy_decode_cached(
+          lambda t, pos, c: decoding.apply_cached(model, p, t, pos, c),
+          lambda b, n: decoding.init_cache(model, p, b, n), inputs, task_pos, num_steps,
           prefix_length)))(params)
       old, new = np.asarray(old), np.asarray(new)
       np.testing.assert_array_equal(new, old)
@@ -214,20 +218,17 @@ def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_li
 
 
 def test_evaluation_with_and_without_kv_cache_agrees_and_logs_progress(monkeypatch):
-  """`train.make_eval_fn` (seed-vmapped, one call per batch): the same tense metrics with both
-  decoders, and one progress update per batch with its number of real lines."""
-  from sg_jax import configlib, train  # pylint: disable=import-outside-toplevel
-  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
-  config = configlib.base_config("tense")
+  """`evaluator.make_eval_fn` (seed-vmapped, one call per batch): the same tense metrics with
+  both decoders, and one progress update per batch with its number of real lines."""
   vocab, in_domain = _tense_lines(40, seed=2)
   splits = {"in_domain": in_domain, "out_of_domain": _tense_lines(50, seed=3)[1]}
   cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=2, d_model=32, num_heads=4,
                               d_ff=64)
-  fns = train.TrainFns(init=None, chunk=None, model=model_lib.TransformerLM(cfg), tx=None,
-                       capacities=None)  # make_eval_fn uses the model only
+  model = model_lib.TransformerLM(cfg)
   params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
       jax.random.split(jax.random.key(0), 2))
-  eval_data = {name: train.prepare_eval_batches(split, 16, 0) for name, split in splits.items()}
+  eval_data = {name: input_pipeline.prepare_eval_batches(split, 16, 0)
+               for name, split in splits.items()}
   updates = []
 
   class Recorder(evaluation.ProgressLog):
@@ -238,8 +239,8 @@ def test_evaluation_with_and_without_kv_cache_agrees_and_logs_progress(monkeypat
   monkeypatch.setattr(evaluation, "ProgressLog", Recorder)
   results = {}
   for kv_cache in (True, False):
-    config.eval.kv_cache = kv_cache
-    results[kv_cache] = jax.device_get(train.make_eval_fn(config, fns, vocab, eval_data)(params))
+    results[kv_cache] = jax.device_get(evaluator.make_eval_fn(
+        tasks.get_task("tense"), model, vocab, eval_data, kv_cache=kv_cache)(params))
   for split in ("in_domain", "out_of_domain"):
     for name in ("accuracy", "loss"):
       assert results[True][split][name].shape == (2,)
@@ -282,18 +283,15 @@ def test_progress_log_states_lines_rate_and_time_left():
 def test_evaluation_says_what_it_evaluates_before_the_first_batch(monkeypatch, caplog):
   """The first evaluation (it compiles) logs a line before its first batch; later fast ones log
   nothing; progress lines come at most every 15 s by default."""
-  import logging  # pylint: disable=import-outside-toplevel
-  from sg_jax import train  # pylint: disable=import-outside-toplevel
-  from sg_jax import model as model_lib  # pylint: disable=import-outside-toplevel
   vocab, in_domain = _tense_lines(40, seed=2)
   splits = {"in_domain": in_domain, "out_of_domain": _tense_lines(50, seed=3)[1]}
   cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=1, d_model=32, num_heads=4,
                               d_ff=64)
-  fns = train.TrainFns(init=None, chunk=None, model=model_lib.TransformerLM(cfg), tx=None,
-                       capacities=None)
+  model = model_lib.TransformerLM(cfg)
   params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
       jax.random.split(jax.random.key(0), 3))
-  eval_data = {name: train.prepare_eval_batches(split, 16, 0) for name, split in splits.items()}
+  eval_data = {name: input_pipeline.prepare_eval_batches(split, 16, 0)
+               for name, split in splits.items()}
   opened_before_batches = []
   real = evaluation.ProgressLog
 
@@ -306,8 +304,9 @@ def test_evaluation_says_what_it_evaluates_before_the_first_batch(monkeypatch, c
       super().update(lines, what)
 
   monkeypatch.setattr(evaluation, "ProgressLog", FrozenClock)
+  monkeypatch.setattr(evaluator, "_COMPILED", set())  # as in a fresh process
   caplog.set_level(logging.INFO, logger="sg_jax")
-  evaluate = train.make_eval_fn(configlib_tense(), fns, vocab, eval_data)
+  evaluate = evaluator.make_eval_fn(tasks.get_task("tense"), model, vocab, eval_data)
   evaluate(params)
   first = [r.getMessage() for r in caplog.records]
   assert first[0] == ("evaluation: in_domain (40 lines) and out_of_domain (50 lines) x 3 seeds, "
@@ -327,14 +326,55 @@ def test_evaluation_says_what_it_evaluates_before_the_first_batch(monkeypatch, c
   assert [l.split(":")[1].split(" lines")[0] for l in lines] == [" 100/1000", " 300/1000"], lines
 
 
-def configlib_tense():
-  from sg_jax import configlib  # pylint: disable=import-outside-toplevel
-  return configlib.base_config("tense")
-
-
 def test_durations_in_logs_count_days():
   """Time left at the reference size on a CPU is weeks: it must not wrap at 24 h."""
   assert evaluation.format_duration(42.4) == "42 s"
   assert evaluation.format_duration(185) == "3 min 05 s"
   assert evaluation.format_duration(2 * 3600 + 7 * 60) == "2 h 07 min"
   assert evaluation.format_duration(29 * 86400 + 3 * 3600 + 59) == "29 d 03 h"
+
+
+def test_a_second_evaluator_reuses_the_compiled_functions(monkeypatch, caplog):
+  """A second run in one process (same model config, task options and shapes) gets the same
+  jitted functions and compiles nothing; another task option or model builds new ones."""
+  vocab, in_domain = _tense_lines(20, seed=4)
+  eval_data = {"in_domain": input_pipeline.prepare_eval_batches(in_domain, 8, 0)}
+  cfg = model_lib.ModelConfig(vocab_size=vocab.size, num_layers=1, d_model=16, num_heads=2,
+                              d_ff=32)
+  params = jax.vmap(lambda k: model_lib.init_params(cfg, k))(
+      jax.random.split(jax.random.key(1), 2))
+  monkeypatch.setattr(evaluator, "_SPLIT_FNS_CACHE", {})
+  monkeypatch.setattr(evaluator, "_COMPILED", set())
+  caplog.set_level(logging.INFO, logger="sg_jax")
+  # Each run builds its own model and task objects, as `train` does.
+  build = lambda: evaluator.make_eval_fn(tasks.get_task("tense"), model_lib.TransformerLM(
+      dataclasses.replace(cfg)), vocab, eval_data)
+  first = build()(params)
+  _, one_batch, summarize = evaluator.split_fns(
+      tasks.get_task("tense"), model_lib.TransformerLM(cfg), vocab, eval_data["in_domain"])
+  assert one_batch._cache_size() == 1 and summarize._cache_size() == 1  # compiled once
+  assert "compiling first" in caplog.records[0].getMessage()
+  caplog.clear()
+  second = build()(params)
+  assert len(evaluator._SPLIT_FNS_CACHE) == 1
+  assert evaluator.split_fns(tasks.get_task("tense"), model_lib.TransformerLM(cfg), vocab,
+                             eval_data["in_domain"])[1] is one_batch
+  assert one_batch._cache_size() == 1 and summarize._cache_size() == 1  # no new compilation
+  assert "compiling first" not in caplog.records[0].getMessage()
+  for name in ("accuracy", "loss"):
+    np.testing.assert_array_equal(np.asarray(first["in_domain"][name]),
+                                  np.asarray(second["in_domain"][name]))
+  # Another model or another decoder: other functions.
+  other = model_lib.TransformerLM(dataclasses.replace(cfg, num_layers=2))
+  assert evaluator.split_fns(tasks.get_task("tense"), other, vocab,
+                             eval_data["in_domain"])[1] is not one_batch
+  assert evaluator.split_fns(tasks.get_task("tense"), model_lib.TransformerLM(cfg), vocab,
+                             eval_data["in_domain"], kv_cache=False)[1] is not one_batch
+
+
+def test_task_key_follows_the_task_options():
+  assert evaluator.task_key(tasks.get_task("dyck")) == evaluator.task_key(tasks.get_task("dyck"))
+  assert (evaluator.task_key(tasks.get_task("dyck", min_distance=2))
+          != evaluator.task_key(tasks.get_task("dyck")))
+  assert (evaluator.task_key(tasks.get_task("tense"))
+          != evaluator.task_key(tasks.get_task("question")))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sg_jax import decoding
 from sg_jax import intermediates
 from sg_jax import layers
 from sg_jax import model as model_lib
@@ -289,23 +290,23 @@ def test_cached_decoding_logits_equal_the_full_forward_pass_per_line_position():
     tokens = jnp.asarray(rng.integers(1, 20, size=(3, 10)), jnp.int32)
     full = np.asarray(model.apply({"params": params}, tokens))
     prefix_end = np.array([2, 5, 3])  # last prefix position of each line
-    cache = model_lib.init_cache(model, params, 3, 10)
+    cache = decoding.init_cache(model, params, 3, 10)
     assert cache["layer_0"]["attention"]["cached_key"].shape == (3, 10, 4, 8)
     # The whole line in one decoding call is the full forward pass (the evaluation's
     # teacher-forced pass fills the cache this way).
-    whole, _ = model_lib.apply_cached(model, params, tokens,
-                                      jnp.broadcast_to(jnp.arange(10), (3, 10)), cache)
+    whole, _ = decoding.apply_cached(model, params, tokens,
+                                     jnp.broadcast_to(jnp.arange(10), (3, 10)), cache)
     np.testing.assert_array_equal(np.asarray(whole), full)
     prefix = jnp.where(jnp.arange(6)[None] <= prefix_end[:, None], tokens[:, :6], 0)
-    logits, cache = model_lib.apply_cached(model, params, prefix,
-                                           jnp.broadcast_to(jnp.arange(6), (3, 6)), cache)
+    logits, cache = decoding.apply_cached(model, params, prefix,
+                                          jnp.broadcast_to(jnp.arange(6), (3, 6)), cache)
     rows = np.arange(3)
     np.testing.assert_allclose(np.asarray(logits)[rows, prefix_end], full[rows, prefix_end],
                                atol=2e-5, rtol=0)
     for k in range(1, 5):
       pos = prefix_end + k
-      logits, cache = model_lib.apply_cached(model, params, tokens[rows, pos][:, None],
-                                             jnp.asarray(pos)[:, None], cache)
+      logits, cache = decoding.apply_cached(model, params, tokens[rows, pos][:, None],
+                                            jnp.asarray(pos)[:, None], cache)
       np.testing.assert_allclose(np.asarray(logits)[:, 0], full[rows, pos], atol=2e-5, rtol=0)
     # The cache holds real keys: feeding the wrong earlier token changes the logits.
     assert np.abs(full[:, 1:] - full[:, :1]).max() > 1e-3

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, configlib, metric_logging, objectives, packing, step, tasks
+from sg_jax import checkpointing, config_checks, configlib, metric_logging, objectives, packing, step
+from sg_jax import tasks
 from sg_jax import terms, train
 from sg_jax.analysis import uas
 from sg_jax.model import ModelConfig, TransformerLM, INTERMEDIATES, init_params
@@ -37,7 +38,7 @@ def test_registries_refuse_unknown_and_clashing_names(tiny_config):
   assert {"lm", "prev_token"} <= set(objectives.names())
   assert {"sas", "l2"} <= set(terms.names())
   with pytest.raises(ValueError, match=r"objective 'mlmx' is not registered \(registered: lm"):
-    configlib.validate(tiny_config(objective="mlmx"))
+    config_checks.validate(tiny_config(objective="mlmx"))
 
   class Other(objectives.Objective):
     name = "lm"
@@ -53,13 +54,13 @@ def test_registries_refuse_unknown_and_clashing_names(tiny_config):
   config.l2.lambdas = (0.1, 0.2, 0.3)
   with pytest.raises(ValueError, match=r"l2.lambdas needs one value or one per seed: got 3 "
                                        r"values for 2 seeds"):
-    configlib.validate(config)
+    config_checks.validate(config)
   config.l2.lambdas, config.l2.ends = (0.1,), (-1,)
   with pytest.raises(ValueError, match="l2.starts and l2.ends must be >= 0"):
-    configlib.validate(config)
+    config_checks.validate(config)
   config.l2.ends, config.l2.scale = (0,), -1.0
   with pytest.raises(ValueError, match="l2.scale must be > 0"):
-    configlib.validate(config)
+    config_checks.validate(config)
 
 
 def test_strengths_and_windows_per_seed(tiny_config):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from sg_jax import report
+from sg_jax.report import groups, plotting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = [0, 100, 200, 300, 400]
@@ -294,7 +295,6 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
 
 def test_seed_group_table_and_band_with_few_values():
   """A one-seed group shows no interval; a band of fewer than 3 points is drawn with markers."""
-  from sg_jax.report import figures, groups
   acc = "out_of_domain/accuracy"
   rows = [{"run": "r", "group": "a", "seeds": "3", acc: 0.5, f"{acc}_ci_low": 0.5,
            f"{acc}_ci_high": 0.5},
@@ -302,10 +302,10 @@ def test_seed_group_table_and_band_with_few_values():
            f"{acc}_ci_high": 0.8}]
   md = "\n".join(groups.markdown_lines(rows))
   assert "| r | a | 3 | 0.5 (1 seed, no CI) |" in md and "| r | b | 4 5 | 0.6 [0.4, 0.8] |" in md
-  plt = figures._pyplot()  # pylint: disable=protected-access
+  plt = plotting.pyplot()
   fig, ax = plt.subplots()
-  figures.mean_band(ax, np.array([400]), {400: [2.8, 2.9]}, "C0")
-  figures.mean_band(ax, np.array([0, 1, 2]), {0: [1.0], 1: [2.0], 2: [3.0]}, "C1")
+  plotting.mean_band(ax, np.array([400]), {400: [2.8, 2.9]}, "C0")
+  plotting.mean_band(ax, np.array([0, 1, 2]), {0: [1.0], 1: [2.0], 2: [3.0]}, "C1")
   assert [line.get_marker() for line in ax.lines] == ["o", "None"]
   assert ax.lines[0].get_ydata()[0] == pytest.approx(2.85)
   plt.close(fig)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import configlib, metric_logging, objectives, step, tasks, terms, train
+from sg_jax import config_checks, metric_logging, objectives, step, tasks, terms, train
 from sg_jax.analysis import uas
 from sg_jax.model import ModelConfig, TransformerLM, init_params
 from sg_jax.terms import sas
@@ -129,9 +129,9 @@ def checkpoint_params(workdir):
 
 def test_bad_sas_config_is_refused(tiny_config):
   with pytest.raises(ValueError, match=r"sas.lambdas needs one value or one per seed"):
-    configlib.validate(tiny_config(**{"sas.lambdas": (0.1, 0.2, 0.3)}))
+    config_checks.validate(tiny_config(**{"sas.lambdas": (0.1, 0.2, 0.3)}))
   with pytest.raises(ValueError, match="sas.variant must be one of"):
-    configlib.validate(tiny_config(**{"sas.variant": "mean"}))
+    config_checks.validate(tiny_config(**{"sas.variant": "mean"}))
   config = tiny_config(task="dyck", **{"sas.lambdas": (0.1,)})
   with pytest.raises(ValueError, match="declares no gold dependencies"):
     terms.train_arrays(config, tasks.from_config(config), [], 8)

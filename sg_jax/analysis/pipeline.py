@@ -34,12 +34,13 @@ Short final batches are filled with empty rows that every statistic ignores.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from sg_jax import tasks
 from sg_jax.analysis import packing
+from sg_jax.tasks import io as tasks_io
 
 
 def declarative_words(example: Any) -> tuple[str, ...]:
@@ -134,12 +135,10 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
     ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
       the data has none.
   """
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-
-  task = tasks.get_task(config.task)
+  task = tasks.from_config(config)
   if split not in task.split_names:
     raise ValueError(f"unknown split {split!r} for task {task.name}; splits: {task.split_names}")
-  data_dir = config.data.dir or os.path.join(workdir, "data")
+  data_dir = tasks_io.run_data_dir(config.data, workdir)
   task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
   examples = task.read_split(data_dir, split)
   selected = select_lines(examples, sentence_set)[:num]

@@ -30,7 +30,6 @@ metrics.csv); `sg_jax.analysis.uas_quantity` registers the `uas` metric group of
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -42,6 +41,7 @@ from sg_jax.analysis import registry
 from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.tasks import dependencies
+from sg_jax.tasks import io as tasks_io
 
 Array = jax.Array
 PyTree = Any
@@ -229,7 +229,7 @@ def eval_batches(config, task, vocab, workdir: str) -> dict[str, dict[str, np.nd
   num = int(config.eval.get("uas_lines", 0))
   if num <= 0 or not getattr(task, "has_gold_dependencies", False):
     return {}
-  data_dir = config.data.dir or os.path.join(workdir, "data")
+  data_dir = tasks_io.run_data_dir(config.data, workdir)
   examples = task.read_split(data_dir, task.in_domain_split)[:num]
   lines = [(vocab.encode(ex.words), task.gold_dependencies(ex)) for ex in examples]
   batches = line_batches(lines, sos_id=vocab.sos_id,

@@ -76,7 +76,9 @@ Figures never hide data behind a legend (legends sit outside the axes), fraction
 [0, 1] plus a small margin, and the analysis figures (a', d) give in their title how many
 sentences the analysis read (from `analysis.csv.options.json`, written by `sg_jax.analyze`).
 
-Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`;
+Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`
+(one depth's seeds over training), `depth_figures` (figures comparing depths), `groups` (seed
+groups), `pruning_tables` / `pruning_figures`, and `plotting` (the helpers they share);
 `python -m sg_jax.report` runs `__main__`.
 """
 
@@ -90,10 +92,11 @@ from sg_jax.analysis import registry
 from sg_jax.report import groups
 from sg_jax.report import pruning_figures
 from sg_jax.report import pruning_tables
-from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, _task_prefix, plot_constructions,
-                                   plot_dynamics, plot_early_stopping, plot_grokking,
-                                   plot_inverted_u, plot_losses, plot_rules, plot_seed_spread,
-                                   plot_tparseval_by_length, plot_trajectories, trajectory_rows)
+from sg_jax.report.depth_figures import (plot_dynamics, plot_early_stopping, plot_inverted_u,
+                                         plot_seed_spread, plot_tparseval_by_length)
+from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_constructions, plot_grokking,
+                                   plot_losses, plot_rules, plot_trajectories, trajectory_rows)
+from sg_jax.report.plotting import task_prefix
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
                                    find_runs, load_run, log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
@@ -135,7 +138,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   by_depth = collections.defaultdict(list)
   for run in runs:
     by_depth[run.depth].append(run)
-  prefix = _task_prefix(runs)
+  prefix = task_prefix(runs)
   figures, skipped = [], []
 
   def optional(name: str, plot) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.report import seed_stats
 from sg_jax.report import tables
+from sg_jax.report.plotting import CONSTRUCTION_COLORS, legend_outside, mean_band, pyplot
 from sg_jax.report.reading import Run
 
 # Metrics compared between groups (those a run logged), with their onset signal
@@ -124,9 +125,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   panels = [(n, sig, t) for n, sig, t in COMPARED if run.series.get(n)]
   if len(groups) < 2 or not panels:
     return None
-  from sg_jax.report.figures import (_legend_outside, _pyplot,  # pylint: disable=import-outside-toplevel
-                                     mean_band)
-  plt = _pyplot()
+  plt = pyplot()
   onsets = onsets_lib.seed_onsets(run.series)
   fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
   cmap = plt.get_cmap("tab10")
@@ -153,7 +152,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
-  _legend_outside(axes[0][-1]).set_title("band: 95% bootstrap CI over seeds;\n"
+  legend_outside(axes[0][-1]).set_title("band: 95% bootstrap CI over seeds;\n"
                                          "ticks: onsets of each seed", prop={"size": 8})
   fig.suptitle(f"{title_prefix}seed groups of {run.name}")
   fig.tight_layout()
@@ -223,9 +222,7 @@ def plot_dose_response(run: Run, path: str, title_prefix: str):
       n for n in run.series if n.startswith("out_of_domain/accuracy/"))
   if not fields or not run.series.get(metrics[0]):
     return None
-  from sg_jax.report.figures import (CONSTRUCTION_COLORS,  # pylint: disable=import-outside-toplevel
-                                     _legend_outside, _pyplot)
-  plt = _pyplot()
+  plt = pyplot()
   first = int(run.config.get("first_seed", 0))
   fig, axes = plt.subplots(1, len(fields), figsize=(5 * len(fields) + 2.5, 4), squeeze=False)
   for ax, (field, values) in zip(axes[0], fields.items()):
@@ -244,7 +241,7 @@ def plot_dose_response(run: Run, path: str, title_prefix: str):
     ax.set_ylabel("final generalisation accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-  _legend_outside(axes[0][-1]).set_title("seed mean, 95% bootstrap CI", prop={"size": 8})
+  legend_outside(axes[0][-1]).set_title("seed mean, 95% bootstrap CI", prop={"size": 8})
   fig.suptitle(f"{title_prefix}dose response of {run.name}")
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")

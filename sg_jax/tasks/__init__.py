@@ -9,7 +9,8 @@ task facts. Importing this package does not import TensorFlow (the TFDS builders
 
 from __future__ import annotations
 
-from sg_jax.tasks.base import REGISTRY, DataError, Example, Task, declarative_tree, register_task
+from sg_jax.tasks.base import REGISTRY, Task, declarative_tree, register_task
+from sg_jax.tasks.examples import DataError, Example
 from sg_jax.tasks.vocab import EncodedSplit, Vocab, encode
 
 # The built-in tasks register themselves on import.

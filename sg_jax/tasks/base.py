@@ -1,20 +1,28 @@
-"""What a task is: the `Task` protocol, the task registry, `Example`, `DataError`, gold trees.
+"""What a task is: the `Task` protocol, the task registry, gold trees.
 
 A task is one module that defines a class implementing `Task` (generation, reading, vocabulary,
 encoding, evaluation metrics, gold trees) and registers it with `@register_task(name)`; the
 config file `configs/<name>.py` selects it with `config.task = name` (docs/tasks.md).
 
-An `Example` is one line of a split. For question formation and tense reinflection (McCoy et al.
-2020; docs/REFERENCE.md §1 "Tasks") `source` ends with the task token and `target` is the output
-sentence; the language model reads the line `source + target`. For Dyck, `source` holds the
-bracket tokens (the released trailing `END` dropped) and `target` is empty.
+An `Example` is one line of a split (`Example` and `DataError` live in `sg_jax.tasks.examples`,
+imported here so that a task module needs only `base`). For question formation and tense
+reinflection (McCoy et al. 2020; docs/REFERENCE.md §1 "Tasks") `source` ends with the task token
+and `target` is the output sentence; the language model reads the line `source + target`. For
+Dyck, `source` holds the bracket tokens (the released trailing `END` dropped) and `target` is
+empty.
+
+A task's public instance attributes are its options (Dyck: `num_types`, `min_distance`, ...): two
+tasks of one class with equal options give the same metric, so the run's evaluator reuses the
+functions it compiled for one on the other (`evaluator.task_key`); keep caches in private
+(`_`-prefixed) attributes.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
+import pathlib
 import time
 from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
 
@@ -22,65 +30,12 @@ import numpy as np
 import tqdm
 
 from sg_jax.tasks import trees
+from sg_jax.tasks import vocab as vocab_lib
+from sg_jax.tasks.examples import DataError, Example  # noqa: F401  (part of the task API)
 
 log = logging.getLogger("sg_jax")
 # Least seconds between two progress lines of a generation logged with progress="log".
 LOG_PROGRESS_EVERY_S = 15.0
-
-
-class DataError(ValueError):
-  """Malformed data. `str(err)` is `"<file>:<line>: <reason>"` when the file/line are known.
-
-  Attributes:
-    file: path (or name) of the offending file, or None.
-    line: 1-based line number, or None.
-    reason: what is wrong.
-  """
-
-  def __init__(self, file: Optional[os.PathLike | str], line: Optional[int], reason: str):
-    self.file = None if file is None else str(file)
-    self.line = line
-    self.reason = reason
-    where = ""
-    if self.file is not None:
-      where = f"{self.file}:{line}: " if line is not None else f"{self.file}: "
-    elif line is not None:
-      where = f"line {line}: "
-    super().__init__(where + reason)
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-  """One line of a split.
-
-  Attributes:
-    source: words of the source side; question/tense: ends with the task token; Dyck: bracket
-      tokens without `END`.
-    target: words of the target side (empty for Dyck).
-    source_tree: tree over `source` minus the task token (the `[ S . ]` tree of the released
-      bracket files), or None when unknown.
-    target_tree: tree over all of `target` (root = `(S', final punctuation)`; the released files
-      write it without its outermost bracket), or None.
-    task_token: `decl`/`quest`/`PAST`/`PRESENT`, or None (Dyck).
-    transformed: True for `quest`/`PRESENT` lines.
-  """
-  source: tuple
-  target: tuple = ()
-  source_tree: Optional[trees.Tree] = None
-  target_tree: Optional[trees.Tree] = None
-  task_token: Optional[str] = None
-  transformed: bool = False
-
-  @property
-  def words(self) -> tuple:
-    """The language-model line: `source + target`."""
-    return self.source + self.target
-
-  @property
-  def declarative(self) -> tuple:
-    """Words before the task token with the final `.` removed (the tree-projection input)."""
-    words = self.source[:-1] if self.task_token is not None else self.source
-    return words[:-1] if words and words[-1] == "." else words
 
 
 def declarative_tree(example: Example) -> trees.Tree:
@@ -219,7 +174,6 @@ class Task(Protocol):
   def encode(self, examples: Sequence[Example], vocab, max_len: Optional[int] = None,
              **kwargs):
     """`vocab.encode` of the lines plus `encode_extras` (an `EncodedSplit`)."""
-    from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
     split = vocab_lib.encode(examples, vocab, max_len, **kwargs)
     split.extras.update(self.encode_extras(examples, vocab, split))
     return split
@@ -231,7 +185,7 @@ class Task(Protocol):
       `metrics(batch, logits, decoded) -> {name: float32 []}`: `batch` holds the core fields,
       `eval_fields` and `valid` (bool [batch], padding lines False), each [batch, ...];
       `logits` [batch, length, vocab] are teacher-forced; `decoded` int32 [batch, length] is
-      the greedy continuation (`evaluation.greedy_decode`) when `decodes`, else None. The result
+      the greedy continuation (`decoding.greedy_decode`) when `decodes`, else None. The result
       holds `correct` and `total` (sums over the valid lines; accuracy = correct / total) and
       optionally further sums, each reported divided by `total`.
     """
@@ -280,8 +234,6 @@ def ensure_generated(task, data_dir: os.PathLike | str, *, seed: int = 0,
   Returns:
     `{split: pathlib.Path}`.
   """
-  import json  # pylint: disable=import-outside-toplevel
-  import pathlib  # pylint: disable=import-outside-toplevel
   data_dir = pathlib.Path(data_dir)
   paths = {s: data_dir / task.file_names(s)[0] for s in task.split_names}
   meta_path = data_dir / (task.name + META_SUFFIX)

@@ -18,6 +18,9 @@ shape, e.g. `(a (b b) a)` -> `(())`; a string's paths are those of its blocks.
 
 Tokens are `(x` / `x)` for types `a`, `b`, ...; files end each line with `END` (dropped on
 reading).
+
+The metric (`dyck_correct`, summed by `DyckTask.make_metrics`) is written in JAX, imported inside
+those functions only (see `sg_jax.tasks.question`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sg_jax.tasks import base
 from sg_jax.tasks import dependencies
 from sg_jax.tasks import io as io_lib
 from sg_jax.tasks import vocab as vocab_lib
-from sg_jax.tasks.base import Example
+from sg_jax.tasks.examples import Example
 
 NUM_TYPES = 20
 MAX_DEPTH = 10
@@ -305,19 +308,17 @@ class DyckTask(base.Task):
     return {"close_mask": close_mask, "close_distance": close_dist}
 
   def make_metrics(self, vocab: vocab_lib.Vocab):
-    """Closing-bracket accuracy (`evaluation.dyck_correct`, with `min_distance`); see
+    """Closing-bracket accuracy (`dyck_correct`, with `min_distance`); see
     `base.Task.make_metrics`."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
     close_ids = jnp.asarray(
         np.flatnonzero(np.asarray(vocab.pos_table) == vocab_lib.POS_CLOSE), jnp.int32)
 
     def metrics(batch, logits, decoded):
       del decoded
       valid = batch["valid"]
-      correct, scored = evaluation.dyck_correct(logits, batch["targets"], batch["close_mask"],
-                                                batch["close_distance"], close_ids,
-                                                self.min_distance)
+      correct, scored = dyck_correct(logits, batch["targets"], batch["close_mask"],
+                                     batch["close_distance"], close_ids, self.min_distance)
       return {"correct": jnp.sum(jnp.where(valid, correct, 0.0)),
               "total": jnp.sum(jnp.where(valid, scored, 0.0))}
 
@@ -334,3 +335,18 @@ class DyckTask(base.Task):
 
   def __repr__(self) -> str:
     return f"DyckTask(num_types={self.num_types}, max_depth={self.max_depth})"
+
+
+def dyck_correct(logits_BxLxV, targets_BxL, close_mask_BxL, close_distance_BxL, close_ids,
+                 min_distance: int = 0):
+  """Closing-bracket prediction: (correct count [batch], scored count [batch]), float32.
+
+  At every target position that is a closing bracket (`close_mask_BxL`) and whose matching
+  opening bracket is at least `min_distance` tokens back (`close_distance_BxL`), the argmax over
+  the closing-bracket ids (`close_ids`, int32 [types]) must equal the target.
+  """
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
+  best = close_ids[jnp.argmax(logits_BxLxV[..., close_ids], axis=-1)]  # [B, L]
+  scored = close_mask_BxL & (close_distance_BxL >= min_distance)
+  correct = (best == targets_BxL) & scored
+  return jnp.sum(correct, -1).astype(jnp.float32), jnp.sum(scored, -1).astype(jnp.float32)

@@ -13,6 +13,8 @@ raw URL of tommccoy1/rnn-hierarchical-biases, `data/`), checks each against its 
 hashes below; files without a known hash, e.g. the `.train` splits, are recorded in
 `sha256.json` beside the cache at first download and checked against that afterwards) and caches
 them under a data directory. Nothing in sg_jax downloads implicitly.
+
+`run_data_dir` names the folder of a run's split files (`data.dir`, or the workdir's `data/`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from sg_jax import fileio
 from sg_jax.tasks import trees
-from sg_jax.tasks.base import DataError, Example
+from sg_jax.tasks.examples import DataError, Example
 
 DEFAULT_BASE_URL = ("https://raw.githubusercontent.com/tommccoy1/rnn-hierarchical-biases/master/"
                     "data/")
@@ -48,6 +50,17 @@ RELEASED_FILES = tuple(f"{task}{kind}.{split}" for task in ("question", "tense")
                        for kind in ("", "_bracket") for split in ("train", "dev", "test", "gen"))
 
 DYCK_END = "END"
+
+
+def run_data_dir(data_config, workdir: os.PathLike | str) -> str:
+  """The folder of a run's split files: `data.dir` when set, else `<workdir>/data` (where
+  training generates them).
+
+  Args:
+    data_config: the `data` section of a run config (its `dir` field: '' = unset).
+    workdir: the run directory.
+  """
+  return str(data_config.dir or os.path.join(workdir, "data"))
 
 
 def _read_lines(path: os.PathLike | str) -> list[str]:

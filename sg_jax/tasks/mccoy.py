@@ -38,7 +38,7 @@ from sg_jax.tasks import pcfg
 from sg_jax.tasks import trees
 from sg_jax.tasks import vocab as vocab_lib
 from sg_jax.tasks import base
-from sg_jax.tasks.base import DataError, Example
+from sg_jax.tasks.examples import DataError, Example
 # Re-exported: callers use them as `mccoy.<name>`.
 from sg_jax.tasks.shapes import (ShapeSampler, modifier, pos_of_label,  # noqa: F401
                                  sentence_shape)

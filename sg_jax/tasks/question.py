@@ -6,6 +6,11 @@ auxiliary of the main verb phrase). The competing linear rule fronts the *first*
 disagree exactly when the subject carries a relative clause, and such `quest` lines go only to
 `gen`. Trees follow the released `question_bracket.*` files: the question of `[ [ NP [ Aux X ] ] . ]`
 is `[ Aux [ NP X ] ] ?`.
+
+The metric (`question_prediction`, `question_target`, `question_rule_auxiliaries`, combined by
+`QuestionTask.make_metrics`) is written in JAX; like every task module this one imports JAX only
+inside those functions, when a metric is traced, so that `import sg_jax.tasks` (and `configlib`,
+and data generation) stays JAX-free.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+import numpy as np
+
 from sg_jax.tasks import mccoy
 from sg_jax.tasks import pcfg
 from sg_jax.tasks import trees
 from sg_jax.tasks import vocab as vocab_lib
-from sg_jax.tasks.base import Example, register_task
+from sg_jax.tasks.base import register_task
+from sg_jax.tasks.examples import Example
 
 AUXILIARIES = ("do", "does", "don't", "doesn't")
 RELATIVE_PRONOUNS = ("who", "that")  # the `Rel` words of grammars/question.gr
@@ -58,7 +66,7 @@ def skip_relative_auxiliary(words: Sequence[str]) -> str:
   carries an object-extracted relative clause (`her walruses who our unicorn doesn't entertain
   do ...`).
   The `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README); the seed-vmapped
-  metric is `evaluation.question_rule_auxiliaries`.
+  metric is `question_rule_auxiliaries`.
 
   Args:
     words: the declarative (a final `.` is ignored).
@@ -161,12 +169,10 @@ class QuestionTask(mccoy.McCoyTask):
     return ident, trans, linear_question(words) != question
 
   def make_metrics(self, vocab: vocab_lib.Vocab):
-    """Auxiliary ranking after `quest` (`evaluation.question_prediction`) on `quest` lines, and
-    its agreement with the move-first and skip-relative rules
-    (`evaluation.question_rule_auxiliaries`); see `base.Task.make_metrics`."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    """Auxiliary ranking after `quest` (`question_prediction`) on `quest` lines, and its
+    agreement with the move-first and skip-relative rules (`question_rule_auxiliaries`); see
+    `base.Task.make_metrics`."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
     aux_ids = jnp.asarray(vocab.encode(AUXILIARIES), jnp.int32)
     rel_ids = jnp.asarray(np.flatnonzero(np.asarray(vocab.pos_table) == vocab_lib.POS_REL),
                           jnp.int32)
@@ -174,13 +180,72 @@ class QuestionTask(mccoy.McCoyTask):
     def metrics(batch, logits, decoded):
       del decoded
       sel = batch["valid"] & batch["transformed"]
-      best = evaluation.question_prediction(logits, batch["task_pos"], aux_ids)
-      ok = best == evaluation.question_target(batch["targets"], batch["task_pos"])
-      move_first, skip_rel = evaluation.question_rule_auxiliaries(
-          batch["inputs"], batch["task_pos"], aux_ids, rel_ids)
+      best = question_prediction(logits, batch["task_pos"], aux_ids)
+      ok = best == question_target(batch["targets"], batch["task_pos"])
+      move_first, skip_rel = question_rule_auxiliaries(batch["inputs"], batch["task_pos"],
+                                                       aux_ids, rel_ids)
       return {"correct": jnp.sum(ok & sel).astype(jnp.float32),
               "total": jnp.sum(sel).astype(jnp.float32),
               "move_first_agreement": jnp.sum((best == move_first) & sel).astype(jnp.float32),
               "skip_relative_agreement": jnp.sum((best == skip_rel) & sel).astype(jnp.float32)}
 
     return metrics
+
+
+# --------------------------------------------------------------------------------------------
+# The metric (one seed, traced; arrays [batch, ...])
+# --------------------------------------------------------------------------------------------
+
+
+def question_prediction(logits_BxLxV, task_pos_B, aux_ids):
+  """The auxiliary ranked first after `quest` (int32 [batch] vocabulary ids).
+
+  Among the four auxiliaries {do, does, don't, doesn't}, the one with the highest next-token
+  score at the task token (docs/REFERENCE.md §1 "Tasks").
+
+  Args:
+    logits_BxLxV: next-token logits of the teacher-forced line.
+    task_pos_B: index t of the `quest`/`decl` token in the inputs; logits[t] predict the first
+      word of the target.
+    aux_ids: int32 [4] vocabulary ids of do, does, don't, doesn't.
+  """
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
+  at_task = jnp.take_along_axis(logits_BxLxV, task_pos_B[:, None, None], axis=1)[:, 0]  # [B, V]
+  return aux_ids[jnp.argmax(at_task[:, aux_ids], axis=-1)]
+
+
+def question_target(targets_BxL, task_pos_B):
+  """The question's first word (int32 [batch] ids): targets[t] at t = task_pos."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
+  return jnp.take_along_axis(targets_BxL, task_pos_B[:, None], axis=1)[:, 0]
+
+
+def question_rule_auxiliaries(inputs_BxL, task_pos_B, aux_ids, rel_ids):
+  """Auxiliaries fronted by two non-hierarchical rules (int32 [batch] ids each; -1 if none).
+
+  * move-first (McCoy et al. 2020, the linear rule): the first auxiliary of the declarative
+    (`linear_question`);
+  * skip-relative: the first auxiliary not directly after a relative pronoun (`that`/`who`),
+    i.e. move-first that skips the auxiliary of a subject relative clause
+    (`skip_relative_auxiliary`). It agrees with the hierarchical rule on every training question
+    and fails on gen lines whose subject carries an object-extracted relative clause; the
+    `grok_cpu` seeds that plateau at generalisation 0.65 follow it (README).
+
+  Args:
+    inputs_BxL: `SOS w1 .. wn quest ...` input ids.
+    task_pos_B: index of the task token in the inputs (the declarative is before it).
+    aux_ids: int32 [4] ids of the auxiliaries.
+    rel_ids: int32 [R] ids of the relative pronouns.
+  """
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
+  length = inputs_BxL.shape[1]
+  in_source = jnp.arange(length)[None, :] < task_pos_B[:, None]
+  is_aux = jnp.isin(inputs_BxL, aux_ids) & in_source
+  after_rel = jnp.pad(jnp.isin(inputs_BxL, rel_ids)[:, :-1], ((0, 0), (1, 0)))
+
+  def first_of(mask):
+    i = jnp.argmax(mask, axis=1)
+    word = jnp.take_along_axis(inputs_BxL, i[:, None], axis=1)[:, 0]
+    return jnp.where(jnp.any(mask, axis=1), word, -1)
+
+  return first_of(is_aux), first_of(is_aux & ~after_rel)

@@ -9,6 +9,9 @@ such `PRESENT` lines go only to `gen`.
 
 Past-tense forms (checked against every verb of the released tense files): regular `-ed`/`-d`
 (`high_five` -> `high_fived`, `comfort` -> `comforted`) except `ate`, `read`, `slept`, `swam`.
+
+The metric (`tense_correct`, scored by `TenseTask.make_metrics` on the greedy continuation) is
+written in JAX, imported inside those functions only (see `sg_jax.tasks.question`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Sequence
 from sg_jax.tasks import mccoy
 from sg_jax.tasks import pcfg
 from sg_jax.tasks import vocab as vocab_lib
-from sg_jax.tasks.base import Example, register_task
+from sg_jax.tasks.base import register_task
+from sg_jax.tasks.examples import Example
 
 IRREGULAR_PAST = {"eat": "ate", "read": "read", "sleep": "slept", "swim": "swam"}
 
@@ -199,18 +203,35 @@ class TenseTask(mccoy.McCoyTask):
     return ident, trans, linear_present(past) != present
 
   def make_metrics(self, vocab: vocab_lib.Vocab):
-    """Greedy continuation after the task token scored by `evaluation.tense_correct` (same
-    part-of-speech sequence and main verb) on every line; see `base.Task.make_metrics`."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    from sg_jax import evaluation  # pylint: disable=import-outside-toplevel
+    """Greedy continuation after the task token scored by `tense_correct` (same part-of-speech
+    sequence and main verb) on every line; see `base.Task.make_metrics`."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
     pos_table = jnp.asarray(vocab.pos_table, jnp.int32)
 
     def metrics(batch, logits, decoded):
       del logits
       valid = batch["valid"]
-      ok = evaluation.tense_correct(decoded, batch["targets"], batch["task_pos"],
-                                    batch["lengths"], batch["main_verb_pos"], pos_table)
+      ok = tense_correct(decoded, batch["targets"], batch["task_pos"], batch["lengths"],
+                         batch["main_verb_pos"], pos_table)
       return {"correct": jnp.sum(ok & valid).astype(jnp.float32),
               "total": jnp.sum(valid).astype(jnp.float32)}
 
     return metrics
+
+
+def tense_correct(decoded_BxL, targets_BxL, task_pos_B, lengths_B, main_verb_pos_B, pos_table):
+  """Tense metric per line (bool [batch]): same part-of-speech sequence and same main verb.
+
+  The part-of-speech sequences (`pos_table`: int32 [vocab] class of each id) are compared over
+  the target half including EOS (positions task_pos .. length-1 of `targets`), so the decoded
+  sentence (`decoded_BxL`, the greedy continuation aligned with the targets) must also end where
+  the target ends; `main_verb_pos_B` is the target index of the main verb (-1: none, never
+  correct).
+  """
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (module docstring)
+  span = (jnp.arange(targets_BxL.shape[1])[None] >= task_pos_B[:, None]) & (
+      jnp.arange(targets_BxL.shape[1])[None] < lengths_B[:, None])
+  same_pos = (pos_table[decoded_BxL] == pos_table[targets_BxL]) | ~span
+  mv = jnp.maximum(main_verb_pos_B, 0)[:, None]
+  same_verb = (jnp.take_along_axis(decoded_BxL, mv, 1) == jnp.take_along_axis(targets_BxL, mv, 1))
+  return jnp.all(same_pos, axis=-1) & same_verb[:, 0] & (main_verb_pos_B >= 0)

@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from sg_jax.tasks.base import DataError, Example
+from sg_jax.tasks.examples import DataError, Example
 
 PAD = "<pad>"
 EOS = "<eos>"

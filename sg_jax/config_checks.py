@@ -1,0 +1,84 @@
+"""Validation of a resolved run config, before any compute (`validate`).
+
+The rules of a feature live in the feature's module, and `validate` calls them: the task name
+(`sg_jax.tasks`), the per-seed data composition (`composition.seed_mixes`), the model section
+(`model.ModelConfig`), the objective (`objectives.from_config`) and the loss terms
+(`terms.validate`: SAS and any other registered term); the fields of the run itself (seeds,
+optimiser, training, evaluation, checkpoints) are checked here. This module imports JAX (through
+the model); `sg_jax.configlib`, which config files import, does not.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from sg_jax import composition
+from sg_jax import model as model_lib
+from sg_jax import objectives
+from sg_jax import tasks as tasks_lib
+from sg_jax import terms
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks a resolved config before any compute.
+
+  Raises:
+    ValueError: one line naming the bad field ("invalid config: <field> ...").
+  """
+
+  def need(cond: bool, field: str, msg: str):
+    if not cond:
+      raise ValueError(f"invalid config: {field} {msg} (got {_get(config, field)!r})")
+
+  need(config.task in tasks_lib.names(), "task", f"must be one of {tasks_lib.names()}")
+  need(config.num_seeds >= 1, "num_seeds", "must be >= 1")
+  need(config.first_seed >= 0, "first_seed", "must be >= 0")
+  need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")
+  need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
+  need(config.data.max_length >= 0, "data.max_length", "must be >= 0 (0 = no cap)")
+  composition.seed_mixes(config)  # raises ValueError naming a bad composition field
+  # The model section's rules live with the model (`ModelConfig.__post_init__`).
+  model_lib.ModelConfig.from_config(config.model, vocab_size=1)
+  o = config.optim
+  need(o.learning_rate > 0, "optim.learning_rate", "must be > 0")
+  need(o.eps > 0, "optim.eps", "must be > 0")
+  need(0 <= o.b1 < 1, "optim.b1", "must be in [0, 1)")
+  need(0 <= o.b2 < 1, "optim.b2", "must be in [0, 1)")
+  need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+  need(o.schedule in ("linear", "constant", "wsd"), "optim.schedule",
+       "must be linear, constant or wsd")
+  need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+  need(o.decay_steps >= 0, "optim.decay_steps", "must be >= 0 (0 = train.num_steps)")
+  decay_steps = o.decay_steps or config.train.num_steps
+  need(decay_steps > o.warmup_steps or o.schedule == "constant", "optim.decay_steps",
+       "(0 = train.num_steps) must exceed optim.warmup_steps")
+  if o.schedule == "wsd":
+    need(o.cooldown_steps >= 1, "optim.cooldown_steps", "must be >= 1 with schedule wsd")
+    need(decay_steps - o.cooldown_steps >= o.warmup_steps, "optim.cooldown_steps",
+         f"must be <= decay_steps - warmup_steps = {decay_steps} - {o.warmup_steps} with "
+         f"schedule wsd (decay_steps 0 = train.num_steps)")
+  need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
+  t = config.train
+  need(t.num_steps >= 1, "train.num_steps", "must be >= 1")
+  need(t.batch_size >= 1, "train.batch_size", "must be >= 1")
+  need(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1")
+  need(t.max_call_seconds >= 0, "train.max_call_seconds", "must be >= 0 (0 = no limit)")
+  need(t.log_every >= 1, "train.log_every", "must be >= 1")
+  need(t.packing_buckets >= 1, "train.packing_buckets", "must be >= 1")
+  need(config.eval.every >= 1, "eval.every", "must be >= 1")
+  need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+  need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
+  need(config.eval.uas_lines >= 0, "eval.uas_lines", "must be >= 0 (0 disables)")
+  need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
+  need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
+  need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
+  objectives.from_config(config)  # raises ValueError naming an unregistered objective
+  terms.validate(config)  # every loss term's per-seed fields and options
+  need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
+
+
+def _get(config, dotted):
+  node = config
+  for p in dotted.split("."):
+    node = node[p]
+  return node
