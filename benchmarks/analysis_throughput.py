@@ -61,6 +61,7 @@ import numpy as np  # noqa: E402
 
 from sg_jax.analysis import attention_entropy, pipeline, tree_projection  # noqa: E402
 from sg_jax.model import ModelConfig, init_params  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # declarative lengths (words) of the released question.dev and their counts.
@@ -293,7 +294,7 @@ def build_trajectory_workdir(workdir: str, *, num_checkpoints: int = 31, every: 
   The config is configs/question.py with `config_string` (default grok_cpu: depth 6, d_model
   128, 4 seeds) and `overrides` ({'model.d_model': 32, ...}); `data.num_train` is set to
   `num_train`. Each checkpoint step 0, every, .., (num_checkpoints - 1) * every holds the whole
-  stacked train state (`train.make_train_fns(...).init`, as training starts) with parameters
+  stacked train state (`step_lib.make_train_fns(...).init`, as training starts) with parameters
   drawn from keys folded with the step, written with `sg_jax.checkpointing` (metadata included).
 
   Returns:
@@ -322,8 +323,8 @@ def build_trajectory_workdir(workdir: str, *, num_checkpoints: int = 31, every: 
                      f"the {min_transformed} the analysis reads; raise num_train")
   vocab = task.vocab()
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
-  fns = train.make_train_fns(config, vocab.size)
-  keys = train.seed_keys(seeds)
+  fns = step_lib.make_train_fns(config, vocab.size)
+  keys = step_lib.seed_keys(seeds)
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json(indent=2))

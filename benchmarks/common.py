@@ -23,6 +23,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax import configlib, layers, train  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
+from sg_jax import input_pipeline  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}
@@ -119,12 +121,12 @@ def layer_impls(text: str) -> list[str]:
 
 def train_layout(config, split, seeds_per_device: int):
   """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
-  return train.make_train_data(config, split, seeds_per_device)
+  return input_pipeline.make_train_data(config, split, seeds_per_device)
 
 
 def train_fns(config, vocab_size: int, capacities, mesh=None):
-  """`train.make_train_fns` (per-device `shard_map` chunk when `mesh` is given)."""
-  return train.make_train_fns(config, vocab_size, capacities, mesh)
+  """`step_lib.make_train_fns` (per-device `shard_map` chunk when `mesh` is given)."""
+  return step_lib.make_train_fns(config, vocab_size, capacities, mesh)
 
 
 def _ints(text: str) -> list[int]:

@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 
 from sg_jax import decoding, evaluator, input_pipeline, sharding, tasks, train  # noqa: E402
 from sg_jax import model as model_lib  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
 
 from common import (_QUICK_MODEL, _REPO, _ints, load_average, machine_rows,  # noqa: E402
                     print_rows, print_table)
@@ -199,12 +200,12 @@ def main(argv=None):
       ("old (eval.kv_cache=False)", f"first {args.old_lines} lines per split, batches of "
                                     f"{args.old_batch}; its {max_lines}-line time is "
                                     "EXTRAPOLATED from its per-line time"),
-      ("timed", "train.make_eval_fn per batch (loss + tense metric, seeds vmapped and "
+      ("timed", "evaluator.make_eval_fn per batch (loss + tense metric, seeds vmapped and "
                 "sharded as in training); per-line time from the batches after the first "
                 "(which compiles), all seeds together"),
   ])
   if args.check_tokens:
-    fns = train.make_train_fns(config, vocab.size)
+    fns = step_lib.make_train_fns(config, vocab.size)
     mesh = sharding.seed_mesh(1, 1)
     params = seed_params(config, vocab.size, 1, mesh)
     for name, s in splits.items():
@@ -223,7 +224,7 @@ def main(argv=None):
     config.num_seeds = num_seeds
     mesh = sharding.seed_mesh(num_seeds, args.num_devices)
     devices = mesh.devices.size
-    fns = train.make_train_fns(config, vocab.size, None, mesh)
+    fns = step_lib.make_train_fns(config, vocab.size, None, mesh)
     params = seed_params(config, vocab.size, num_seeds, mesh)
     for name, s in splits.items():
       n = min(max_lines, len(s))

@@ -12,7 +12,7 @@ batch 8, AdamW) on question formation; `--quick` shrinks it (depth 2, d_model 12
 (`--num_train` training lines; padded length = the longest line + 1, `--length` overrides it).
 
 Method: for each depth, layout and seed count, the production training call
-`train.make_train_fns(config, vocab.size).chunk` (seed-vmapped `lax.scan` of `steps_per_call`
+`step_lib.make_train_fns(config, vocab.size).chunk` (seed-vmapped `lax.scan` of `steps_per_call`
 steps, state donated) is lowered on abstract shapes and compiled, and XLA's
 `compiled.memory_analysis()` gives the sizes of its arguments (state + training set), outputs,
 aliased (donated) bytes and temporaries (activations, gradients, optimizer temporaries):
@@ -46,6 +46,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax import evaluation, tasks, train  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
+from sg_jax import input_pipeline  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns,
@@ -92,7 +94,7 @@ def compiled_memory(config, vocab, splits, num_seeds: int, eval_batches: dict) -
   """Bytes of the compiled training and evaluation calls for `num_seeds` seeds (see module doc)."""
   host, caps = train_layout(config, splits["train"], num_seeds)
   fns = train_fns(config, vocab.size, caps)
-  keys = train.seed_keys(list(range(num_seeds)))
+  keys = step_lib.seed_keys(list(range(num_seeds)))
   state = jax.eval_shape(fns.init, keys)
   t0 = time.perf_counter()
   compiled = fns.chunk.lower(state, _abstract(host), jax.ShapeDtypeStruct((), jnp.int32),
@@ -118,7 +120,7 @@ def measured_peak(fns, host, num_seeds: int, eval_batches: dict, vocab, steps: i
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if not stats or "peak_bytes_in_use" not in stats:
     return None
-  state = fns.init(train.seed_keys(list(range(num_seeds))))
+  state = fns.init(step_lib.seed_keys(list(range(num_seeds))))
   state = fns.chunk(state, jax.device_put(host), jnp.asarray(0, jnp.int32), steps)
   jax.block_until_ready(eval_fn(fns, vocab)(state.params, jax.device_put(eval_batches)))
   peak = device.memory_stats()["peak_bytes_in_use"]
@@ -200,7 +202,7 @@ def main(argv=None):
   if args.length:
     splits = {k: _pad_to(v, args.length) for k, v in splits.items()}
   base = make_config(args.depths[0], 1, args, False)
-  eval_batches = {name: train.prepare_eval_batches(splits[name], base.eval.batch_size, 0)
+  eval_batches = {name: input_pipeline.prepare_eval_batches(splits[name], base.eval.batch_size, 0)
                   for name in ("dev", "gen")}
   m = base.model
   lengths = splits["train"].lengths

@@ -4,10 +4,10 @@ Plain script (prints a table; not a unit test):
   python benchmarks/packing_buckets.py                       # quick size, depth 2, 4 seeds
   python benchmarks/packing_buckets.py --reference --depth=6 --seeds=4 --buckets=1,2,4,8
 
-Each packed bucket compiles one more branch of the train step (`train.make_chunk_fn`'s
+Each packed bucket compiles one more branch of the train step (`step_lib.make_chunk_fn`'s
 `lax.switch`). For every bucket count k of `--buckets` the k capacities that compute the fewest
 positions (`sg_jax.packing.optimal_capacities`, on the steps sampled by `sampled_needs`) are
-timed with the production path (`train.make_train_fns(...).chunk`, seeds sharded as
+timed with the production path (`step_lib.make_train_fns(...).chunk`, seeds sharded as
 `sg_jax.main` shards them, `benchmarks/train_throughput.py`'s `time_vmapped`): the XLA compile
 seconds of the first call (`sg_jax.compile_cache.CompileWatch`), the whole first call, and the
 steady seed-steps/s (median call). The padded layout is timed first for comparison, and the
@@ -28,13 +28,15 @@ import numpy as np  # noqa: E402
 
 from common import _ints, load_average, machine_rows, make_config, print_rows, print_table  # noqa: E402
 from sg_jax import compile_cache, packing, sharding, train  # noqa: E402
+from sg_jax import step as step_lib  # noqa: E402
+from sg_jax import input_pipeline  # noqa: E402
 from train_throughput import per_device, question_split, time_vmapped  # noqa: E402
 
 
 def packed_padding(lengths: np.ndarray, capacities, batch: int, seeds_per_device: int,
                    num_steps: int = 2000) -> float:
   """Fraction of computed positions that are padding with `capacities` (as
-  `train.padding_fraction`: the seeds of one device share the bucket of the longest batch)."""
+  `packing.padding_fraction`: the seeds of one device share the bucket of the longest batch)."""
   rng = np.random.default_rng(1)
   totals = lengths[rng.integers(0, len(lengths), (num_steps, seeds_per_device, batch))].sum(-1)
   caps = np.asarray(capacities)
@@ -45,10 +47,10 @@ def packed_padding(lengths: np.ndarray, capacities, batch: int, seeds_per_device
 def measure(config, vocab, split, capacities, num_seeds: int, args) -> dict:
   """Compile seconds, first-call seconds and steady seed-steps/s of one layout."""
   mesh = sharding.seed_mesh(num_seeds, 0)
-  host, _ = train.make_train_data(config, split, per_device(num_seeds))
-  fns = train.make_train_fns(config, vocab.size, capacities, mesh)
+  host, _ = input_pipeline.make_train_data(config, split, per_device(num_seeds))
+  fns = step_lib.make_train_fns(config, vocab.size, capacities, mesh)
   with compile_cache.CompileWatch() as watch:
-    first, calls = time_vmapped(fns, host, train.seed_keys(list(range(num_seeds))), mesh,
+    first, calls = time_vmapped(fns, host, step_lib.seed_keys(list(range(num_seeds))), mesh,
                                 args.steps_per_call, args.min_time, args.min_calls)
   return {"compile": sum(c.seconds for c in watch.compilations), "first": first,
           "rate": args.steps_per_call * num_seeds / float(np.median(calls))}

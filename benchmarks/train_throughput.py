@@ -11,13 +11,13 @@ Model: the reference-size TransformerLM (docs/REFERENCE.md §1: d_model 512, 8 h
 dropout 0.1, batch 8 lines per seed and step, AdamW + clipping) on question formation; `--quick`
 shrinks it (depth 2, d_model 128, 4 heads, d_ff 512; the output says so). Data: question-formation
 lines generated in memory by `sg_jax.tasks` (`--num_train`, default 5,000; only the train split
-is used), encoded and laid out exactly as `sg_jax.train` does (`train.make_train_data`, packed
+is used), encoded and laid out exactly as `sg_jax.train` does (`input_pipeline.make_train_data`, packed
 rows when `config.train.packing` is on).
 
 Measured, per depth, seed count, device count (`--num_devices`), layout (padded / packed) and
 layer set (`--layer_impl`: `model.layer_impl` tuned / plain, default what "auto" picks here; all
 at `--matmul_precision`, `model.matmul_precision`):
-* vmapped: `train.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
+* vmapped: `step_lib.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
   steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
   CPU-only machine the host is split into 2 x cores devices by `sg_jax.host_devices`, as
   `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
@@ -28,8 +28,8 @@ at `--matmul_precision`, `model.matmul_precision`):
   uses no persistent compilation cache); then calls are timed (each waited for with `block_until_ready`) until at least
   `--min_time` seconds and `--min_calls` calls; the rate uses the median call.
 * sequential: the same seeds trained one after another with a per-step `jax.jit` of
-  `train.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
-  training set and a per-seed permutation, packed with `train.pack_lines` when packing is on):
+  `step_lib.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
+  training set and a per-seed permutation, packed with `packing.pack_lines` when packing is on):
   only the per-step dispatch, the missing seed axis and the single device differ.
   `--seq_steps` steps per seed, one untimed compile step before.
 * with `--breakdown`, per depth (first `--layer_impl` only): the parts of one seed's step timed
@@ -49,7 +49,7 @@ LayerNorms and the embedding lookup excluded), T = real tokens of the step (batc
 length in target positions, i.e. words + EOS) and P = causal query-key pairs of the step's lines
 (sum over lines of T_line (T_line + 1) / 2; QK^T and attention-times-V, forward and backward).
 The padding fraction is the expected fraction of computed token positions that are padding
-(`train.padding_fraction` with the seeds of one device sharing a bucket).
+(`packing.padding_fraction` with the seeds of one device sharing a bucket).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ from sg_jax import step as step_lib  # noqa: E402
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns, train_layout)
 from sg_jax import layers  # noqa: E402
+from sg_jax import packing as packing_lib  # noqa: E402
+from sg_jax import input_pipeline  # noqa: E402
 
 
 def question_split(num_train: int, seed: int = 0):
@@ -92,9 +94,9 @@ def per_device(num_seeds: int, max_devices: int = 0) -> int:
 
 def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length: int,
                      max_devices: int = 0) -> float:
-  """Expected padding fraction of computed token positions (`train.padding_fraction`; seeds of
+  """Expected padding fraction of computed token positions (`packing.padding_fraction`; seeds of
   one device share a packing bucket)."""
-  return train.padding_fraction(config, lengths, per_device(num_seeds, max_devices),
+  return packing_lib.padding_fraction(config, lengths, per_device(num_seeds, max_devices),
                                 padded_length)
 
 
@@ -111,7 +113,7 @@ def padding_summary(args, split) -> str:
   seeds = "/".join(str(s) for s in args.seeds)
   devices = "/".join(str(sharding.num_seed_devices(s)) for s in args.seeds)
   return (f"{'; '.join(parts)} (at {seeds} seeds on {devices} devices; "
-          f"train.padding_fraction)")
+          f"packing.padding_fraction)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -561,7 +563,7 @@ def main(argv=None):
           f"{flops['tokens']:.1f} real tokens and {flops['total'] / 1e9:.3f} GFLOP "
           f"({flops['attention'] / flops['total']:.1%} attention) per seed-step")
     for num_seeds in args.seeds:
-      keys = train.seed_keys(list(range(num_seeds)))
+      keys = step_lib.seed_keys(list(range(num_seeds)))
       for packing, impl in [(p, i) for p in args.layouts for i in args.layer_impls]:
         config = make_config(depth, num_seeds, args, packing, impl)
         seq, device_counts = None, []

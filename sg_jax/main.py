@@ -26,14 +26,14 @@ import re
 import signal
 import sys
 
-STOP_EXIT_SECONDS = 2.0  # see train._StopSignal: the longest wait for the main thread to stop
+STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
 
 
 def _stop_during_imports(signum, frame):
   del frame
   os.write(2, f"stopped by signal {signum} during start-up (no checkpoint yet); rerun the same "
               f"command to resume\n".encode())
-  os._exit(75)  # train.EXIT_PREEMPTED; train is not imported yet
+  os._exit(75)  # workdir.EXIT_PREEMPTED; sg_jax is not imported yet
 
 
 if __name__ == "__main__":
@@ -62,6 +62,7 @@ from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
+from sg_jax import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file with an optional config string, e.g. configs/question.py:quick.",
@@ -128,9 +129,9 @@ def main(argv):
       # still writes, and its watchdog would take that for a lost process.
       sharding.sync_processes("sg_jax.main: trained")
       watchdog.stop()
-  except train.Preempted as e:
+  except workdir_lib.Preempted as e:
     sg_log.warning("%s; rerun the same command to resume", e)
-    _exit_at_once(train.EXIT_PREEMPTED)
+    _exit_at_once(workdir_lib.EXIT_PREEMPTED)
   except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
     if watchdog is not None:
       watchdog.check_now()  # e.g. a checkpoint save failed because another process died

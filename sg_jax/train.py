@@ -9,9 +9,6 @@ The loop blocks on the result of every compiled call before dispatching the next
 signal is acted on after the current call: calls are sized to take at most
 `train.max_call_seconds` (`workdir.CallSizer`). Metrics reach the host only at logging,
 evaluation and checkpoint intervals.
-
-The names of the modules above that callers use are re-exported here (`train.make_train_fns`,
-`train.pack_lines`, ...).
 """
 
 from __future__ import annotations
@@ -33,28 +30,21 @@ from sg_jax import composition
 from sg_jax import config_checks
 from sg_jax import evaluation
 from sg_jax import layers
-from sg_jax.analysis import uas
 from sg_jax import metric_logging
-from sg_jax import terms as terms_lib
 from sg_jax import model as model_lib
 from sg_jax import sharding
+from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
-# Re-exported: tests, benchmarks, scripts and notebooks use them as train.<name>.
-from sg_jax.input_pipeline import (check_vocabulary, load_data,  # noqa: F401
-                                   make_train_data, prepare_eval_batches)
+from sg_jax.analysis import uas
 from sg_jax.evaluator import make_eval_fn
-from sg_jax.packing import pack_lines, packing_capacities, padding_fraction  # noqa: F401
-from sg_jax.step import (DATA_KEY, DROPOUT_KEY, PARAMS_KEY, TrainFns, TrainState,  # noqa: F401
-                         apply_gradients, batch_indices, epoch_permutation, init_state,
-                         loss_and_grads, make_chunk_fn, make_optimizer, make_schedule,
-                         make_train_fns, seed_keys, train_step)
-from sg_jax.workdir import (CHANGEABLE_WITH_FLAG, EXIT_PREEMPTED,  # noqa: F401
-                            RESUMABLE_CHANGES, CallSizer, Preempted, StopSignal,
-                            check_workdir_config, check_writable, classify_config_change)
+from sg_jax.input_pipeline import load_data, make_train_data, prepare_eval_batches
+from sg_jax.packing import padding_fraction
+from sg_jax.step import TrainFns, TrainState, make_schedule, make_train_fns, seed_keys
+from sg_jax.tasks.io import run_data_dir
+from sg_jax.workdir import (CallSizer, Preempted, StopSignal, check_workdir_config,
+                            check_writable)
 
 log = logging.getLogger("sg_jax")
-_CallSizer = CallSizer  # the older private names
-_StopSignal = StopSignal
 
 
 # Rough training speed per device before anything is measured (FLOP/s of 6 x parameters x
@@ -328,7 +318,7 @@ def _term_arrays(config, task, workdir: str, host_data: dict) -> dict:
   if not terms_lib.active(config):
     return {}
   examples = composition.training_examples(
-      config, task, config.data.dir or os.path.join(workdir, "data"))
+      config, task, run_data_dir(config.data, workdir))
   num_lines, length = host_data["inputs"].shape
   return terms_lib.train_arrays(config, task, examples, length, num_lines)
 

@@ -7,6 +7,7 @@ import pytest
 
 from sg_jax import checkpointing, composition, config_checks, configlib, tasks, terms, train
 from sg_jax.tasks import mccoy
+from sg_jax import input_pipeline
 
 CONS = ("none", "PP", "RC-subj", "RC-obj", "RC-intrans")
 
@@ -111,8 +112,8 @@ def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
   appended disambiguating ones included), row for row with the training data."""
   config = tiny_config(**{"num_seeds": 2, "data.num_disambiguating": (0, 20),
                           "sas.lambdas": (0.0, 0.01)})
-  task, _, splits = train.load_data(config, str(tmp_path))
-  data, _ = train.make_train_data(config, splits["train"], 2)
+  task, _, splits = input_pipeline.load_data(config, str(tmp_path))
+  data, _ = input_pipeline.make_train_data(config, splits["train"], 2)
   examples = composition.training_examples(config, task, config.data.dir)
   arcs = terms.train_arrays(config, task, examples, data["inputs"].shape[1],
                             num_lines=data["inputs"].shape[0])

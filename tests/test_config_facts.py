@@ -10,6 +10,7 @@ import pytest
 
 from sg_jax import config_checks
 from sg_jax import configlib
+from sg_jax import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,21 +63,21 @@ def test_validation_of_the_model_section_is_the_model_configs(arg, field, load_c
 def test_compiled_functions_are_cached_on_all_but_the_resumable_fields(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel  (imports jax)
   base = lambda: load_config("question", "quick,optim.decay_steps=5000")
-  fns = train.make_train_fns(base(), 20)
+  fns = step_lib.make_train_fns(base(), 20)
   for field, value in (("train.log_every", 7), ("eval.every", 9), ("checkpoint.every", 11),
                        ("train.steps_per_call", 3), ("train.num_steps", 123), ("num_devices", 1)):
     c = base()
     configlib.set_field(c, field, value)
-    assert train.make_train_fns(c, 20) is fns, field
+    assert step_lib.make_train_fns(c, 20) is fns, field
   for field, value in (("optim.b1", 0.8), ("model.dropout", 0.2), ("data.seed", 5),
                        ("train.batch_size", 4), ("task", "tense")):
     c = base()
     configlib.set_field(c, field, value)
-    assert train.make_train_fns(c, 20) is not fns, field
+    assert step_lib.make_train_fns(c, 20) is not fns, field
   c = base()
   c.train.new_step_option = 1  # a field read inside the step tomorrow: never a stale function
-  assert train.make_train_fns(c, 20) is not fns
+  assert step_lib.make_train_fns(c, 20) is not fns
   # The step count shapes the functions when the learning-rate schedule ends at it.
   c, d = (load_config("question", "quick,optim.decay_steps=0") for _ in range(2))
   d.train.num_steps = 999
-  assert train.make_train_fns(c, 20) is not train.make_train_fns(d, 20)
+  assert step_lib.make_train_fns(c, 20) is not step_lib.make_train_fns(d, 20)

@@ -12,6 +12,7 @@ import pytest
 from sg_jax import config_checks
 from sg_jax import configlib
 from sg_jax import metric_logging
+from sg_jax import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,7 +92,7 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(load_config):
   c = load_config("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
                        "optim.cooldown_steps=400")
   config_checks.validate(c)
-  lr = train.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
+  lr = step_lib.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
   expected = {0: 0.0, 50: 5e-4, 100: 1e-3, 400: 1e-3, 600: 1e-3, 800: 5e-4, 1000: 0.0,
               5000: 0.0}
   for step, value in expected.items():
@@ -105,7 +106,7 @@ def test_grok_cpu_preset_cools_down_at_its_last_step(load_config):
   assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
   assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (6, 128, 4)
   for steps in (30_000, 50_000):  # the cool-down follows a changed step count
-    lr = train.make_schedule(c.optim, steps)
+    lr = step_lib.make_schedule(c.optim, steps)
     assert float(lr(steps - 10_000)) == pytest.approx(3e-4)
     assert float(lr(steps - 5_000)) == pytest.approx(1.5e-4)
     assert float(lr(steps)) == 0.0

@@ -8,6 +8,7 @@ import pytest
 
 from sg_jax import model as model_lib
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
+from sg_jax import packing
 
 LAYERS, HEADS, HEAD_DIM, D_MODEL, VOCAB = 2, 4, 8, 32, 20
 
@@ -192,7 +193,7 @@ def test_sown_intermediates_in_the_packed_layout_and_one_layers_attention():
   model, params = _model()
   lengths = jnp.asarray([5, 3, 6])
   inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], _tokens(6, (3, 6)), 0)
-  rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
+  rows = packing.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
   tokens = rows.pop("inputs")
   del rows["targets"]
   _, got = apply_with_intermediates(model, params, tokens, **rows)

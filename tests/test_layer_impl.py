@@ -13,6 +13,7 @@ from sg_jax import layers
 from sg_jax import model as model_lib
 from sg_jax import objectives
 from sg_jax import step as step_lib
+from sg_jax import input_pipeline
 
 VOCAB = 20
 
@@ -183,10 +184,10 @@ def test_training_steps_with_plain_layers_equal_tuned(tiny_config, tmp_path):
   losses, params, fns_of = {}, {}, {}
   for impl in ("tuned", "plain"):
     config = tiny_config(**{"model.layer_impl": impl, "train.packing": False})
-    _, vocab, splits = train.load_data(config, str(tmp_path))
-    host, caps = train.make_train_data(config, splits["train"], 2)
+    _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+    host, caps = input_pipeline.make_train_data(config, splits["train"], 2)
     fns = fns_of[impl] = step_lib.make_train_fns(config, vocab.size, caps)
-    state = fns.init(train.seed_keys([0, 1]))
+    state = fns.init(step_lib.seed_keys([0, 1]))
     state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host),
                       jnp.asarray(0, jnp.int32), 5)
     losses[impl] = np.asarray(state.sums["loss"])

@@ -12,6 +12,7 @@ from sg_jax import decoding
 from sg_jax import intermediates
 from sg_jax import layers
 from sg_jax import model as model_lib
+from sg_jax import packing
 
 
 def _model(**kw):
@@ -62,20 +63,20 @@ def test_extra_attention_mask_is_applied():
 
 def _three_packed_lines(seed: int):
   """(lengths [3], padded inputs [3, 6], packed row tokens [1, 16], model kwargs of the row) of
-  three random lines of 5, 3 and 6 tokens packed with `train.pack_lines`."""
+  three random lines of 5, 3 and 6 tokens packed with `packing.pack_lines`."""
   from sg_jax import train  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(seed)
   lengths = jnp.asarray([5, 3, 6])
   inputs = jnp.asarray(rng.integers(1, 20, size=(3, 6)), jnp.int32)
   inputs = jnp.where(jnp.arange(6)[None] < lengths[:, None], inputs, 0)
-  rows = train.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
+  rows = packing.pack_lines(inputs, inputs, lengths, jnp.asarray([0, 1, 2]), capacity=16)
   tokens = rows.pop("inputs")
   del rows["targets"]
   return lengths, inputs, tokens, rows
 
 
 def test_packed_row_with_line_indices_equals_the_padded_batch():
-  """Three lines packed into one row (`train.pack_lines` layout) give the padded batch's logits
+  """Three lines packed into one row (`packing.pack_lines` layout) give the padded batch's logits
   at every line token, its attention weights in the line layout, and the same dropout masks."""
   model, params = _model(dropout=0.3)
   lengths, inputs, tokens, rows = _three_packed_lines(seed=1)

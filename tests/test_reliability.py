@@ -20,6 +20,9 @@ from sg_jax import metric_logging
 from sg_jax import tasks
 from sg_jax import train
 from sg_jax.tasks import vocab as vocab_lib
+from sg_jax import workdir as workdir_lib
+from sg_jax import step as step_lib
+from sg_jax import input_pipeline
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +94,7 @@ def test_sigterm_checkpoints_exits_75_and_resume_equals_uninterrupted(data_dir, 
   wait_for_checkpoint(proc, workdir, 20)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=300)
-  assert proc.returncode == train.EXIT_PREEMPTED, err[-2000:]
+  assert proc.returncode == workdir_lib.EXIT_PREEMPTED, err[-2000:]
   steps = checkpointing.all_steps(workdir)
   assert steps[-1] < STEPS, steps
   # The signal-triggered checkpoint is the step the run stopped at (metrics end there too).
@@ -159,7 +162,7 @@ def test_checkpoint_of_other_shapes_is_a_mismatch_and_is_not_moved(reference, tm
   config.model.d_model = 64
   with open(os.path.join(workdir, "vocab.json")) as f:
     vocab = vocab_lib.Vocab.from_json(f.read())
-  fns = train.make_train_fns(config, vocab.size)
+  fns = step_lib.make_train_fns(config, vocab.size)
   target = jax.eval_shape(fns.init, jax.ShapeDtypeStruct((2, 2), np.uint32))
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   try:
@@ -231,7 +234,7 @@ def test_signal_during_start_up_exits_75_in_one_line(data_dir, env, tmp_path, si
                                                      delay):
   code, err, seconds = _stop_during_start_up(data_dir, env, str(tmp_path / "run"), sig,
                                              after_line, delay)
-  assert code == train.EXIT_PREEMPTED, err[-3000:]
+  assert code == workdir_lib.EXIT_PREEMPTED, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
   assert f"stopped by signal {int(sig)}" in last and "rerun the same command" in last, err
@@ -283,7 +286,7 @@ def test_unknown_word_in_data_names_file_and_line(data_dir, tmp_path):
   config = configlib.base_config("question")
   config.data.dir = str(bad)
   with pytest.raises(tasks.DataError) as error:
-    train.load_data(config, str(tmp_path))
+    input_pipeline.load_data(config, str(tmp_path))
   message = str(error.value)
   assert message.startswith(f"{bad / 'question_bracket.dev'}:3: "), message
   assert "word 'blorp' is not in the question vocabulary" in message, message

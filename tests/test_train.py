@@ -13,6 +13,11 @@ import pytest
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import train
+from sg_jax import workdir as workdir_lib
+from sg_jax import step as step_lib
+from sg_jax import packing
+from sg_jax import input_pipeline
+from sg_jax import evaluator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,9 +28,9 @@ def flat(tree):
 
 def _train_params(config, vocab, split, seeds, steps, packing=False):
   config.train.packing = packing
-  host, capacities = train.make_train_data(config, split, len(seeds))
-  fns = train.make_train_fns(config, vocab.size, capacities)  # cached per group size
-  state = fns.init(train.seed_keys(seeds))
+  host, capacities = input_pipeline.make_train_data(config, split, len(seeds))
+  fns = step_lib.make_train_fns(config, vocab.size, capacities)  # cached per group size
+  state = fns.init(step_lib.seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
                     steps)
   return jax.device_get(state.params), capacities
@@ -33,7 +38,7 @@ def _train_params(config, vocab, split, seeds, steps, packing=False):
 
 def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
   config = tiny_config()
-  _, vocab, splits = train.load_data(config, str(tmp_path))
+  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
   together, _ = _train_params(config, vocab, splits["train"], [5, 6, 7], 50)
   for i, seed in enumerate((5, 6, 7)):
     alone, _ = _train_params(config, vocab, splits["train"], [seed], 50)
@@ -47,7 +52,7 @@ def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
 def test_packed_training_equals_padded_training_with_dropout(tiny_config, tmp_path):
   config = tiny_config()
   assert config.model.dropout == 0.1
-  _, vocab, splits = train.load_data(config, str(tmp_path))
+  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
   padded, none = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=False)
   packed, caps = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=True)
   # The largest bucket holds the 8 longest lines together (rounded up to a multiple of 8).
@@ -60,7 +65,7 @@ def test_pack_lines_lays_out_lines_with_own_positions_and_line_indices():
   inputs = jnp.asarray([[9, 1, 2, 0], [9, 3, 0, 0], [9, 4, 5, 6]])
   targets = jnp.asarray([[1, 2, 8, 0], [3, 8, 0, 0], [4, 5, 6, 8]])
   lengths = jnp.asarray([3, 2, 4])
-  rows = train.pack_lines(inputs, targets, lengths, jnp.asarray([2, 1]), capacity=8)
+  rows = packing.pack_lines(inputs, targets, lengths, jnp.asarray([2, 1]), capacity=8)
   np.testing.assert_array_equal(rows["inputs"][0], [9, 4, 5, 6, 9, 3, 0, 0])
   np.testing.assert_array_equal(rows["targets"][0], [4, 5, 6, 8, 3, 8, 0, 0])
   np.testing.assert_array_equal(rows["positions_BxL"][0], [0, 1, 2, 3, 0, 1, 0, 0])
@@ -75,13 +80,13 @@ def test_pack_lines_lays_out_lines_with_own_positions_and_line_indices():
 
 def test_padding_fraction_of_packed_rows_is_small(tiny_config, tmp_path):
   config = tiny_config()
-  _, _, splits = train.load_data(config, str(tmp_path))
+  _, _, splits = input_pipeline.load_data(config, str(tmp_path))
   lengths, width = splits["train"].lengths, splits["train"].inputs.shape[1]
   config.train.packing = False
-  padded = train.padding_fraction(config, lengths, 4, width)
+  padded = packing.padding_fraction(config, lengths, 4, width)
   np.testing.assert_allclose(padded, 1 - lengths.mean() / width)
   config.train.packing = True
-  packed = train.padding_fraction(config, lengths, 4, width)
+  packed = packing.padding_fraction(config, lengths, 4, width)
   assert packed < 0.5 * padded
 
 
@@ -169,13 +174,13 @@ def test_config_changes_on_resume_free_flag_and_never(tiny_config, tmp_path, sna
                                  str(tmp_path), tensorboard=False)
   assert out["step"] == 10
   ends_at_num_steps = {"optim": {"decay_steps": 0}}
-  assert train.classify_config_change("train.num_steps", ends_at_num_steps,
+  assert workdir_lib.classify_config_change("train.num_steps", ends_at_num_steps,
                                       ends_at_num_steps) == "flag"
-  assert train.classify_config_change("train.num_steps", {}, {}) == "free"
+  assert workdir_lib.classify_config_change("train.num_steps", {}, {}) == "free"
 
 
 def test_call_sizer_fits_calls_under_the_time_limit():
-  sizer = train._CallSizer(100, 10.0, guess_seconds_per_step=3.0)
+  sizer = workdir_lib.CallSizer(100, 10.0, guess_seconds_per_step=3.0)
   assert sizer.size_at(0) == 2  # largest divisor of 100 with 3 s x steps <= 10 s
   sizer.observe(2, 30.0)  # first call of this size: includes compilation, ignored
   assert sizer.size_at(2) == 2
@@ -184,9 +189,9 @@ def test_call_sizer_fits_calls_under_the_time_limit():
   sizer.observe(50, 100.0)  # first call of 50 steps (compilation)
   sizer.observe(50, 25.0)  # 0.5 s per step overruns: 20 steps
   assert sizer.size_at(100) == 20
-  assert train._CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
-  assert train._CallSizer(100, 10.0, 1e-6).size_at(0) == 100
-  assert train._CallSizer(100, 10.0, 60.0).size_at(0) == 1
+  assert workdir_lib.CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
+  assert workdir_lib.CallSizer(100, 10.0, 1e-6).size_at(0) == 100
+  assert workdir_lib.CallSizer(100, 10.0, 60.0).size_at(0) == 1
 
 
 def test_adapted_call_sizes_give_bit_identical_results(tiny_config, tmp_path, monkeypatch):
@@ -232,7 +237,7 @@ def test_sigterm_checkpoints_at_most_one_call_after_the_signal(tiny_config, tmp_
 
   config = tiny_config(**{"train.num_steps": 100})
   handler = signal.getsignal(signal.SIGTERM)
-  with pytest.raises(train.Preempted, match="checkpoint written at step 40") as e:
+  with pytest.raises(workdir_lib.Preempted, match="checkpoint written at step 40") as e:
     train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
   assert e.value.step == 40
   assert checkpointing.all_steps(str(tmp_path)) == [0, 20, 40]
@@ -292,7 +297,7 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
     tiny_config, tmp_path, monkeypatch):
   config = tiny_config()
   reference = train.train_and_evaluate(config, str(tmp_path / "reference"), tensorboard=False)
-  real_make_eval_fn = train.make_eval_fn
+  real_make_eval_fn = evaluator.make_eval_fn
 
   def make_eval_fn(*args, **kwargs):
     evaluate = real_make_eval_fn(*args, **kwargs)
@@ -308,7 +313,7 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
 
   monkeypatch.setattr(train, "make_eval_fn", make_eval_fn)
   workdir = str(tmp_path / "run")
-  with pytest.raises(train.Preempted, match="step 20 without its evaluation") as e:
+  with pytest.raises(workdir_lib.Preempted, match="step 20 without its evaluation") as e:
     train.train_and_evaluate(config, workdir, tensorboard=False)
   monkeypatch.undo()
   assert e.value.step == 20 and checkpointing.all_steps(workdir) == [0, 20]
@@ -326,7 +331,7 @@ def test_calls_measured_over_the_limit_shrink(tiny_config, tmp_path, monkeypatch
   takes 11 s, against a 10 s limit) shrinks the next ones, even by less than a fifth."""
   import time  # pylint: disable=import-outside-toplevel
   import types  # pylint: disable=import-outside-toplevel
-  sizer = train.CallSizer(100, 10.0, guess_seconds_per_step=1e-4)
+  sizer = workdir_lib.CallSizer(100, 10.0, guess_seconds_per_step=1e-4)
   assert sizer.size_at(0) == 100
   sizer.observe(100, 60.0)  # the first call of a size includes its compilation: ignored
   sizer.observe(100, 11.0)  # 0.11 s per step: 50 steps fit
