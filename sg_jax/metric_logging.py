@@ -147,3 +147,30 @@ def format_summary(result: dict, workdir: str) -> str:
             f"next: python -m sg_jax.analyze --workdir={quoted}",
             f"      python -m sg_jax.report --root={quoted}"]
   return "\n".join(lines)
+
+
+def logged_eval(table: MetricsTable, step: int, seeds: list[int]) -> dict:
+  """The evaluation rows of `step` already in `table` (metrics.csv), as {name: [S]} ({} if
+  incomplete: some metric lacks a seed).
+
+  Read by every process of a multi-process run (process 0 wrote it), so that all of them decide
+  alike whether to evaluate again: an evaluation is a collective step."""
+  if not os.path.exists(table.path):
+    return {}
+  values: dict = {}
+  for row in table.rows():
+    if row["step"] == step and row["name"].startswith(("in_domain/", "out_of_domain/")):
+      values.setdefault(row["name"], {})[row["seed"]] = row["value"]
+  if not values or any(set(v) != set(seeds) for v in values.values()):
+    return {}
+  return {name: np.asarray([v[s] for s in seeds]) for name, v in values.items()}
+
+
+def format_values(values) -> str:
+  """'[v0 v1 ...]' one value per seed, 3 decimals (log lines)."""
+  return "[" + " ".join(f"{float(v):.3f}" for v in np.asarray(values).reshape(-1)) + "]"
+
+
+def format_metrics(metrics: dict) -> str:
+  """'name [v0 v1 ...]  name [...]' of {name: [S]} (log lines)."""
+  return "  ".join(f"{k} {format_values(v)}" for k, v in metrics.items())

@@ -168,7 +168,7 @@ def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
     loop.summaries.write(step, loop.seeds, flat)
   # The log line leaves out the per-construction metrics (`<split>/<metric>/<tag>`).
   log.info("step %d eval: %s", step,
-           _fmt_metrics({k: v for k, v in flat.items() if k.count("/") == 1}))
+           metric_logging.format_metrics({k: v for k, v in flat.items() if k.count("/") == 1}))
   return flat
 
 
@@ -199,7 +199,10 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     mesh = sharding.seed_mesh(len(seeds), config.num_devices)
     per_device = len(seeds) // mesh.devices.size
     host_data, capacities = make_train_data(config, splits["train"], per_device)
-    host_data.update(_term_arrays(config, task, workdir, host_data))  # {} without terms
+    host_data.update(terms_lib.train_arrays(  # {} without active loss terms
+        config, task, lambda: composition.training_examples(config, task,
+                                                            run_data_dir(config.data, workdir)),
+        host_data["inputs"].shape[1], num_lines=host_data["inputs"].shape[0]))
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
     # removed, so that a failed first attempt leaves nothing behind.
@@ -296,31 +299,9 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     if summaries is not None:
       summaries.close()
   if not last_eval:  # the run had already finished: report its final evaluation again
-    last_eval = _logged_eval(table, step, seeds) or _log_eval(loop, step, state, write=False)
+    last_eval = metric_logging.logged_eval(table, step, seeds) or _log_eval(loop, step, state, write=False)
   return {"step": step, "seeds": seeds, "eval": last_eval, "state": state,
-          "trained_steps": step - loop.start_step, "per_seed": _per_seed_options(config)}
-
-
-def _per_seed_options(config) -> dict[str, np.ndarray]:
-  """{'<term>.lambda': [S]} each active loss term's strength per seed, for the closing table."""
-  return {f"{term.name}.lambda": terms_lib.seed_arrays(config, term)[f"{term.name}_lambda"]
-          for term in terms_lib.active(config)}
-
-
-def _term_arrays(config, task, workdir: str, host_data: dict) -> dict:
-  """The active loss terms' per-line arrays of the training set and per-seed strengths and
-  windows (`terms.train_arrays`; {} without active terms).
-
-  Raises:
-    ValueError: a term's own refusal, or the training examples do not match the training
-      arrays' rows (`terms.train_arrays`).
-  """
-  if not terms_lib.active(config):
-    return {}
-  examples = composition.training_examples(
-      config, task, run_data_dir(config.data, workdir))
-  num_lines, length = host_data["inputs"].shape
-  return terms_lib.train_arrays(config, task, examples, length, num_lines)
+          "trained_steps": step - loop.start_step, "per_seed": terms_lib.lambdas_per_seed(config)}
 
 
 def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
@@ -422,30 +403,6 @@ def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -
   return _log_eval(loop, step, state)
 
 
-def _logged_eval(table: metric_logging.MetricsTable, step: int, seeds: list[int]) -> dict:
-  """The evaluation rows of `step` already in metrics.csv, as {name: [S]} ({} if incomplete).
-
-  Read by every process of a multi-process run (process 0 wrote it), so that all of them decide
-  alike whether to evaluate again: an evaluation is a collective step."""
-  if not os.path.exists(table.path):
-    return {}
-  values: dict = {}
-  for row in table.rows():
-    if row["step"] == step and row["name"].startswith(("in_domain/", "out_of_domain/")):
-      values.setdefault(row["name"], {})[row["seed"]] = row["value"]
-  if not values or any(set(v) != set(seeds) for v in values.values()):
-    return {}
-  return {name: np.asarray([v[s] for s in seeds]) for name, v in values.items()}
-
-
-def _fmt_values(values) -> str:
-  return "[" + " ".join(f"{float(v):.3f}" for v in np.asarray(values).reshape(-1)) + "]"
-
-
-def _fmt_metrics(metrics: dict) -> str:
-  return "  ".join(f"{k} {_fmt_values(v)}" for k, v in metrics.items())
-
-
 def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   """Writes the training metrics of the steps since the last log; returns `state` with its
   running sums reset."""
@@ -471,7 +428,7 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   eta = (config.train.num_steps - step) / max(rate, 1e-9)
   # Two decimals: the reference size trains about 0.1 steps/s on a CPU.
   log.info("step %d/%d  loss %s  %.2f steps/s (%.1f seed-steps/s)  %s left",
-           step, config.train.num_steps, _fmt_values(metrics["train/loss"]), rate,
+           step, config.train.num_steps, metric_logging.format_values(metrics["train/loss"]), rate,
            rate * len(seeds), evaluation.format_duration(eta))
   zero = jax.tree_util.tree_map(jnp.zeros_like, state.sums)
   return state.replace(sums=zero)

@@ -18,7 +18,7 @@ the last log. Several terms may be active at once; they run through the one trai
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -166,13 +166,14 @@ def seed_arrays(config: ml_collections.ConfigDict, term: LossTerm) -> dict[str, 
           f"{term.name}_end": np.where(ends == 0, NO_END, ends).astype(np.int32)}
 
 
-def train_arrays(config: ml_collections.ConfigDict, task, examples: list, length: int,
-                 num_lines: int | None = None) -> dict[str, np.ndarray]:
+def train_arrays(config: ml_collections.ConfigDict, task, examples: list | Callable[[], list],
+                 length: int, num_lines: int | None = None) -> dict[str, np.ndarray]:
   """Everything the active terms add to the training data: each term's per-line arrays and its
   per-seed strengths and windows ({} without active terms).
 
   Args:
-    examples: the training set's examples (`composition.training_examples`), row for row.
+    examples: the training set's examples (`composition.training_examples`), row for row, or
+      a function returning them (called only when a term is active).
     length: the training arrays' padded length.
     num_lines: the training arrays' rows, checked against `examples` (None: not checked).
 
@@ -180,6 +181,10 @@ def train_arrays(config: ml_collections.ConfigDict, task, examples: list, length
     ValueError: the examples do not cover `num_lines` rows, or a term's own refusal (e.g. SAS
       on a task without gold dependencies).
   """
+  if not active(config):
+    return {}
+  if callable(examples):
+    examples = examples()
   if num_lines is not None and len(examples) != num_lines:
     raise ValueError(f"the loss terms' arrays cover {len(examples)} training lines but the "
                      f"training set has {num_lines}")
@@ -188,6 +193,13 @@ def train_arrays(config: ml_collections.ConfigDict, task, examples: list, length
     out.update(term.train_arrays(config, task, examples, length))
     out.update(seed_arrays(config, term))
   return out
+
+
+def lambdas_per_seed(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """{'<term>.lambda': float32 [S]} each active term's strength per seed (the closing table of
+  a run, `metric_logging.format_summary`)."""
+  return {f"{term.name}.lambda": seed_arrays(config, term)[f"{term.name}_lambda"]
+          for term in active(config)}
 
 
 def lambdas_at(data: dict, term: LossTerm, num_local: int, step: Array) -> Array:
