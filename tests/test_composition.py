@@ -117,7 +117,7 @@ def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
   examples = composition.training_examples(config, task, config.data.dir)
   arcs = terms.train_arrays(config, task, examples, data["inputs"].shape[1],
                             num_lines=data["inputs"].shape[0])
-  np.testing.assert_array_equal(arcs["sas_lambda"], [0.0, 0.01])
+  np.testing.assert_array_equal(arcs["sas_lambda"], np.float32([0.0, 0.01]))
   assert arcs["dep_head"].shape[0] == data["inputs"].shape[0] == len(splits["train"])
   extra = composition.extra_training_examples(config, task, config.data.dir)
   assert len(extra) == 20

@@ -316,9 +316,9 @@ def test_cached_decoding_logits_equal_the_full_forward_pass_per_line_position():
 def test_cached_decoding_refuses_dropout_and_missing_positions():
   model, params = _model()
   tokens = jnp.ones((2, 4), jnp.int32)
-  with pytest.raises(ValueError, match="decode=True needs deterministic"):
+  with pytest.raises(ValueError, match="decode=True needs causal attention, deterministic"):
     model.apply({"params": params}, tokens, decode=True, mutable=["cache"])
-  with pytest.raises(ValueError, match="decode=True needs deterministic"):
+  with pytest.raises(ValueError, match="decode=True needs causal attention, deterministic"):
     model.apply({"params": params}, tokens, decode=True, deterministic=False,
                 positions_BxL=jnp.zeros((2, 4), jnp.int32), mutable=["cache"],
                 rngs={"dropout": jax.random.key(0)})

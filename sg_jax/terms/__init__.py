@@ -1,6 +1,6 @@
 """Loss terms added to the training objective, each with per-seed strengths and step windows
-(`base.LossTerm`; docs/objectives.md "Loss terms"). A new term is one module with a registered
-`LossTerm` subclass and a config section of the same name."""
+(`base.LossTerm`; docs/objectives.md "Loss terms: the fields every term has"). A new term is one
+module with a registered `LossTerm` subclass and a config section of the same name."""
 
 from sg_jax.terms import sas  # noqa: F401  (registers `sas`)
 from sg_jax.terms.base import (LossTerm, active, lambdas_at, lambdas_per_seed,  # noqa: F401

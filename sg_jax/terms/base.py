@@ -1,5 +1,5 @@
 """Loss terms added to the training objective: `loss = objective loss + sum_t lambda_t(step) *
-penalty_t` (docs/objectives.md "Loss terms").
+penalty_t` (docs/objectives.md "Loss terms: the fields every term has").
 
 A term is a small frozen (hashable) object registered under a name; its config section
 `config.<name>` holds the generic per-seed fields every term has, read here once for all terms:
