@@ -31,8 +31,9 @@ class _DropOrbaxErrors(logging.Filter):
 class _DropOrbaxOrphanTasks(logging.Filter):
   """Drops asyncio's 'Task exception was never retrieved' reports of orbax's write tasks: after
   one array of a save fails, orbax stops waiting for the others, and those that fail too are
-  reported (with a traceback each) when they are garbage-collected. The save's failure is
-  reported by sg_jax in one line."""
+  reported (with a traceback each) when they are garbage-collected; a failed restore leaves its
+  unread arrays' tasks the same way (their exceptions name orbax's OCDBT database). The
+  failure is reported by sg_jax in one line."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     message = record.getMessage()
@@ -44,7 +45,7 @@ class _DropOrbaxOrphanTasks(logging.Filter):
     in_orbax = any(f"{os.sep}orbax{os.sep}" in frame.filename
                    for frame in traceback.extract_tb(tb)) if tb else False
     return not (in_orbax or f"{os.sep}orbax{os.sep}" in message
-                or ".orbax-checkpoint-tmp" in message)
+                or ".orbax-checkpoint-tmp" in message or "OCDBT database" in message)
 
 
 def setup_cli_logging() -> logging.Logger:

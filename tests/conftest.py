@@ -1,4 +1,5 @@
-"""Shared pytest configuration: custom markers, and what the training tests start from.
+"""Shared pytest configuration: the session's compilation cache, and what the training tests
+start from.
 
 A tiny run is the `tiny` preset of `sg_jax.configlib` (1 layer, d_model 32, 2 seeds, 40 steps,
 evaluations and checkpoints every 20, 400 training lines) on `tiny_data`: question-formation
@@ -19,17 +20,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # JAX's persistent compilation cache of the session (set before JAX is imported): the tests'
 # own compilations and every `sg_jax.main`/`sg_jax.analyze` they start share one folder, so a
 # program is compiled once per session, and nothing is written into the user's cache
-# (sg_jax.compile_cache.default_dir reads this variable first).
+# (sg_jax.compile_cache.default_dir reads this variable first). The tests' programs are small
+# (most compile in well under JAX's default 1 s minimum), so every program is written.
 JAX_CACHE_DIR = tempfile.mkdtemp(prefix="sg_jax_test_jax_cache_")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE_DIR
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 atexit.register(shutil.rmtree, JAX_CACHE_DIR, ignore_errors=True)
 
 TINY_DATA = {"seed": 0, "num_train": 400,  # num_train as configlib.TINY
              "sizes": {"dev": 100, "test": 100, "gen": 100}}
-
-
-def pytest_configure(config):
-  config.addinivalue_line("markers", "tfds: builds TFDS datasets (imports tensorflow_datasets)")
 
 
 def load_config_file(task, arg=None):
@@ -48,20 +47,27 @@ def load_config():
   return load_config_file
 
 
+# What a test-sized run leaves out unless the test asks for it (a field given to
+# `make_tiny_config` wins): the padded layout instead of packing (one train-step branch to
+# compile instead of one per row-capacity bucket) and no UAS evaluation (one evaluation program
+# less). The tests of packing and of UAS set these fields themselves.
+TEST_SIZED = {"train.packing": False, "eval.uas_lines": 0}
+
+
 def make_tiny_config(data_dir, task="question", **fields):
-  """The `tiny` preset of `task` reading its data from `data_dir`.
+  """The `tiny` preset of `task` reading its data from `data_dir`, test-sized (`TEST_SIZED`).
 
   Args:
     data_dir: the data folder (`config.data.dir`).
     task: a registered task name.
     **fields: dotted config fields and their values, set last (e.g.
-      `**{"train.num_steps": 10}`).
+      `**{"train.num_steps": 10}`; `**{"train.packing": True}` packs).
   """
   from sg_jax import configlib  # pylint: disable=import-outside-toplevel  (collection stays light)
 
   config = configlib.apply_config_string(configlib.base_config(task), "tiny", configlib.PRESETS)
   config.data.dir = str(data_dir)
-  for field, value in fields.items():
+  for field, value in {**TEST_SIZED, **fields}.items():
     configlib.set_field(config, field, value)
   return config
 

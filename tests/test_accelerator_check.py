@@ -114,6 +114,7 @@ def test_the_blocker_refuses_this_machines_ml_collections_and_pytest(tmp_path):
         module, r.stderr)
 
 
+@pytest.mark.slow
 def test_cpu_smoke_runs_every_stage_with_only_the_carried_packages(tmp_path, carried_wheels):
   out = tmp_path / "out"
   r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "accelerator_check.sh"),

@@ -65,6 +65,7 @@ def _naive_chart(seed, sentence):
 # ---------------------------------------------------------------------------------- weight norm
 
 
+@pytest.mark.slow
 def test_weight_norm_matches_numpy_and_vmaps_over_seeds():
   p0, p1 = _params(0), _params(1)
   expect = [math.sqrt(sum(float(np.sum(np.square(np.asarray(x, np.float64))))
@@ -272,6 +273,7 @@ def test_packed_entropy_equals_padded_entropy():
     attention_entropy.attention_entropy_metrics(params_s, sentences, layout="bogus", **common)
 
 
+@pytest.mark.slow
 def test_packed_and_masked_pipelines_agree():
   sentences = _sentences()
   gold = [parseval.right_branching_tree([str(w) for w in s]) for s in sentences]
@@ -409,6 +411,7 @@ def test_device_bracket_counts_match_python():
 # -------------------------------------------------------------------------------------- drivers
 
 
+@pytest.mark.slow
 def test_pipeline_over_seeds_matches_per_sentence_computation():
   sentences = _sentences()
   gold = [parseval.right_branching_tree([str(w) for w in s]) for s in sentences]

@@ -39,6 +39,7 @@ def _rows(path):
     return [r for r in csv.reader(f) if len(r) == 4][1:]
 
 
+@pytest.mark.slow
 def test_writes_every_metric_then_nothing_new(workdir):
   result = analyze.analyze(workdir, num_sentences=12, batch_size=4)
   assert result["checkpoints_analysed"] == 2

@@ -166,6 +166,7 @@ _MODULE = textwrap.dedent('''
     ''')
 
 
+@pytest.mark.slow
 def test_command_lines_import_modules_that_register_quantities(workdir, tmp_path):
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)

@@ -25,6 +25,7 @@ def run_main(workdir, data_dir, cache, num_steps):
   return done.stderr
 
 
+@pytest.mark.slow
 def test_resume_loads_train_step_from_cache(tmp_path, tiny_data):
   cache, workdir = tmp_path / "cache", tmp_path / "run"
   first = run_main(workdir, tiny_data, cache, num_steps=20)

@@ -73,6 +73,7 @@ def _params_of(workdir, index):
                          for x in jax.tree_util.tree_leaves(state["params"])])
 
 
+@pytest.mark.slow
 def test_a_seed_in_a_mixed_group_equals_the_seed_trained_alone(tiny_config, tmp_path):
   import run_files  # pylint: disable=import-outside-toplevel  (tests/ is on the path)
   fields = {"train.num_steps": 30, "eval.every": 30, "checkpoint.every": 30, "num_seeds": 3,

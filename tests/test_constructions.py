@@ -85,6 +85,7 @@ def test_per_construction_metrics_equal_the_metric_on_each_construction_alone():
       ["accuracy"]), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_training_logs_out_of_domain_accuracy_per_construction(tiny_config, tmp_path):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
   import run_files  # pylint: disable=import-outside-toplevel  (tests/ is on the path)

@@ -19,9 +19,10 @@ from sg_jax import tasks
 from sg_jax.tasks import dyck, io, mccoy, pcfg, trees
 
 _REF = os.environ.get("SG_JAX_REFERENCE_DATA")
-pytestmark = pytest.mark.skipif(
+# Parsing every released file takes a minute or two: the full set only (pyproject.toml).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not _REF, reason="SG_JAX_REFERENCE_DATA is unset (set it to the reference data folder, "
-    "e.g. ../shared/data, to compare with the released files)")
+    "e.g. ../shared/data, to compare with the released files)")]
 
 
 def _ref(*parts) -> pathlib.Path:

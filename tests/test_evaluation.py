@@ -6,6 +6,7 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sg_jax import decoding
 from sg_jax import evaluation
@@ -188,6 +189,7 @@ def _tense_lines(num_lines: int, seed: int = 1):
   return vocab, task.encode(task.generate_examples(seed=seed, sizes=sizes)["gen"], vocab)
 
 
+@pytest.mark.slow
 def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_line():
   """Several seeds (vmapped) and depths, on generated tense lines whose task tokens sit at
   different positions; also with more steps than the lines leave room for (clamped positions)."""
@@ -217,6 +219,7 @@ def test_cached_greedy_decode_gives_the_full_forward_decoders_tokens_on_every_li
       assert not np.array_equal(old[0], old[1])
 
 
+@pytest.mark.slow
 def test_evaluation_with_and_without_kv_cache_agrees_and_logs_progress(monkeypatch):
   """`evaluator.make_eval_fn` (seed-vmapped, one call per batch): the same tense metrics with
   both decoders, and one progress update per batch with its number of real lines."""
@@ -334,6 +337,7 @@ def test_durations_in_logs_count_days():
   assert evaluation.format_duration(29 * 86400 + 3 * 3600 + 59) == "29 d 03 h"
 
 
+@pytest.mark.slow
 def test_a_second_evaluator_reuses_the_compiled_functions(monkeypatch, caplog):
   """A second run in one process (same model config, task options and shapes) gets the same
   jitted functions and compiles nothing; another task option or model builds new ones."""

@@ -48,6 +48,7 @@ def _rest_of_layer(layer_params, x_in, heads_BxLxHxP, mlp_override=None):
   return _layer_norm(x + ff, layer_params["norm2"])
 
 
+@pytest.mark.slow
 def test_all_ones_masks_equal_the_plain_model():
   """z = 1 everywhere: exactly the plain model without means (x * 1 is exact in floating
   point), within float rounding with means ((x - mu) + mu rounds to the nearest float of x's

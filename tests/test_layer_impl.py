@@ -179,6 +179,7 @@ def test_bad_layer_impl_or_matmul_precision_is_a_one_line_error(load_config):
     layers.resolve_layer_impl("Plain")
 
 
+@pytest.mark.slow
 def test_training_steps_with_plain_layers_equal_tuned(tiny_config, tmp_path):
   from sg_jax import train  # pylint: disable=import-outside-toplevel
   losses, params, fns_of = {}, {}, {}

@@ -259,6 +259,7 @@ def test_layer_norm_equals_flax_layer_norm_with_and_without_a_seed_axis():
       vmapped, *looped)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_parameters_and_tracks_float32_values():
   """`dtype='bfloat16'` (the bf16 compute option): parameters and their gradients stay float32,
   logits are float32 and within bf16 rounding of the float32 model's, also for packed rows."""
@@ -280,6 +281,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_tracks_float32_values():
     np.testing.assert_allclose(b, a, atol=0.05 * float(jnp.max(jnp.abs(a))) + 1e-6)
 
 
+@pytest.mark.slow
 def test_cached_decoding_logits_equal_the_full_forward_pass_per_line_position():
   """Prefix in one call, then one token per call with every line at its own position: each
   fed token's logits equal the full forward pass of its line at that position."""

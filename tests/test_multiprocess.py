@@ -16,6 +16,9 @@ from sg_jax import checkpointing
 from sg_jax import tasks
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
+# Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60
 KILLED_AT_SAVE = 40  # process 1 dies while this checkpoint is being written

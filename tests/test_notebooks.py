@@ -22,6 +22,9 @@ from importlib import metadata
 
 import pytest
 
+# Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
+pytestmark = pytest.mark.slow
+
 nbformat = pytest.importorskip("nbformat")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

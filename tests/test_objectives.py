@@ -93,6 +93,7 @@ def toy_training_config(data_dir, **fields):
   return config
 
 
+@pytest.mark.slow
 def test_toy_objective_and_term_train_with_per_seed_strengths(tiny_data, tmp_path):
   """prev_token trains (its loss falls); l2 with lambda 0 for seed 0 and 0.05 for
   seed 1: seed 0 equals the run without the term, seed 1 ends with smaller weights."""
@@ -126,6 +127,7 @@ def test_toy_objective_through_main(tiny_data, tmp_path):
   assert '"objective": "prev_token"' in open(os.path.join(workdir, "config.json")).read()
 
 
+@pytest.mark.slow
 def test_sas_through_the_body_equals_the_hand_written_regularised_loss():
   """One seed's step: `step.loss_and_grads` with the SAS term = value_and_grad of `LM loss +
   lambda * penalty` written out as the regulariser was before the body was shared."""
@@ -169,6 +171,7 @@ def test_sas_through_the_body_equals_the_hand_written_regularised_loss():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_bidirectional_attention_sees_its_whole_line_only_padded_and_packed():
   """With attention='bidirectional' a line's logits do not depend on the padding after it nor,
   in a packed row, on the other lines; and they depend on later tokens (unlike causal)."""

@@ -15,6 +15,9 @@ from sg_jax import checkpointing, prune
 from sg_jax.pruning import table
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
+# Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
+pytestmark = pytest.mark.slow
+
 
 SEEDS = [3, 5]
 STEP = 10

@@ -91,6 +91,7 @@ def _values(workdir):
               os.path.join(workdir, "pruning_core.csv"))}
 
 
+@pytest.mark.slow
 def test_core_sizes_inclusion_and_jaccards_are_the_hand_derived_values(workdir, result):
   v = _values(workdir)
   with open(os.path.join(workdir, "pruning_core.csv")) as f:
@@ -177,6 +178,7 @@ def test_core_ablation_rows_equal_the_forced_masks_scored_directly(workdir, resu
                                                                       "full/in_domain/loss")]
 
 
+@pytest.mark.slow
 def test_core_ablation_removes_the_core_heads_only_unless_all_units(workdir, result):
   """Step 0, seed 3, level 0.5, core 110010 (l0_h0, l0_h1 and l0_mlp): by default the core
   ablation removes the two heads and keeps l0_mlp; with ablate_units="all" (another output)

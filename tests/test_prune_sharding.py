@@ -11,6 +11,9 @@ import pytest
 
 from sg_jax.pruning import placement
 
+# Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""

@@ -69,6 +69,7 @@ def test_all_ones_gates_equal_the_unpruned_model():
   assert float(jnp.max(jnp.abs(plain))) > 0.1
 
 
+@pytest.mark.slow
 def test_means_are_over_real_tokens_and_a_pruned_head_outputs_its_mean():
   """The means equal a loop over the real tokens of each line alone (no padding in the sum),
   whatever the batch size; a closed head then outputs exactly that mean at every position, and
@@ -130,6 +131,7 @@ def _train_data(seed=0):
           "targets": jnp.asarray(means_lib.batch_lines(targets, 8))}
 
 
+@pytest.mark.slow
 def test_expected_sparsity_meets_the_target_at_the_end_of_pruning():
   """Two levels in one program (600 steps, the target rising over 400): the expected sparsity
   of the trained gates within 0.02 of each target, from every gate open."""
@@ -177,6 +179,7 @@ def test_binarised_masks_follow_the_per_group_rule():
   np.testing.assert_array_equal(mlp, [False, False])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [None, 1])
 def test_one_run_in_the_vmapped_batch_equals_the_run_alone(group):
   """2 training seeds x 3 runs (levels, pruning seeds), one program (the 3 runs vmapped

@@ -25,6 +25,9 @@ from sg_jax import step as step_lib
 from sg_jax import input_pipeline
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
+# Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100
 

@@ -129,6 +129,7 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   assert "## Seeds" in md and "[0.5, 0.9]" in md
 
 
+@pytest.mark.slow
 def test_single_workdir_and_cli(sweep_root, tmp_path):
   workdir = os.path.join(sweep_root, "depth2")
   out = str(tmp_path / "figs")
@@ -188,6 +189,7 @@ def _legends_outside_axes(fig):
   return bool(legends)
 
 
+@pytest.mark.slow
 def test_figures_keep_legends_off_the_data_fractions_in_range_and_state_sentences(sweep_root,
                                                                                      tmp_path):
   with open(os.path.join(sweep_root, "depth2", "analysis.csv.options.json"), "w") as f:

@@ -90,6 +90,7 @@ def run(tiny_config, tmp_path, name, **fields):
   return workdir, table
 
 
+@pytest.mark.slow
 def test_lambda_zero_mixed_group_window_and_packing(tiny_config, tmp_path):
   """lambda 0 = bit-identical to no regulariser; a seed of a mixed-lambda group = that seed
   alone (1e-5); a window leaves the learning-rate schedule alone; packed = padded."""

@@ -131,6 +131,7 @@ def test_toy_metric_counts_answer_tokens():
   assert (float(out["correct"]), float(out["total"])) == (want_right, want_total)
 
 
+@pytest.mark.slow
 def test_toy_task_trains_through_the_normal_loop(tiny_config, tmp_path):
   data_dir = tmp_path / "data"
   tasks.get_task("toy_reverse").generate(data_dir, seed=0)

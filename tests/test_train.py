@@ -36,6 +36,7 @@ def _train_params(config, vocab, split, seeds, steps, packing=False):
   return jax.device_get(state.params), capacities
 
 
+@pytest.mark.slow
 def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
   config = tiny_config()
   _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
@@ -49,6 +50,7 @@ def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
   assert np.abs(flat(jax.tree_util.tree_map(lambda x: x[0] - x[1], together))).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_packed_training_equals_padded_training_with_dropout(tiny_config, tmp_path):
   config = tiny_config()
   assert config.model.dropout == 0.1
@@ -269,6 +271,7 @@ def test_diverged_seed_keeps_its_last_finite_parameters(tiny_config, tmp_path):
                             flat(jax.tree_util.tree_map(lambda x: x[0], poisoned["params"])))
 
 
+@pytest.mark.slow
 def test_poisoned_seed_is_isolated(tiny_config, tmp_path):
   config = tiny_config(num_seeds=3)
   clean = train.train_and_evaluate(config, str(tmp_path / "clean"), tensorboard=False)

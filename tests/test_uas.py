@@ -125,6 +125,7 @@ def test_vectorised_equals_naive_loop_on_real_lines():
   np.testing.assert_allclose(np.asarray(got["weight"]), weight, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_over_seeds_equals_each_seed_alone():
   task = tasks.get_task("question")
   vocab = task.vocab()
@@ -148,7 +149,8 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path):
   from sg_jax.analysis import uas_quantity  # noqa: F401  (registers the quantity)
   from sg_jax import analyze
   from sg_jax.analysis import registry
-  config = tiny_config(**{"eval.dense_until": 10, "eval.dense_every": 5, "train.num_steps": 20,
+  config = tiny_config(**{"eval.uas_lines": 256, "eval.dense_until": 10, "eval.dense_every": 5,
+                          "train.num_steps": 20,
                           "checkpoint.every": 10})
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
