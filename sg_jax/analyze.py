@@ -59,11 +59,13 @@ from sg_jax import compile_cache
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import metric_logging
+from sg_jax import tasks
 from sg_jax.analysis import pipeline, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
 from sg_jax.cli_options import parse_list  # noqa: F401  (the CLI's --steps/--seeds parser)
 from sg_jax.model import ModelConfig
+from sg_jax.tasks import vocab as vocab_lib
 
 HEADER = ("step", "seed", "name", "value")
 # options files written before an option existed used these values.
@@ -250,9 +252,6 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
     ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
       from the file.
   """
-  from sg_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
-
   if num_sentences < 1:
     raise ValueError(f"--num_sentences must be >= 1, got {num_sentences}")
   requested = _check_groups(groups)

@@ -18,7 +18,9 @@ for head h; data_to_kv interleaves per head: [2hp, 2hp + p) are head h's keys an
 [2hp + p, 2hp + 2p) its values; the merge projection's INPUT features are [hp, hp + p) per head.
 The head count is not stored in the file (default 8, the released models; `--num_heads`).
 
-Input files: a torch pickle (`torch.load`; torch is an optional dependency needed only for that),
+Input files: a torch pickle (`torch.load(..., weights_only=True)`: tensors and plain containers
+only, so a file that would run code when unpickled is refused; torch is an optional dependency
+needed only for that),
 or a `.npz` holding the same keys (numpy only). A leading key prefix such as `module.` or `model.`
 is stripped. The output is an sg_jax checkpoint with one seed (`--seed_id`) at `--step`.
 
@@ -31,10 +33,18 @@ from __future__ import annotations
 import os
 import re
 import sys
+import zipfile
 from typing import Any, Mapping
 
+import jax
 import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
 
+from sg_jax import checkpointing
+from sg_jax import configlib
+from sg_jax import tasks
 from sg_jax.analysis.weight_norm import DECODER_NORM_META_KEY
 from sg_jax.model import ModelConfig, sinusoidal_positions
 
@@ -49,6 +59,11 @@ def _to_numpy(x: Any) -> np.ndarray:
   return np.asarray(x, dtype=np.float32)
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
 def load_state_dict(path: str) -> dict[str, np.ndarray]:
   """Reads a state_dict from a `.npz` (numpy) or a torch pickle (needs torch) as float32 numpy.
 
@@ -57,19 +72,29 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
   Raises:
     FileNotFoundError: missing file.
     ImportError: a torch file but torch is not installed.
-    ValueError: the file holds no state_dict.
+    ValueError: the file is truncated or corrupt, is a pickle holding more than tensors and
+      plain containers (refused: torch files are loaded with `weights_only=True`, so a malicious
+      pickle cannot run code), or holds no state_dict.
   """
   if not os.path.exists(path):
     raise FileNotFoundError(f"no such checkpoint file: {path}")
   if path.endswith(".npz"):
-    with np.load(path) as data:
-      return {k: _to_numpy(data[k]) for k in data.files}
+    try:
+      with np.load(path, allow_pickle=False) as data:
+        return {k: _to_numpy(data[k]) for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+      raise ValueError(f"cannot read {path} as a .npz state_dict: {_first_line(e)}") from e
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch  # pylint: disable=import-outside-toplevel  (optional: only for torch files)
   except ImportError as e:
     raise ImportError(f"reading {path} needs torch (pip install torch), or convert the "
                       "state_dict to .npz first") from e
-  obj = torch.load(path, map_location="cpu", weights_only=False)
+  try:
+    # weights_only: tensors and plain containers only; a pickle that would run code is refused.
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except  (torch raises RuntimeError, UnpicklingError, EOFError, ...)
+    raise ValueError(f"cannot read {path} as a PyTorch state_dict (loaded with "
+                     f"weights_only=True): {_first_line(e)}") from e
   for wrapper in ("state_dict", "model_state_dict", "model"):
     if isinstance(obj, Mapping) and isinstance(obj.get(wrapper), Mapping):
       obj = obj[wrapper]
@@ -256,10 +281,6 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
   Raises:
     ValueError: the vocabulary size differs from the task's.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from sg_jax import checkpointing, configlib, tasks  # pylint: disable=import-outside-toplevel
-
   vocab = tasks.get_task(task).vocab()
   if vocab.size != model_config.vocab_size:
     raise ValueError(f"the state_dict has {model_config.vocab_size} vocabulary rows but task "
@@ -291,10 +312,6 @@ def write_checkpoint(params: dict, model_config: ModelConfig, task: str, out: st
 
 
 def main(argv):
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from absl import logging  # pylint: disable=import-outside-toplevel
-
-  from sg_jax import checkpointing  # pylint: disable=import-outside-toplevel
   del argv
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
@@ -313,7 +330,6 @@ def main(argv):
 
 
 def _define_flags():
-  from absl import flags  # pylint: disable=import-outside-toplevel
   flags.DEFINE_string("checkpoint", None,
                       "state_dict file (torch pickle, or .npz of the same keys)")
   flags.DEFINE_string("task", None, "task of the model: question | tense | dyck")
@@ -325,6 +341,5 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
   app.run(main)

@@ -70,15 +70,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and data.")
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
-    "Resume a workdir whose config differs in fields that change the training from the resumed "
-    "step on but neither a parameter shape nor what a step is: the learning-rate schedule "
-    "(optim.learning_rate, optim.schedule, optim.warmup_steps, optim.decay_steps, "
-    "optim.cooldown_steps, and train.num_steps when optim.decay_steps is 0) and packing "
-    "(train.packing, train.packing_buckets). train.num_steps (otherwise), eval.*, "
-    "train.log_every, train.steps_per_call, train.max_call_seconds, checkpoint.* and "
-    "num_devices may change without this flag. The model, task, data, seeds (num_seeds, "
-    "first_seed), train.batch_size and the other optim fields can never change on resume "
-    "(refused even with this flag): use another --workdir.")
+    workdir_lib.config_change_help())
 _TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False,

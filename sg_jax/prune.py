@@ -48,6 +48,7 @@ from absl import app
 from absl import flags
 
 from sg_jax import checkpointing
+from sg_jax import input_pipeline
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax.cli_options import check_options, parse_list, step_selection
@@ -59,6 +60,7 @@ from sg_jax.pruning import objective as objective_lib
 from sg_jax.pruning import placement
 from sg_jax.pruning import run as run_lib
 from sg_jax.pruning import table
+from sg_jax.tasks import vocab as vocab_lib
 
 log = py_logging.getLogger("sg_jax.prune")
 
@@ -140,9 +142,6 @@ def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_
   Raises:
     ValueError: the task has no file of `split`.
   """
-  from sg_jax import input_pipeline  # pylint: disable=import-outside-toplevel
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
-
   config = restored.config
   task, _, splits = input_pipeline.load_data(config, workdir)
   out = {"task": task, "train": _lines(splits["train"], num_lines, batch_size)}
@@ -169,8 +168,6 @@ def seed_inputs(restored, seeds: list[int], data: dict):
     (ModelConfig with max_len covering every line (`run.pruning_model_config`), Vocab, params [S, ...], (head means float32
     [S, num_layers, num_heads, head_dim], MLP means float32 [S, num_layers, d_model])).
   """
-  from sg_jax.tasks import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
-
   vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
   longest = max(data["train"]["inputs"].shape[-1],
                 *(b["inputs"].shape[-1] for b in data["eval"].values()))

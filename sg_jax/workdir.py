@@ -43,6 +43,20 @@ CHANGEABLE_WITH_FLAG = ("train.num_steps", "optim.learning_rate", "optim.schedul
                         "model.layer_impl", "model.matmul_precision")
 
 
+def config_change_help() -> str:
+  """The `--allow_config_change` flag's help, built from RESUMABLE_CHANGES and
+  CHANGEABLE_WITH_FLAG so that the text and the resume rules cannot disagree."""
+  flag = ", ".join(CHANGEABLE_WITH_FLAG)
+  free = ", ".join(f"{p}*" if p.endswith(".") else p for p in RESUMABLE_CHANGES)
+  return ("Resume a workdir whose config differs in fields that change the training from the "
+          "resumed step on (or only its float rounding) but neither a parameter shape nor what a "
+          f"step is: {flag} (train.num_steps needs this flag only when optim.decay_steps is 0, "
+          "i.e. the schedule ends at it). These may change without the flag: "
+          f"{free}. Every other field (the model's shape, task, data, seeds, objective, loss "
+          "terms, train.batch_size, the other optim fields) can never change on resume (refused "
+          "even with this flag): use another --workdir.")
+
+
 class Preempted(Exception):
   """Raised when a SIGTERM/SIGINT stopped the run; `main` exits with EXIT_PREEMPTED.
 

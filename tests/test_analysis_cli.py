@@ -86,6 +86,8 @@ def test_writes_every_metric_then_nothing_new(workdir):
 
 
 def test_refuses_other_options_and_bad_arguments(workdir):
+  # the file's options are recorded by a first (cheap) call; other options are then refused.
+  analyze.analyze(workdir, num_sentences=12, steps=[0], seeds=[3], groups=["weight_norm"])
   with pytest.raises(ValueError, match="other options"):
     analyze.analyze(workdir, num_sentences=7)
   with pytest.raises(ValueError, match="not in the run"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +144,67 @@ def test_torch_file(tmp_path):
   params, config = convert_torch.convert_state_dict(convert_torch.load_state_dict(path),
                                                     num_heads=H)
   _check_logits(params, config, sd)
+
+
+def test_corrupt_npz_is_one_line_naming_the_file(tmp_path):
+  sd = _state_dict(2)
+  path = os.path.join(tmp_path, "model.npz")
+  np.savez(path, **sd)
+  with open(path, "rb") as f:
+    head = f.read(200)
+  with open(path, "wb") as f:  # truncated
+    f.write(head)
+  with pytest.raises(ValueError, match=r"cannot read .*model\.npz") as e:
+    convert_torch.load_state_dict(path)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_cli_corrupt_file_one_line(tmp_path):
+  path = os.path.join(tmp_path, "model.npz")
+  with open(path, "wb") as f:
+    f.write(b"PK\x03\x04 not really a zip archive")
+  out = subprocess.run(
+      [sys.executable, "-m", "sg_jax.convert_torch", f"--checkpoint={path}", "--task=question",
+       f"--out={tmp_path}/converted"], capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.returncode == 1
+  lines = [l for l in out.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: cannot read") and path in lines[0], \
+      out.stderr
+  assert not os.path.exists(os.path.join(tmp_path, "converted"))
+
+
+def test_torch_file_truncated_or_unsafe(tmp_path):
+  torch = pytest.importorskip("torch")
+  sd = _state_dict(2)
+  path = os.path.join(tmp_path, "model.pt")
+  torch.save({k: torch.from_numpy(v) for k, v in sd.items()}, path)
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:len(data) // 2])
+  with pytest.raises(ValueError, match=r"cannot read .*model\.pt as a PyTorch") as e:
+    convert_torch.load_state_dict(path)
+  assert "\n" not in str(e.value)
+  # A pickle that would call a function when loaded is refused (weights_only=True), and the
+  # function never runs.
+  marker = os.path.join(tmp_path, "ran")
+  evil = os.path.join(tmp_path, "evil.pt")
+  torch.save({"x": _Evil(marker)}, evil)
+  with pytest.raises(ValueError, match="weights_only=True"):
+    convert_torch.load_state_dict(evil)
+  assert not os.path.exists(marker)
+
+
+class _Evil:
+  """Unpickling calls `open(marker, 'w')`: a stand-in for arbitrary code in a pickle."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (open, (self.marker, "w"))
 
 
 def test_write_checkpoint_round_trip(tmp_path):

@@ -52,12 +52,12 @@ def test_flat_noise_has_no_onset_and_bad_input_is_refused():
   steps = np.arange(0, 5_000, 50)
   got = onsets.onset(steps, 0.5 + rng.normal(0, 0.05, steps.size))
   assert math.isnan(got.step)
-  with pytest.raises(ValueError, match="at least 3 finite points"):
-    onsets.onset([0, 1, 2], [0.0, math.nan, 1.0])
+  with pytest.raises(ValueError, match=f"at least {onsets.MIN_POINTS} finite points"):
+    onsets.onset(np.arange(onsets.MIN_POINTS), np.r_[0.0, math.nan, np.ones(onsets.MIN_POINTS - 2)])
   with pytest.raises(ValueError, match="strictly increasing"):
-    onsets.onset([0, 2, 1], [0.0, 0.5, 1.0])
+    onsets.onset(np.r_[0, 2, 1, 3:12], np.linspace(0, 1, 12))
   with pytest.raises(ValueError, match="direction"):
-    onsets.onset([0, 1, 2], [0.0, 0.5, 1.0], "up")
+    onsets.onset(np.arange(12), np.linspace(0, 1, 12), "up")
 
 
 def test_workdir_onsets_per_seed(tmp_path):
@@ -105,6 +105,26 @@ def test_cli_prints_and_writes(tmp_path, capsys):
   onsets.main([f"--workdir={tmp_path}"])
   out = capsys.readouterr().out.splitlines()
   assert out[1].split() == ["0", "-", "1200", "-", "-"]
+  assert out[-1] == f"wrote {os.path.join(tmp_path, 'onsets.csv')}"
   assert os.path.exists(os.path.join(tmp_path, "onsets.csv"))
   with pytest.raises(SystemExit, match="error: "):
     onsets.main([f"--workdir={tmp_path / 'missing'}"])
+
+
+def test_cli_refuses_a_curve_of_too_few_points(tmp_path, capsys):
+  """A loss logged every 500 steps of a 1,000-step run (3 points) gives no onset: refused in one
+  line that says how to log more points; the report's reading gives NO_ONSET instead."""
+  rows = [(s, 0, "train/loss", v) for s, v in ((0, 3.0), (500, 1.0), (1000, 0.9))]
+  rows += [(s, 0, "in_domain/accuracy", float(v))
+           for s, v in zip(range(0, 1001, 100), sigmoid(np.arange(0, 1001, 100), 400, 50))]
+  with open(os.path.join(tmp_path, "metrics.csv"), "w") as f:
+    f.write(long_csv.HEADER + long_csv.format_rows(rows))
+  with pytest.raises(SystemExit) as e:
+    onsets.main([f"--workdir={tmp_path}"])
+  message = str(e.value.code)
+  assert message.startswith("error: loss_drop onset: train/loss has only 3 logged points")
+  assert "dense_until" in message and "\n" not in message
+  assert not os.path.exists(os.path.join(tmp_path, "onsets.csv"))
+  lenient = onsets.workdir_onsets(str(tmp_path))
+  assert math.isnan(lenient[0]["loss_drop"].step)
+  assert lenient[0]["in_domain"].step == pytest.approx(400, abs=100)

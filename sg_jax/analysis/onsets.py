@@ -34,9 +34,11 @@ smoothing kernel keeps it there, so the onset of `a + b / (1 + exp(-(t - t0) / w
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
+import sys
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -45,6 +47,12 @@ from sg_jax import fileio
 from sg_jax import long_csv
 
 MAX_GRID = 20_000
+# The fewest finite points an onset is located from. Step 4 compares the change over
+# [onset - 2 sigma, onset + 2 sigma], sigma = 2 median gaps: a window of 8 gaps. A curve of
+# fewer than 9 points lies inside one window, so its change cannot be told from its noise and
+# the "onset" is wherever the smoothing's edge effects put the largest slope (a 3-point loss curve
+# gave step 500 for every seed). Such curves are refused, not guessed.
+MIN_POINTS = 9
 SIGNALS = {  # name -> (metric names, first present is used; direction)
     "structure": (("in_domain/uas", "uas"), "rise"),
     "loss_drop": (("train/loss",), "fall"),
@@ -105,8 +113,8 @@ def smooth(steps: Sequence[float], values: Sequence[float], sigma: float | None 
     (grid steps [G], smoothed values [G], sigma used).
 
   Raises:
-    ValueError: steps and values differ in length, steps not increasing, fewer than 3 finite
-      points, or sigma < 0.
+    ValueError: steps and values differ in length, steps not increasing, fewer than
+      `MIN_POINTS` finite points, or sigma < 0.
   """
   steps = np.asarray(steps, np.float64)
   values = np.asarray(values, np.float64)
@@ -115,8 +123,9 @@ def smooth(steps: Sequence[float], values: Sequence[float], sigma: float | None 
                      f"{values.shape}")
   keep = np.isfinite(values)
   steps, values = steps[keep], values[keep]
-  if steps.size < 3:
-    raise ValueError(f"an onset needs at least 3 finite points, got {steps.size}")
+  if steps.size < MIN_POINTS:
+    raise ValueError(f"an onset needs at least {MIN_POINTS} finite points (MIN_POINTS), got "
+                     f"{steps.size}")
   gaps = np.diff(steps)
   if np.any(gaps <= 0):
     raise ValueError("steps must be strictly increasing")
@@ -178,28 +187,44 @@ def series_of(rows: Sequence[tuple]) -> dict[str, dict[int, tuple[np.ndarray, np
 
 
 def seed_onsets(series: Mapping[str, Mapping[int, tuple]], *, sigma: float | None = None,
-                min_snr: float = 3.0) -> dict[int, dict[str, Onset]]:
+                min_snr: float = 3.0, strict: bool = False) -> dict[int, dict[str, Onset]]:
   """`SIGNALS` onsets of every seed.
 
   Args:
     series: `series_of` output (or `report.reading.Run.series`: metrics.csv and analysis.csv
       merged).
     sigma, min_snr: as `onset`.
+    strict: refuse a signal the run logged at too few points (the CLI) instead of giving it no
+      onset (the report, which draws what it can).
 
   Returns:
-    {seed: {signal: Onset}}; a signal the run did not log, or with fewer than 3 points, is
-    `NO_ONSET`.
+    {seed: {signal: Onset}}; a signal the run did not log is `NO_ONSET`, and so is one with
+    fewer than `MIN_POINTS` finite points unless `strict`.
+
+  Raises:
+    ValueError (only if `strict`): a logged signal with fewer than `MIN_POINTS` finite points
+      for some seed, naming the signal, its metric, the seeds and the count.
   """
   seeds = sorted({s for by_seed in series.values() for s in by_seed})
   out: dict[int, dict[str, Onset]] = {s: {} for s in seeds}
   for signal, (names, direction) in SIGNALS.items():
     name = next((n for n in names if n in series), None)
+    sparse = {}
     for seed in seeds:
       curve = series.get(name, {}).get(seed) if name else None
-      if curve is None or np.sum(np.isfinite(curve[1])) < 3:
+      points = 0 if curve is None else int(np.sum(np.isfinite(curve[1])))
+      if points < MIN_POINTS:
+        if points:
+          sparse[seed] = points
         out[seed][signal] = NO_ONSET
         continue
       out[seed][signal] = onset(curve[0], curve[1], direction, sigma=sigma, min_snr=min_snr)
+    if strict and sparse:
+      raise ValueError(
+          f"{signal} onset: {name} has only {min(sparse.values())} logged points for seed(s) "
+          f"{sorted(sparse)} and an onset needs at least {MIN_POINTS}; evaluate (and so log "
+          "train/loss) more often, e.g. --config.eval.dense_until=1000 "
+          "--config.eval.dense_every=100")
   return out
 
 
@@ -236,9 +261,8 @@ def format_table(onsets: Mapping[int, Mapping[str, Onset]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
   """`python -m sg_jax.analysis.onsets --workdir=W [--sigma=STEPS] [--min_snr=3]`: prints the
-  onsets of every seed and writes them to W/onsets.csv."""
-  import argparse  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
+  onsets of every seed and writes them to W/onsets.csv. A signal logged at fewer than
+  `MIN_POINTS` points is refused in one line."""
   parser = argparse.ArgumentParser(prog="python -m sg_jax.analysis.onsets",
                                    description=main.__doc__)
   parser.add_argument("--workdir", required=True)
@@ -247,11 +271,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--min_snr", type=float, default=3.0)
   args = parser.parse_args(argv)
   try:
-    found = workdir_onsets(args.workdir, sigma=args.sigma, min_snr=args.min_snr)
+    found = workdir_onsets(args.workdir, sigma=args.sigma, min_snr=args.min_snr, strict=True)
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
-  write_onsets(os.path.join(args.workdir, "onsets.csv"), found)
+  path = os.path.join(args.workdir, "onsets.csv")
+  write_onsets(path, found)
   print(format_table(found))
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

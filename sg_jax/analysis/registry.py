@@ -86,6 +86,9 @@ class Dynamic:
     in_summary: a "<label> (final)" column in summary.md (summary.csv has every column).
     reference_for: another column this one is a baseline of (e.g. the right-branching F1 of
       `tparseval_f1`): drawn as a dashed level in that column's figure, with no figure of its own.
+    logged_as: the metrics.csv name of the same quantity measured during training (e.g.
+      `in_domain/uas`), drawn in `dynamics_<column>.png` for a run whose analysis.csv lacks the
+      column, so a fresh run has the figure before `sg_jax.analyze` has run.
   """
 
   column: str
@@ -96,6 +99,7 @@ class Dynamic:
   trajectory_axis: str = ""
   in_summary: bool = False
   reference_for: str = ""
+  logged_as: str = ""
 
   @property
   def short(self) -> str:

@@ -53,5 +53,5 @@ registry.register_quantity(registry.Quantity(
     dynamics=(registry.Dynamic(
         "uas", axis="UAS of the best head (argmax, later -> earlier)",
         title="Syntactic attention structure: UAS of the best head", label="UAS",
-        in_summary=True),),
+        in_summary=True, logged_as="in_domain/uas"),),
 ))

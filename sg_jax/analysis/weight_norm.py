@@ -10,7 +10,8 @@ released code differ"):
   initialisation and are included in the released norm. sg_jax's model has no such decoder.
 * `weight_norm_per_layer`: `weight_norm / num_layers`, the paper's depth normalisation applied to
   sg_jax's norm.
-* `released_weight_norm`: the released code's global norm, decoder included:
+* `weight_norm_released` (computed by `released_weight_norm`): the released code's global norm,
+  decoder included:
   sqrt(weight_norm ** 2 + decoder_norm ** 2). Only available where the decoder's norm is known,
   i.e. for checkpoints converted from the original with `sg_jax.convert_torch` (which records it).
   Because the decoder is constant, the two norms differ by a constant in squared norm and have

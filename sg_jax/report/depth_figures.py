@@ -102,14 +102,22 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
 
   The title gives the sentences the analysis read (`analysis_sentences`; none for weight_norm).
 
+  A metric no run's analysis.csv has is drawn from the metrics.csv rows named by its
+  `Dynamic.logged_as` where there is one (UAS: `in_domain/uas`, logged at every evaluation).
+
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (and nothing is written) when no run
-    has the metric.
+    has the metric (nor its `logged_as`).
   """
   dynamic = registry.dynamics()[metric]
   ylabel, title = dynamic.axis, dynamic.title
   present = {d: runs for d, runs in by_depth.items()
              if any(run.series.get(metric) for run in runs)}
+  logged = not present and dynamic.logged_as
+  if logged:  # no analysis rows: the quantity as training logged it (`Dynamic.logged_as`)
+    metric = dynamic.logged_as
+    present = {d: runs for d, runs in by_depth.items()
+               if any(run.series.get(metric) for run in runs)}
   if not present:
     return None
   plt = pyplot()
@@ -140,7 +148,8 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
   ax.grid(alpha=0.3)
   legend = legend_outside(ax)
   legend.set_title("thin lines: seeds; band: 95% bootstrap CI over seeds", prop={"size": 8})
-  note = analysis_sentences([run for runs in present.values() for run in runs], [metric])
+  note = (f"{metric} of metrics.csv (logged during training; `sg_jax.analyze` not run)" if logged
+          else analysis_sentences([run for runs in present.values() for run in runs], [metric]))
   ax.set_title(f"{title_prefix}{title} during training" + (f"\n{note}" if note else ""),
                fontsize=10)
   fig.tight_layout()

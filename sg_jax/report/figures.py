@@ -13,9 +13,6 @@ from sg_jax.report.plotting import (CONSTRUCTION_COLORS, depth_label, legend_out
 from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
 from sg_jax.report.tables import _finite, saturation_step
 
-# The older private names, read by `report.pruning_figures` until it imports `plotting`.
-_pyplot, _legend_outside = pyplot, legend_outside
-
 
 def plot_grokking(runs: Sequence[Run], depth, path: str, saturation: float):
   """(a) In-domain and generalisation accuracy vs step for every seed of one depth.

@@ -29,6 +29,7 @@ import numpy as np
 
 from sg_jax.pruning import core
 from sg_jax.report import pruning_tables
+from sg_jax.report.plotting import legend_outside, pyplot
 from sg_jax.report.pruning_tables import GEN_ACC, IN_ACC, Pruning
 
 
@@ -52,7 +53,6 @@ def plot_accuracy(data: Pruning, step: int, path: str, title_prefix: str = ""):
     the (closed) Figure written to `path`, or None (nothing written) when no run at `step` has
     both accuracies.
   """
-  from sg_jax.report.figures import _legend_outside, _pyplot  # pylint: disable=import-outside-toplevel
   seeds = data.seeds(step)
   levels = sorted({lv for seed in seeds for lv in data.runs[(step, seed)]})
   points = {(seed, lv): [(v[IN_ACC], v[GEN_ACC]) for v in data.runs[(step, seed)].get(lv, {}
@@ -60,7 +60,7 @@ def plot_accuracy(data: Pruning, step: int, path: str, title_prefix: str = ""):
                          if IN_ACC in v and GEN_ACC in v] for seed in seeds for lv in levels}
   if not any(points.values()):
     return None
-  plt = _pyplot()
+  plt = pyplot()
   colors = _seed_colors(plt, seeds)
   fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels) + 2, 4), squeeze=False,
                            sharex=True, sharey=True)
@@ -79,7 +79,7 @@ def plot_accuracy(data: Pruning, step: int, path: str, title_prefix: str = ""):
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("out-of-domain (generalisation) accuracy")
-  _legend_outside(axes[0][-1])
+  legend_outside(axes[0][-1])
   fig.suptitle(f"{title_prefix}subnetworks of {data.name}, step {step} (one dot per pruning "
                "seed)")
   return _save(plt, fig, path)
@@ -95,8 +95,7 @@ def plot_inclusion(data: Pruning, step: int, path: str, title_prefix: str = ""):
   cells = data.masks.get(step)
   if not cells or data.shape is None:
     return None
-  from sg_jax.report.figures import _pyplot  # pylint: disable=import-outside-toplevel
-  plt = _pyplot()
+  plt = pyplot()
   num_layers, num_heads = data.shape
   seeds = sorted({s for s, _ in cells})
   levels = sorted({lv for _, lv in cells})
@@ -145,8 +144,7 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
   sizes = pruning_tables.effective_sizes(data)
   if not sizes:
     return None
-  from sg_jax.report.figures import _legend_outside, _pyplot  # pylint: disable=import-outside-toplevel
-  plt = _pyplot()
+  plt = pyplot()
   colors = _seed_colors(plt, sizes)
   titles = {"mean": "in- and out-of-domain accuracy averaged", "in_domain": "in-domain accuracy",
             "out_of_domain": "out-of-domain accuracy"}
@@ -168,7 +166,7 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("effective size (1 - sparsity)")
-  _legend_outside(axes[0][-1]).set_title(
+  legend_outside(axes[0][-1]).set_title(
       "band and bars: 95% t-interval\nover pruning seeds (in [0, 1])", prop={"size": 8})
   fig.suptitle(f"{title_prefix}effective size of {data.name} (within {core.TOLERANCE:g} of the "
                "full model)")
@@ -192,8 +190,7 @@ def plot_core_ablation(data: Pruning, path: str, title_prefix: str = ""):
   step = ablation_step(data)
   if step is None:
     return None
-  from sg_jax.report.figures import _legend_outside, _pyplot  # pylint: disable=import-outside-toplevel
-  plt = _pyplot()
+  plt = pyplot()
   groups = sorted((seed, level) for (s, seed, level), named in data.core_rows.items()
                   if s == step and level is not None
                   and any(n.startswith("core_ablation/") for n in named))
@@ -223,7 +220,7 @@ def plot_core_ablation(data: Pruning, path: str, title_prefix: str = ""):
     ax.set_title(title)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3, axis="y")
-  _legend_outside(axes[0][-1])
+  legend_outside(axes[0][-1])
   fig.suptitle(f"{title_prefix}core ablation in the full model of {data.name}, step {step}")
   return _save(plt, fig, path)
 
