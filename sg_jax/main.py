@@ -26,21 +26,15 @@ import re
 import signal
 import sys
 
+from sg_jax import early_stop
+
 STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
-
-
-def _stop_during_imports(signum, frame):
-  del frame
-  os.write(2, f"stopped by signal {signum} during start-up (no checkpoint yet); rerun the same "
-              f"command to resume\n".encode())
-  os._exit(75)  # workdir.EXIT_PREEMPTED; sg_jax is not imported yet
 
 
 if __name__ == "__main__":
   # The imports below take seconds and nothing is unsaved yet: a stop signal ends the process
   # with one line from here on, until train_and_evaluate installs its own handling.
-  signal.signal(signal.SIGTERM, _stop_during_imports)
-  signal.signal(signal.SIGINT, _stop_during_imports)
+  early_stop.install()
 # TensorFlow (imported by clu for the TensorBoard summaries) logs its start-up notices (oneDNN,
 # CPU instructions, "All log messages before absl::InitializeLog()") at INFO level in C++; hide
 # INFO only, unless the user chose a level.

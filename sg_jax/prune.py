@@ -35,9 +35,11 @@ import os
 import sys
 import time
 
+from sg_jax import early_stop
 from sg_jax import host_devices
 
 if __name__ == "__main__":
+  early_stop.install()  # a stop signal during the imports below: one line, exit 75
   host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices, as training
 
 # pylint: disable=wrong-import-position
@@ -48,19 +50,18 @@ from absl import app
 from absl import flags
 
 from sg_jax import checkpointing
-from sg_jax import input_pipeline
 from sg_jax import metric_logging
 from sg_jax import sharding
+from sg_jax import workdir as workdir_lib
 from sg_jax.cli_options import check_options, parse_list, step_selection
-from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import hard_concrete
-from sg_jax.pruning import means as means_lib
+from sg_jax.pruning import inputs as inputs_lib
 from sg_jax.pruning import objective as objective_lib
+from sg_jax.pruning import partial as partial_lib
 from sg_jax.pruning import placement
 from sg_jax.pruning import run as run_lib
 from sg_jax.pruning import table
-from sg_jax.tasks import vocab as vocab_lib
 
 log = py_logging.getLogger("sg_jax.prune")
 
@@ -100,88 +101,6 @@ def _select_steps(workdir: str, steps: list[int] | None, last_only: bool) -> lis
   return sorted(steps)
 
 
-def _encoded(task, config, workdir, vocab, split: str):
-  """The encoded lines of `split` of the run's data folder.
-
-  Raises:
-    ValueError: the task has no such split file.
-  """
-  data_dir = config.data.dir or os.path.join(workdir, "data")
-  try:
-    return task.encode(task.read_split(data_dir, split), vocab)
-  except (FileNotFoundError, KeyError, ValueError) as e:
-    raise ValueError(f"cannot read split {split!r} of {data_dir} for the objective: {e}"
-                     ) from None
-
-
-def _lines(split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
-  n = min(num_lines, len(split)) if num_lines else len(split)
-  return {prefix + "inputs": jnp.asarray(means_lib.batch_lines(
-              np.asarray(split.inputs)[:n], batch_size)),
-          prefix + "targets": jnp.asarray(means_lib.batch_lines(
-              np.asarray(split.targets)[:n], batch_size))}
-
-
-def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_lines: int,
-               split: str | None = None) -> dict:
-  """The lines that pruning and the core analyses use, read once per workdir.
-
-  Args:
-    restored: a `checkpointing.restore` result (its config and vocabulary).
-    workdir: the run directory (its `data/` unless the config names another).
-    num_lines: training lines for the means and the KL (0 = all).
-    batch_size: lines per batch of 'train'.
-    eval_lines: lines per evaluation split (0 = the run's `eval.max_lines`).
-    split: also batch this split's lines as 'split_inputs' / 'split_targets' of 'train'
-      (the `task:SPLIT` objectives).
-
-  Returns:
-    {'task', 'train': {'inputs', 'targets': int32 [num_batches, batch_size, L]}, 'eval':
-    {'in_domain', 'out_of_domain': `prepare_eval_batches`}, 'means_inputs': int32 [N, L]}.
-
-  Raises:
-    ValueError: the task has no file of `split`.
-  """
-  config = restored.config
-  task, _, splits = input_pipeline.load_data(config, workdir)
-  out = {"task": task, "train": _lines(splits["train"], num_lines, batch_size)}
-  if split is not None:
-    vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
-    out["train"].update(_lines(_encoded(task, config, workdir, vocab, split), num_lines,
-                               batch_size, "split_"))
-  out["eval"] = {name: input_pipeline.prepare_eval_batches(
-      splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
-      task.eval_fields) for name in ("in_domain", "out_of_domain")}
-  out["means_inputs"] = np.asarray(splits["train"].inputs)[:num_lines or len(splits["train"])]
-  return out
-
-
-def seed_inputs(restored, seeds: list[int], data: dict):
-  """The model config, vocabulary, parameters [S, ...] and mean-ablation means of `seeds`.
-
-  Args:
-    restored: a `checkpointing.restore` result holding `seeds`.
-    seeds: training seed ids, in the order of the returned leading axis.
-    data: `load_lines`'s result (the means are over its 'means_inputs').
-
-  Returns:
-    (ModelConfig with max_len covering every line (`run.pruning_model_config`), Vocab, params [S, ...], (head means float32
-    [S, num_layers, num_heads, head_dim], MLP means float32 [S, num_layers, d_model])).
-  """
-  vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
-  longest = max(data["train"]["inputs"].shape[-1],
-                *(b["inputs"].shape[-1] for b in data["eval"].values()))
-  model_config = run_lib.pruning_model_config(ModelConfig.from_config(
-      restored.config.model, vocab.size, max_len=max(512, longest)))
-  run_seeds = list(restored.seeds)
-  idx = np.array([run_seeds.index(s) for s in seeds])
-  params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
-                                    restored.state["params"])
-  means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
-                                                        data["means_inputs"])))
-  return model_config, vocab, params_S, means_S
-
-
 def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params_S, means_S,
               head_keep, mlp_keep, num_devices):
   """(subnetwork metrics {name: [S, K]}, full model's {name: [S, 1]}, KL [S, K]) on the host,
@@ -203,6 +122,7 @@ def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params
   return results, full, np.asarray(kl)
 
 
+STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
 # Options files written before an option existed read as the value used then.
 LEGACY_OPTIONS = {"lr_warmup_steps": 200}
 # A table's schedule is set by the highest level of the command that created it: adding levels
@@ -218,13 +138,15 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
           objective: str = "kl", ablation: str = "mean", sparsity_from: str = "expected",
           weight_by_params: bool = False, binarise: str = "group", num_lines: int = 1000,
           batch_size: int = 16, eval_lines: int = 0, steps_per_call: int = 100,
-          num_devices: int = 0, output: str = "pruning.csv") -> dict[str, object]:
+          num_devices: int = 0, output: str = "pruning.csv",
+          signal_exit_seconds: float = 0.0) -> dict[str, object]:
   """Prunes the selected checkpoints (module docstring); returns a summary.
 
   Args: as the flags. `last_only` (the default `--steps=last`) takes the last checkpoint;
   otherwise `steps` (None = all). `num_steps` 0 and `sparsity_warmup_steps` -1 take
   `run.default_steps` of the highest level; `eval_lines` 0 takes the run's `eval.max_lines`;
   `num_devices` 0 lays the runs over every local device (`placement.run_mesh`).
+  `signal_exit_seconds`: the command line's bound on stopping at once (`workdir.StopSignal`).
 
   Returns:
     {'rows_written': n, 'runs': runs written, 'runs_trained': runs pruned (a seed's runs that
@@ -235,6 +157,9 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
   Raises:
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
     ValueError: bad options, unknown seeds, options differing from the CSV's.
+    workdir.Preempted: a SIGTERM/SIGINT stopped the command: the rows of every checkpoint step
+      finished before it are written, and the runs it was training are saved
+      (`pruning.partial`) for a rerun to resume.
   """
   counts = {"pruning_seeds": (pruning_seeds, 1), "batch_size": (batch_size, 1),
             "steps_per_call": (steps_per_call, 1), "num_lines": (num_lines, 0),
@@ -276,115 +201,149 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
   data_cache = {}
   rows_written = runs_done = runs_trained = 0
   seconds = 0.0
-  for step in todo_steps:
-    restored = checkpointing.restore(workdir, step, params_only=True)
-    run_seeds = list(restored.seeds)
-    if seeds is not None and sorted(set(seeds) - set(run_seeds)):
-      raise ValueError(f"seeds {sorted(set(seeds) - set(run_seeds))} are not in the run; "
-                       f"seeds: {run_seeds}")
-    chosen = [s for s in (seeds if seeds is not None else run_seeds)
-              if any((step, s, lv, ps) not in done for lv, ps in grid)]
-    if not chosen:
-      log.info("step %d: every run is in %s already", step, path)
-      continue
-    # The (level, pruning seed) pairs some chosen seed still lacks: a rerun that adds pruning
-    # seeds or levels trains only those (a run depends on its own key only, `run.run_key`).
-    pairs = [(lv, ps) for lv, ps in grid if any((step, s, lv, ps) not in done for s in chosen)]
-    if not data_cache:
-      data_cache.update(load_lines(restored, workdir, num_lines=num_lines,
-                                   batch_size=batch_size, eval_lines=eval_lines,
-                                   split=goal.split))
-    task, data = data_cache["task"], data_cache["train"]
-    model_config, vocab, params_S, means_S = seed_inputs(restored, chosen, data_cache)
-    keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in pairs])
-                      for s in chosen])
-    targets = jnp.asarray([[lv for lv, _ in pairs]] * len(chosen), jnp.float32)
-    mesh = placement.run_mesh(len(chosen), len(pairs), num_devices)
-    params_S, (states, targets), data = placement.place(
-        mesh, params_S, (run_lib.init_runs(keys, model_config, settings), targets), data)
-    means_S = placement.place(mesh, means_S, None)[0]
-    train_runs = placement.train_runs_fn(mesh)
-    log.info("step %d: pruning %d runs (%d seeds x %d of the %d (level, pruning seed) pairs), "
-             "%d steps, objective %s; %s", step, len(chosen) * len(pairs), len(chosen),
-             len(pairs), len(grid), settings.num_steps, goal,
-             placement.describe(mesh, len(chosen), len(pairs)))
-    t0 = time.time()
-    tail = max(1, settings.num_steps // 10)
-    history = []
-    for n in run_lib.num_calls(settings.num_steps, steps_per_call):
-      states, metrics = train_runs(states, params_S, means_S, targets, data, num_steps=n,
-                                   config=model_config, settings=settings)
-      metrics = sharding.to_host(metrics)
-      history.append(metrics["objective"])
-      log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity per (level, "
-               "pruning seed), mean over seeds, %s (%.0f s)",
-               step, int(sharding.to_host(states.step)[0, 0]), settings.num_steps,
-               float(np.mean(history[-1][-1])),
-               np.round(metrics["expected_sparsity"][-1].mean(0), 3), time.time() - t0)
-    pruning_seconds = time.time() - t0
-    seconds += pruning_seconds
-    runs_trained += len(chosen) * len(pairs)
-    final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
-    states = sharding.to_host(states)
-    la_heads, la_mlp = states.log_alpha["heads"], states.log_alpha["mlp"]
-    if binarise in ("group", "group_threshold"):
-      head_keep, mlp_keep = hard_concrete.deterministic_masks(la_heads, la_mlp,
-                                                              binarise == "group_threshold")
-    else:
-      masks = [[hard_concrete.global_masks(la_heads[i, k], la_mlp[i, k], pairs[k][0])
-                for k in range(len(pairs))] for i in range(len(chosen))]
-      head_keep = np.asarray([[m[0] for m in row] for row in masks])
-      mlp_keep = np.asarray([[m[1] for m in row] for row in masks])
-    results, full, kl = _evaluate(mesh, task, model_config, vocab, data_cache["eval"], data,
-                                  ablation, params_S, means_S, head_keep, mlp_keep,
-                                  num_devices)
-    weights = objective_lib.unit_param_counts(model_config)
-    expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
-        h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None
-    )))(states.log_alpha["heads"], states.log_alpha["mlp"]))
-    # Achieved sparsity [S, K] as closed / total, not 1 - kept / total: 3 of 15 units is 0.2,
-    # not 0.19999999999999996.
-    head_off, mlp_off = ~np.asarray(head_keep, bool), ~np.asarray(mlp_keep, bool)
-    achieved = ((head_off.sum((-2, -1)) + mlp_off.sum(-1))
-                / (head_off[0, 0].size + mlp_off[0, 0].size))
-    achieved_params = (((weights[0] * head_off).sum((-2, -1)) + (weights[1] * mlp_off).sum(-1))
-                       / (weights[0].sum() + weights[1].sum()))
-    rows = []
-    for i, s in enumerate(chosen):
-      if (step, s) not in full_done:
-        rows += [(step, s, 0.0, table.FULL_MODEL, name, v[i, 0]) for name, v in full.items()]
-      for k, (lv, ps) in enumerate(pairs):
-        if (step, s, lv, ps) in done:
+  # SIGTERM/SIGINT: before a step's runs start, stop at once (its earlier steps are written);
+  # while they train, save them after the current call (`pruning.partial`) and stop; a second
+  # signal stops at once. Either way `workdir.Preempted` (exit 75 on the command line).
+  with workdir_lib.StopSignal(exit_after=signal_exit_seconds) as stop:
+    try:
+      for step in todo_steps:
+        if stop.received:
+          raise workdir_lib.Preempted(
+              f"stopped by signal {stop.received} after the runs of the checkpoints before step "
+              f"{step} ({rows_written} new rows in {path})")
+        stop.set_immediate(True, f"before pruning step {step} (its runs not started; "
+                                 f"{rows_written} new rows in {path})")
+        restored = checkpointing.restore(workdir, step, params_only=True)
+        run_seeds = list(restored.seeds)
+        if seeds is not None and sorted(set(seeds) - set(run_seeds)):
+          raise ValueError(f"seeds {sorted(set(seeds) - set(run_seeds))} are not in the run; "
+                           f"seeds: {run_seeds}")
+        chosen = [s for s in (seeds if seeds is not None else run_seeds)
+                  if any((step, s, lv, ps) not in done for lv, ps in grid)]
+        if not chosen:
+          log.info("step %d: every run is in %s already", step, path)
           continue
-        per_run = {table.MARKER: achieved[i, k],
-                   "achieved_sparsity_params": achieved_params[i, k],
-                   "expected_sparsity": expected[i, k], "final_objective": final_objective[i, k],
-                   "lambda1": states.lambdas[i, k, 0], "lambda2": states.lambdas[i, k, 1],
-                   "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}
-        rows += [(step, s, lv, ps, name, float(v)) for name, v in per_run.items()]
-        runs_done += 1
-    if writer is None:  # the first rows: record the options and create the table
-      check_options(path, options, LEGACY_OPTIONS)
-      writer = table.PruningCsv(path)
-    writer.append(rows)
-    rows_written += len(rows)
-    new = np.asarray([[(step, s, lv, ps) not in done for lv, ps in pairs] for s in chosen])
-    flat = lambda a: a[new]  # [S, K, ...] -> the new runs' [R, ...] (the done ones kept as saved)
-    table.save_masks(workdir, step, {
-        "seed": flat(np.repeat(np.asarray(chosen)[:, None], len(pairs), 1)),
-        "sparsity": flat(np.tile([g[0] for g in pairs], (len(chosen), 1))),
-        "pruning_seed": flat(np.tile([g[1] for g in pairs], (len(chosen), 1))),
-        "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
-        "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)}, output)
-    by_level = {lv: [round(float(achieved[i, k]), 3) for i in range(len(chosen))
-                     for k in range(len(pairs)) if pairs[k][0] == lv]
-                for lv in dict.fromkeys(lv for lv, _ in pairs)}
-    elapsed = time.time() - t0
-    log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
-             "achieved sparsity per level %s; -> %s", step, len(chosen) * len(pairs), elapsed,
-             pruning_seconds, elapsed - pruning_seconds, by_level, path)
-  return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
-          "seconds": seconds, "steps": todo_steps}
+        # The (level, pruning seed) pairs some chosen seed still lacks: a rerun that adds pruning
+        # seeds or levels trains only those (a run depends on its own key only, `run.run_key`).
+        pairs = [(lv, ps) for lv, ps in grid if any((step, s, lv, ps) not in done for s in chosen)]
+        if not data_cache:
+          data_cache.update(inputs_lib.load_lines(restored, workdir, num_lines=num_lines,
+                                                  batch_size=batch_size, eval_lines=eval_lines,
+                                                  split=goal.split))
+        task, data = data_cache["task"], data_cache["train"]
+        model_config, vocab, params_S, means_S = inputs_lib.seed_inputs(restored, chosen,
+                                                                         data_cache)
+        keys = jnp.stack([jnp.stack([run_lib.run_key(s, lv, ps) for lv, ps in pairs])
+                          for s in chosen])
+        targets = jnp.asarray([[lv for lv, _ in pairs]] * len(chosen), jnp.float32)
+        mesh = placement.run_mesh(len(chosen), len(pairs), num_devices)
+        states = run_lib.init_runs(keys, model_config, settings)
+        saved_path = partial_lib.partial_path(workdir, step, output)
+        saved_key = partial_lib.identity(step, chosen, pairs, options)
+        history = []
+        resumed = partial_lib.load(saved_path, sharding.to_host(states), saved_key)
+        if resumed is not None:
+          states, saved_history = resumed
+          history.append(saved_history)
+          log.info("step %d: resuming the %d runs stopped at pruning step %d/%d (%s)", step,
+                   len(chosen) * len(pairs), len(saved_history), settings.num_steps, saved_path)
+        params_S, (states, targets), data = placement.place(mesh, params_S, (states, targets), data)
+        means_S = placement.place(mesh, means_S, None)[0]
+        train_runs = placement.train_runs_fn(mesh)
+        log.info("step %d: pruning %d runs (%d seeds x %d of the %d (level, pruning seed) pairs), "
+                 "%d steps, objective %s; %s", step, len(chosen) * len(pairs), len(chosen),
+                 len(pairs), len(grid), settings.num_steps, goal,
+                 placement.describe(mesh, len(chosen), len(pairs)))
+        t0 = time.time()
+        tail = max(1, settings.num_steps // 10)
+        trained = sum(len(h) for h in history)
+        stop.set_immediate(False)  # from here a signal saves the runs after the current call
+        for n in run_lib.num_calls(settings.num_steps - trained, steps_per_call):
+          states, metrics = train_runs(states, params_S, means_S, targets, data, num_steps=n,
+                                       config=model_config, settings=settings)
+          metrics = sharding.to_host(metrics)
+          history.append(metrics["objective"])
+          trained += n
+          log.info("step %d: pruning step %d/%d, objective %.4f, expected sparsity per (level, "
+                   "pruning seed), mean over seeds, %s (%.0f s)", step, trained, settings.num_steps,
+                   float(np.mean(history[-1][-1])),
+                   np.round(metrics["expected_sparsity"][-1].mean(0), 3), time.time() - t0)
+          if stop.received and trained < settings.num_steps:
+            partial_lib.save(saved_path, sharding.to_host(states), np.concatenate(history),
+                             saved_key)
+            raise workdir_lib.Preempted(
+                f"stopped by signal {stop.received} at pruning step {trained}/{settings.num_steps} "
+                f"of checkpoint step {step}: its {len(chosen) * len(pairs)} runs are saved in "
+                f"{saved_path} ({rows_written} new rows of finished runs in {path})")
+        pruning_seconds = time.time() - t0
+        seconds += pruning_seconds
+        runs_trained += len(chosen) * len(pairs)
+        final_objective = np.concatenate(history)[-tail:].mean(0)  # [S, K]
+        states = sharding.to_host(states)
+        la_heads, la_mlp = states.log_alpha["heads"], states.log_alpha["mlp"]
+        if binarise in ("group", "group_threshold"):
+          head_keep, mlp_keep = hard_concrete.deterministic_masks(la_heads, la_mlp,
+                                                                  binarise == "group_threshold")
+        else:
+          masks = [[hard_concrete.global_masks(la_heads[i, k], la_mlp[i, k], pairs[k][0])
+                    for k in range(len(pairs))] for i in range(len(chosen))]
+          head_keep = np.asarray([[m[0] for m in row] for row in masks])
+          mlp_keep = np.asarray([[m[1] for m in row] for row in masks])
+        results, full, kl = _evaluate(mesh, task, model_config, vocab, data_cache["eval"], data,
+                                      ablation, params_S, means_S, head_keep, mlp_keep,
+                                      num_devices)
+        weights = objective_lib.unit_param_counts(model_config)
+        expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
+            h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None
+        )))(states.log_alpha["heads"], states.log_alpha["mlp"]))
+        # Achieved sparsity [S, K] as closed / total, not 1 - kept / total: 3 of 15 units is 0.2,
+        # not 0.19999999999999996.
+        head_off, mlp_off = ~np.asarray(head_keep, bool), ~np.asarray(mlp_keep, bool)
+        achieved = ((head_off.sum((-2, -1)) + mlp_off.sum(-1))
+                    / (head_off[0, 0].size + mlp_off[0, 0].size))
+        achieved_params = (((weights[0] * head_off).sum((-2, -1)) + (weights[1] * mlp_off).sum(-1))
+                           / (weights[0].sum() + weights[1].sum()))
+        rows = []
+        for i, s in enumerate(chosen):
+          if (step, s) not in full_done:
+            rows += [(step, s, 0.0, table.FULL_MODEL, name, v[i, 0]) for name, v in full.items()]
+          for k, (lv, ps) in enumerate(pairs):
+            if (step, s, lv, ps) in done:
+              continue
+            per_run = {table.MARKER: achieved[i, k],
+                       "achieved_sparsity_params": achieved_params[i, k],
+                       "expected_sparsity": expected[i, k],
+                       "final_objective": final_objective[i, k],
+                       "lambda1": states.lambdas[i, k, 0], "lambda2": states.lambdas[i, k, 1],
+                       "kl": kl[i, k], **{name: v[i, k] for name, v in results.items()}}
+            rows += [(step, s, lv, ps, name, float(v)) for name, v in per_run.items()]
+            runs_done += 1
+        if writer is None:  # the first rows: record the options and create the table
+          check_options(path, options, LEGACY_OPTIONS)
+          writer = table.PruningCsv(path)
+        writer.append(rows)
+        rows_written += len(rows)
+        new = np.asarray([[(step, s, lv, ps) not in done for lv, ps in pairs] for s in chosen])
+        # [S, K, ...] -> the new runs' [R, ...] (the done ones kept as saved)
+        flat = lambda a: a[new]
+        table.save_masks(workdir, step, {
+            "seed": flat(np.repeat(np.asarray(chosen)[:, None], len(pairs), 1)),
+            "sparsity": flat(np.tile([g[0] for g in pairs], (len(chosen), 1))),
+            "pruning_seed": flat(np.tile([g[1] for g in pairs], (len(chosen), 1))),
+            "head_mask": flat(head_keep), "mlp_mask": flat(mlp_keep),
+            "log_alpha_heads": flat(la_heads), "log_alpha_mlp": flat(la_mlp)}, output)
+        partial_lib.remove(saved_path)
+        by_level = {lv: [round(float(achieved[i, k]), 3) for i in range(len(chosen))
+                         for k in range(len(pairs)) if pairs[k][0] == lv]
+                    for lv in dict.fromkeys(lv for lv, _ in pairs)}
+        elapsed = time.time() - t0
+        log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
+                 "achieved sparsity per level %s; -> %s", step, len(chosen) * len(pairs), elapsed,
+                 pruning_seconds, elapsed - pruning_seconds, by_level, path)
+      return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
+              "seconds": seconds, "steps": todo_steps}
+    except workdir_lib.StopNow as e:
+      raise workdir_lib.Preempted(f"stopped by signal {e.signum} {e.where}") from None
 
 
 def define_flags() -> None:
@@ -436,7 +395,11 @@ def main(argv):
         sparsity_from=f.sparsity_from,
         weight_by_params=f.weight_by_params, binarise=f.binarise, num_lines=f.num_lines,
         batch_size=f.batch_size, eval_lines=f.eval_lines, steps_per_call=f.steps_per_call,
-        num_devices=f.num_devices, output=f.output)
+        num_devices=f.num_devices, output=f.output, signal_exit_seconds=STOP_EXIT_SECONDS)
+  except workdir_lib.Preempted as e:
+    log.warning("%s; rerun the same command to resume", e)
+    sys.stderr.flush()
+    os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "

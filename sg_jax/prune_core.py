@@ -39,6 +39,7 @@ import json
 import logging as py_logging
 import os
 import sys
+import time
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import core
 from sg_jax.pruning import core_table
 from sg_jax.pruning import evaluate as evaluate_lib
+from sg_jax.pruning import inputs as inputs_lib
 from sg_jax.pruning import table
 
 log = py_logging.getLogger("sg_jax.prune_core")
@@ -229,6 +231,8 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
       summary["evaluated"] += [(step, seed, lv) for seed, lv in to_ablate]
     rows = core_table.merge(rows, new)
     core_table.write_rows(out_path, rows)
+    log.info("step %d: %d (seed, level) groups -> %s", step,
+             sum(1 for g in new if g[2] is not None), out_path)
   summary["rows"] = len(rows)
   summary["table"] = summary_table(rows, summary["groups"])
   return summary
@@ -261,6 +265,9 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
   """Restores `step`, scores every (seed, level) of `to_ablate` ({(seed, level): core}) in one
   evaluator call (the core's `units`, "heads" or "all", ablated) and appends its ablation rows
   to `new`'s groups."""
+  t0 = time.time()
+  log.info("step %d: restoring the checkpoint and computing the mean activations for the core "
+           "ablation of %d (seed, level) groups", step, len(to_ablate))
   restored = checkpointing.restore(workdir, step, params_only=True)
   seeds = sorted({seed for seed, _ in to_ablate})
   missing = sorted(set(seeds) - set(restored.seeds))
@@ -268,9 +275,9 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
     raise ValueError(f"step {step}: seeds {missing} are not in the checkpoint "
                      f"(seeds: {list(restored.seeds)})")
   if not data:
-    data.update(prune_lib.load_lines(restored, workdir, num_lines=opts["num_lines"],
+    data.update(inputs_lib.load_lines(restored, workdir, num_lines=opts["num_lines"],
                                      batch_size=opts["batch_size"], eval_lines=eval_lines))
-  model_config, vocab, params_S, means_S = prune_lib.seed_inputs(restored, seeds, data)
+  model_config, vocab, params_S, means_S = inputs_lib.seed_inputs(restored, seeds, data)
   num_layers, num_heads = shape
   levels = sorted({lv for _, lv in to_ablate})
   per = 2 + num_draws
@@ -285,9 +292,14 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
   evaluator = evaluate_lib.make_evaluator(data["task"], model_config, vocab, data["eval"],
                                           opts["ablation"])
   log.info("step %d: scoring %d cores (%d masks per seed: per level the full model, the core "
-           "ablated and %d random-head draws)", step, len(to_ablate), heads.shape[1], num_draws)
+           "ablated and %d random-head draws) on %d + %d evaluation lines (%.0f s so far)",
+           step, len(to_ablate), heads.shape[1], num_draws,
+           *(int(np.sum(data["eval"][split]["valid"])) for split in ("in_domain",
+                                                                   "out_of_domain")),
+           time.time() - t0)
   metrics = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.asarray(heads, jnp.float32),
                                            jnp.asarray(mlp, jnp.float32)))
+  log.info("step %d: scored in %.0f s", step, time.time() - t0)
   for (seed, lv), reason in reasons.items():
     if reason:
       log.info("step %d seed %d sparsity %s: no random baseline (%s)", step, seed, lv, reason)
@@ -298,12 +310,16 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
 
 def summary_table(rows, groups) -> str:
   """One line per (step, seed, level) of `groups`: core heads + MLPs, effective size (mean
-  variant), Jaccard with the final core, out-of-domain accuracy with the core / random units
-  ablated."""
+  variant; "<=" when it is an upper bound, some pruning seeds at the highest level tried),
+  Jaccard with the final core, out-of-domain accuracy with the core / random units ablated."""
   values = {}
   for r in rows:
     values[(core_table.group_of(r), r[3])] = r[4]
   fmt = lambda x: "-" if x is None or np.isnan(x) else f"{x:.3f}"
+  mean_size = "effective_size/mean"
+  # "<=": some pruning seeds reached the highest level tried, so the size is an upper bound.
+  bounded = lambda step, seed: "<=" if (values.get(
+      ((step, seed, None), "effective_size/mean/at_highest_level")) or 0) > 0 else ""
   lines = [f"{'step':>8} {'seed':>4} {'level':>6} {'core':>7} {'eff_size':>8} "
            f"{'jac_final':>9} {'ood_core':>8} {'ood_rand':>8}"]
   for step, seed, lv in groups:
@@ -311,7 +327,7 @@ def summary_table(rows, groups) -> str:
     size = f"{get('core/num_heads') or 0:.0f}h+{get('core/num_mlps') or 0:.0f}m"
     lines.append(
         f"{step:>8} {seed:>4} {lv:>6} {size:>7} "
-        f"{fmt(values.get(((step, seed, None), 'effective_size/mean'))):>8} "
+        f"{bounded(step, seed) + fmt(values.get(((step, seed, None), mean_size))):>8} "
         f"{fmt(get('core/jaccard_final')):>9} "
         f"{fmt(get('core_ablation/out_of_domain/accuracy')):>8} "
         f"{fmt(get('random_ablation/out_of_domain/accuracy')):>8}")

@@ -15,8 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, prune, prune_core
+from sg_jax import checkpointing, prune_core
 from sg_jax.pruning import core, core_table, evaluate, table
+from sg_jax.pruning import inputs as prune_inputs
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
 SEEDS, STEPS, LEVELS = (3, 5), (0, 10), (0.25, 0.5)
@@ -129,6 +130,9 @@ def test_effective_size_rows_are_the_hand_derived_values(workdir, result):
     assert v[(10, 3, None, f"effective_size/{variant}/ci_low")] == pytest.approx(mean - half)
     assert v[(10, 3, None, f"effective_size/{variant}/ci_high")] == pytest.approx(
         min(mean + half, 1.0))
+    # size 0.5 = 1 - 0.5, the highest level: those pruning seeds give only an upper bound
+    assert v[(10, 3, None, f"effective_size/{variant}/at_highest_level")] == pytest.approx(
+        np.mean(np.asarray(sizes) == 0.5))
   # Elsewhere every run has in-domain 0.5 < 0.87: no level qualifies, effective size 1.
   assert v[(0, 5, None, "effective_size/mean")] == 1.0
   rows, why = core_table.effective_size_rows(1, 2, {0.5: {0: {"in_domain/accuracy": 0.9,
@@ -153,8 +157,8 @@ def test_core_ablation_rows_equal_the_forced_masks_scored_directly(workdir, resu
     assert group in result["evaluated"] and not [
         k for k in v if k[:3] == group and k[3].startswith("random_ablation/")]
   restored = checkpointing.restore(workdir, 10, params_only=True)
-  data = prune.load_lines(restored, workdir, num_lines=NUM_LINES, batch_size=8, eval_lines=0)
-  model_config, vocab, params_S, means_S = prune.seed_inputs(restored, [3, 5], data)
+  data = prune_inputs.load_lines(restored, workdir, num_lines=NUM_LINES, batch_size=8, eval_lines=0)
+  model_config, vocab, params_S, means_S = prune_inputs.seed_inputs(restored, [3, 5], data)
   evaluator = evaluate.make_evaluator(data["task"], model_config, vocab, data["eval"], "mean")
   cores = {3: _bits("100100"), 5: _bits("100000")}
   units = []
@@ -184,8 +188,8 @@ def test_core_ablation_removes_the_core_heads_only_unless_all_units(workdir, res
   ablation removes the two heads and keeps l0_mlp; with ablate_units="all" (another output)
   it removes l0_mlp too; each equals its mask scored directly."""
   restored = checkpointing.restore(workdir, 0, params_only=True)
-  data = prune.load_lines(restored, workdir, num_lines=NUM_LINES, batch_size=8, eval_lines=0)
-  model_config, vocab, params_S, means_S = prune.seed_inputs(restored, [3], data)
+  data = prune_inputs.load_lines(restored, workdir, num_lines=NUM_LINES, batch_size=8, eval_lines=0)
+  model_config, vocab, params_S, means_S = prune_inputs.seed_inputs(restored, [3], data)
   evaluator = evaluate.make_evaluator(data["task"], model_config, vocab, data["eval"], "mean")
   heads, mlp = core.split_units(np.stack([_bits("001111"), _bits("001101")])[None], 2, 2)
   direct = evaluate.to_rows(evaluator(params_S, means_S, heads.astype(np.float32),

@@ -235,6 +235,8 @@ def test_effective_size_on_a_hand_built_table():
   # mean of the two (>= 0.72): seed 0: 0.53, 0.69, 0.74 -> 0.3 -> 0.7; seed 1: 0.59, 0.645,
   # 0.645 -> none -> the full model, size 1.0
   assert got["mean"]["per_seed"] == pytest.approx([0.7, 1.0])
+  # pruning seed 1's out-of-domain size 0.3 is at the highest level (0.7): an upper bound
+  assert [got[v]["at_highest"] for v in ("in_domain", "out_of_domain", "mean")] == [0, 0.5, 0]
   assert got["in_domain"]["mean"] == pytest.approx(0.6)
   scipy_stats = pytest.importorskip("scipy.stats")
   half = scipy_stats.t.ppf(0.975, 1) * np.std([0.5, 0.7], ddof=1) / np.sqrt(2)

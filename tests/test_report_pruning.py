@@ -112,14 +112,17 @@ def test_figures_and_summary(tmp_path):
   # averaged accuracies (full 0.9): 0.745, 0.59, 0.825, 0.845 all < 0.87, sizes 1 and 1.
   seed_row = _table_row(lines, "| run | 200 | 0 | 1 | 0.8 |")
   assert seed_row[5] == "1 [1, 1]"
-  # The interval 0.75 -+ 3.18 is clipped to [0, 1], in summary.md and the CSV alike.
-  assert seed_row[6] == seed_row[7] == "0.75 [0, 1]"
+  # The interval 0.75 -+ 3.18 is clipped to [0, 1], in summary.md and the CSV alike. One of
+  # the two pruning seeds qualified at 0.5, the highest level tried: a bound, marked ≤.
+  assert seed_row[6] == seed_row[7] == "≤0.75 [0, 1]"
   with open(os.path.join(result["out_dir"], "summary_pruning_seeds.csv")) as f:
     seed_csv = next(r for r in csv.DictReader(f) if r["step"] == "200" and r["seed"] == "0")
   for v in ("in_domain", "out_of_domain"):
     assert float(seed_csv[f"effective_size_{v}"]) == pytest.approx(0.75)
     assert (float(seed_csv[f"effective_size_{v}_ci_low"]),
             float(seed_csv[f"effective_size_{v}_ci_high"])) == (0.0, 1.0)
+    assert float(seed_csv[f"effective_size_{v}_at_highest_level"]) == 0.5
+  assert float(seed_csv["effective_size_mean_at_highest_level"]) == 0.0
   with open(os.path.join(result["out_dir"], "summary_pruning.csv")) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4

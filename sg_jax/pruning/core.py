@@ -82,8 +82,10 @@ def effective_size(in_domain: Mapping[float, Sequence[float]],
     tolerance: the allowed drop (absolute).
 
   Returns:
-    {variant: {'mean', 'ci', 'per_seed' (list)}} for 'mean' (the in- and out-of-domain
-    accuracies averaged, against the averaged full accuracy), 'in_domain' and
+    {variant: {'mean', 'ci', 'per_seed' (list), 'at_highest' (the fraction of pruning seeds
+    whose effective sparsity is the highest level tried: their size is an upper bound, as a
+    sparser subnetwork might still be within the tolerance)}} for 'mean' (the in- and
+    out-of-domain accuracies averaged, against the averaged full accuracy), 'in_domain' and
     'out_of_domain'.
 
   Raises:
@@ -105,7 +107,8 @@ def effective_size(in_domain: Mapping[float, Sequence[float]],
     sizes = [1.0 - effective_sparsity({l: acc[l][p] for l in levels}, full, tolerance)
              for p in range(num_seeds)]
     mean, ci = mean_ci(sizes)
-    out[variant] = {"mean": mean, "ci": ci, "per_seed": sizes}
+    at_highest = float(np.mean([size == 1.0 - levels[-1] for size in sizes]))
+    out[variant] = {"mean": mean, "ci": ci, "per_seed": sizes, "at_highest": at_highest}
   return out
 
 

@@ -95,9 +95,10 @@ def run_tables(pruning_rows: Iterable[table.Row]):
 def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, dict]],
                         full: Mapping[str, float] | None) -> tuple[list[Row], str | None]:
   """`effective_size/<variant>` and its `/ci_low`, `/ci_high` (mean -+ the 95% Student-t
-  half-width, clipped to [0, 1]; nan for one pruning seed) of one (step, seed), over every
-  level of `runs` ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every
-  level has.
+  half-width, clipped to [0, 1]; nan for one pruning seed) and `/at_highest_level` (the
+  fraction of pruning seeds whose effective sparsity is the highest level tried: for them the
+  size is only an upper bound; `core.effective_size`) of one (step, seed), over every level of
+  `runs` ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every level has.
 
   Returns:
     (rows with sparsity nan, None), or ([], the reason) when the full model's accuracies or a
@@ -122,7 +123,9 @@ def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, 
     low, high = (float(np.clip(b, 0.0, 1.0)) for b in (mean - ci, mean + ci))
     rows += [(step, seed, nan, f"effective_size/{variant}", mean),
              (step, seed, nan, f"effective_size/{variant}/ci_low", low),
-             (step, seed, nan, f"effective_size/{variant}/ci_high", high)]
+             (step, seed, nan, f"effective_size/{variant}/ci_high", high),
+             (step, seed, nan, f"effective_size/{variant}/at_highest_level",
+              sizes[variant]["at_highest"])]
   return rows, None
 
 

@@ -120,7 +120,8 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
     absent), `jaccard_within_heads` and `compare_<table>_<COMPARE name>` from its
     `compare/<table>/...` rows; one row per training seed: the full model's accuracies and
-    the effective size of each variant with its 95% interval, clipped to [0, 1]).
+    the effective size of each variant with its 95% interval, clipped to [0, 1], and the
+    fraction of pruning seeds at the highest level tried, `_at_highest_level`).
   """
   step = data.steps[-1]
   sizes = effective_sizes(data)
@@ -153,11 +154,18 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     entry = sizes.get(seed, {"step": np.array([], int)})
     at = np.flatnonzero(entry["step"] == step)
     for variant in core.VARIANTS:
-      for suffix in ("", "/ci_low", "/ci_high"):
+      for suffix in ("", "/ci_low", "/ci_high", "/at_highest_level"):
         row[f"effective_size_{variant}{suffix.replace('/', '_')}"] = (
-            float(entry[variant + suffix][at[0]]) if at.size else math.nan)
+            float(entry[variant + suffix][at[0]]) if at.size and variant + suffix in entry
+            else math.nan)
     seed_rows.append(row)
   return level_rows, seed_rows
+
+
+def bound_mark(at_highest_level: float) -> str:
+  """'≤' when some pruning seeds reached the highest level tried (their effective size is an
+  upper bound: `core.effective_size`), else ''."""
+  return "≤" if math.isfinite(at_highest_level) and at_highest_level > 0 else ""
 
 
 def _f(v) -> str:
@@ -200,7 +208,8 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
       low, high = r[f"effective_size_{v}_ci_low"], r[f"effective_size_{v}_ci_high"]
       # An effective size lies in [0, 1]; the t interval of few pruning seeds can leave it.
       ci = (f" [{_f(max(low, 0.0))}, {_f(min(high, 1.0))}]" if math.isfinite(low) else "")
-      cells.append(_f(r[f"effective_size_{v}"]) + ci)
+      cells.append(bound_mark(r.get(f"effective_size_{v}_at_highest_level", math.nan))
+                   + _f(r[f"effective_size_{v}"]) + ci)
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "At the last pruned step (`sg_jax.prune`, docs/pruning.md). Per training seed "
             "and sparsity level: the means and the accuracy ranges are over the pruning seeds' "
@@ -210,7 +219,10 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
             "(and its MLP blocks with `--ablate_units=all`), and without as many random "
             "non-core heads (mean over draws). Effective size: 1 - the "
             "highest level within 0.03 of the full model's accuracy, mean over pruning seeds "
-            "with its 95% Student-t interval (mean: in- and out-of-domain accuracy averaged)."]
+            "with its 95% Student-t interval (mean: in- and out-of-domain accuracy averaged). "
+            "≤ marks a bound, not a value: some pruning seeds' subnetworks were within the "
+            "tolerance at the highest level tried, so their effective size is at most "
+            "1 - that level (prune at higher levels to measure it)."]
   return lines + _compare_lines(level_rows)
 
 

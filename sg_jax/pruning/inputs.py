@@ -1,0 +1,99 @@
+"""What pruning reads of a trained run: its lines (batched for the pruning steps, the means and
+the evaluations) and its seeds' parameters and mean-ablation means, shared by `sg_jax.prune` and
+`sg_jax.prune_core` (Bhaskar et al., ACL 2024; docs/pruning.md)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sg_jax import input_pipeline
+from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.pruning import means as means_lib
+from sg_jax.pruning import run as run_lib
+from sg_jax.tasks import io as tasks_io
+from sg_jax.tasks import vocab as vocab_lib
+
+
+def _encoded(task, config, workdir, vocab, split: str):
+  """The encoded lines of `split` of the run's data folder.
+
+  Raises:
+    ValueError: the task has no such split file.
+  """
+  data_dir = tasks_io.run_data_dir(config.data, workdir)
+  try:
+    return task.encode(task.read_split(data_dir, split), vocab)
+  except (FileNotFoundError, KeyError, ValueError) as e:
+    raise ValueError(f"cannot read split {split!r} of {data_dir} for the objective: {e}"
+                     ) from None
+
+
+def _lines(split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
+  n = min(num_lines, len(split)) if num_lines else len(split)
+  return {prefix + "inputs": jnp.asarray(means_lib.batch_lines(
+              np.asarray(split.inputs)[:n], batch_size)),
+          prefix + "targets": jnp.asarray(means_lib.batch_lines(
+              np.asarray(split.targets)[:n], batch_size))}
+
+
+def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_lines: int,
+               split: str | None = None) -> dict:
+  """The lines that pruning and the core analyses use, read once per workdir.
+
+  Args:
+    restored: a `checkpointing.restore` result (its config and vocabulary).
+    workdir: the run directory (its `data/` unless the config names another).
+    num_lines: training lines for the means and the KL (0 = all).
+    batch_size: lines per batch of 'train'.
+    eval_lines: lines per evaluation split (0 = the run's `eval.max_lines`).
+    split: also batch this split's lines as 'split_inputs' / 'split_targets' of 'train'
+      (the `task:SPLIT` objectives).
+
+  Returns:
+    {'task', 'train': {'inputs', 'targets': int32 [num_batches, batch_size, L]}, 'eval':
+    {'in_domain', 'out_of_domain': `prepare_eval_batches`}, 'means_inputs': int32 [N, L]}.
+
+  Raises:
+    ValueError: the task has no file of `split`.
+  """
+  config = restored.config
+  task, _, splits = input_pipeline.load_data(config, workdir)
+  out = {"task": task, "train": _lines(splits["train"], num_lines, batch_size)}
+  if split is not None:
+    vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+    out["train"].update(_lines(_encoded(task, config, workdir, vocab, split), num_lines,
+                               batch_size, "split_"))
+  out["eval"] = {name: input_pipeline.prepare_eval_batches(
+      splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
+      task.eval_fields) for name in ("in_domain", "out_of_domain")}
+  out["means_inputs"] = np.asarray(splits["train"].inputs)[:num_lines or len(splits["train"])]
+  return out
+
+
+def seed_inputs(restored, seeds: list[int], data: dict):
+  """The model config, vocabulary, parameters [S, ...] and mean-ablation means of `seeds`.
+
+  Args:
+    restored: a `checkpointing.restore` result holding `seeds`.
+    seeds: training seed ids, in the order of the returned leading axis.
+    data: `load_lines`'s result (the means are over its 'means_inputs').
+
+  Returns:
+    (ModelConfig with max_len covering every line (`run.pruning_model_config`), Vocab,
+    params [S, ...], (head means float32 [S, num_layers, num_heads, head_dim], MLP means
+    float32 [S, num_layers, d_model])).
+  """
+  vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+  longest = max(data["train"]["inputs"].shape[-1],
+                *(b["inputs"].shape[-1] for b in data["eval"].values()))
+  model_config = run_lib.pruning_model_config(ModelConfig.from_config(
+      restored.config.model, vocab.size, max_len=max(512, longest)))
+  run_seeds = list(restored.seeds)
+  idx = np.array([run_seeds.index(s) for s in seeds])
+  params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
+                                    restored.state["params"])
+  means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
+                                                        data["means_inputs"])))
+  return model_config, vocab, params_S, means_S
