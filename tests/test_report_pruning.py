@@ -208,3 +208,27 @@ def test_summary_clips_effective_size_intervals_to_0_1():
   lines = pruning_tables.markdown_lines([], [row])
   cells = _table_row(lines, "| run | 100 | 0 | 1 | 0.5 |")
   assert cells[5:] == ["0.6 [0, 1]"] * len(core.VARIANTS)
+
+
+def test_accuracy_figure_zooms_draws_stars_beneath_and_offsets_seeds(tmp_path):
+  """In-domain accuracies of the fixture lie in [0.4, 1.0]: the x-axis spans them (not 0-1),
+  every full-model star is drawn beneath the subnetworks' dots, and the two seeds' points are
+  offset by equal and opposite amounts around their values."""
+  from sg_jax.report import pruning_figures
+  workdir = str(tmp_path / "run")
+  _make_workdir(workdir)
+  data = pruning_tables.load_pruning(workdir, "run")
+  fig = pruning_figures.plot_accuracy(data, 200, str(tmp_path / "acc.png"))
+  ax = fig.axes[0]
+  low, high = ax.get_xlim()
+  assert 0.3 < low < 0.4 and high == pytest.approx(1.02)
+  stars = [c for c in ax.collections if "full model" in c.get_label()]
+  dots = [c for c in ax.collections if "subnetworks" in c.get_label()]
+  assert len(stars) == len(dots) == 2
+  assert max(c.get_zorder() for c in stars) < min(c.get_zorder() for c in dots)
+  # level 0.25 panel: seed 0's in-domain accuracies 0.99, 0.95; seed 1's 0.6, 0.7.
+  x0 = sorted(dots[0].get_offsets()[:, 0])
+  x1 = sorted(dots[1].get_offsets()[:, 0])
+  d0, d1 = x0[0] - 0.95, x1[0] - 0.6
+  assert d0 == pytest.approx(-d1) and d0 < 0 and abs(d0) < 0.02
+  assert x0[1] - 0.99 == pytest.approx(d0)

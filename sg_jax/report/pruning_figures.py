@@ -38,6 +38,25 @@ def _seed_colors(plt, seeds):
   return {seed: cmap(i % cmap.N) for i, seed in enumerate(sorted(seeds))}
 
 
+def _offsets(seeds, span: float, fraction: float = 0.012) -> dict:
+  """{seed: x offset}: seeds spread symmetrically around 0 in steps of `fraction` x `span`, so
+  equal values of different seeds stay visible side by side."""
+  seeds = sorted(seeds)
+  return {seed: (i - (len(seeds) - 1) / 2) * fraction * span for i, seed in enumerate(seeds)}
+
+
+def _zoomed_limits(values, pad_fraction: float = 0.08, min_pad: float = 0.02
+                   ) -> tuple[float, float]:
+  """Axis limits around the finite `values` (accuracies in [0, 1]) with a margin, within
+  [-0.02, 1.02]: a cloud of points near 1.0 is drawn large, not squeezed into a corner."""
+  finite = [v for v in values if np.isfinite(v)]
+  if not finite:
+    return -0.02, 1.02
+  low, high = min(finite), max(finite)
+  pad = max(min_pad, pad_fraction * (high - low))
+  return max(-0.02, low - pad), min(1.02, high + pad)
+
+
 def _save(plt, fig, path):
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -62,26 +81,35 @@ def plot_accuracy(data: Pruning, step: int, path: str, title_prefix: str = ""):
     return None
   plt = pyplot()
   colors = _seed_colors(plt, seeds)
+  fulls = {seed: data.full.get((step, seed), {}) for seed in seeds}
+  fulls = {seed: (f[IN_ACC], f[GEN_ACC]) for seed, f in fulls.items()
+           if IN_ACC in f and GEN_ACC in f}
+  every = [xy for xys in points.values() for xy in xys] + list(fulls.values())
+  xlim = _zoomed_limits([x for x, _ in every])
+  ylim = _zoomed_limits([y for _, y in every])
+  shift = _offsets(seeds, xlim[1] - xlim[0])  # seeds side by side: equal points stay visible
   fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels) + 2, 4), squeeze=False,
                            sharex=True, sharey=True)
   for ax, level in zip(axes[0], levels):
     for seed in seeds:
+      if seed in fulls:  # beneath the subnetworks' dots, which often sit on it
+        ax.scatter([fulls[seed][0] + shift[seed]], [fulls[seed][1]], marker="*", s=260,
+                   color=colors[seed], edgecolor="black", lw=0.8, alpha=0.45, zorder=1,
+                   label=f"seed {seed} full model")
       xy = np.array(points[(seed, level)]).reshape(-1, 2)
-      ax.scatter(xy[:, 0], xy[:, 1], color=colors[seed], s=28, alpha=0.8,
-                 label=f"seed {seed} subnetworks")
-      full = data.full.get((step, seed), {})
-      if IN_ACC in full and GEN_ACC in full:
-        ax.scatter([full[IN_ACC]], [full[GEN_ACC]], marker="*", s=220, color=colors[seed],
-                   edgecolor="black", lw=0.8, zorder=3, label=f"seed {seed} full model")
+      ax.scatter(xy[:, 0] + shift[seed], xy[:, 1], color=colors[seed], s=28, alpha=0.85,
+                 edgecolor="white", lw=0.4, zorder=3, label=f"seed {seed} subnetworks")
     ax.set_title(f"sparsity {level:g}")
     ax.set_xlabel("in-domain accuracy")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("out-of-domain (generalisation) accuracy")
   legend_outside(axes[0][-1])
   fig.suptitle(f"{title_prefix}subnetworks of {data.name}, step {step} (one dot per pruning "
-               "seed)")
+               "seed; axes zoomed to the data; seeds offset horizontally by "
+               f"{abs(shift[seeds[0]] - shift[seeds[-1]]) / max(1, len(seeds) - 1):.3f} "
+               "each)", fontsize=10)
   return _save(plt, fig, path)
 
 
@@ -150,24 +178,31 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
             "out_of_domain": "out-of-domain accuracy"}
   fig, axes = plt.subplots(1, len(core.VARIANTS), figsize=(4.2 * len(core.VARIANTS) + 2, 4),
                            squeeze=False, sharey=True)
+  steps = sorted({int(x) for entry in sizes.values() for x in entry["step"]})
+  # Seeds side by side at each step, so equal sizes of different seeds do not hide each other.
+  shift = _offsets(sizes, (steps[-1] - steps[0]) or 1.0)
   for ax, variant in zip(axes[0], core.VARIANTS):
     for seed, entry in sorted(sizes.items()):
+      x = entry["step"] + shift[seed]
       low, high = entry[variant + "/ci_low"], entry[variant + "/ci_high"]
       band = np.isfinite(low)  # nan for one pruning seed; clipped to [0, 1] (core_table)
-      ax.fill_between(entry["step"], np.where(band, low, entry[variant]),
+      ax.fill_between(x, np.where(band, low, entry[variant]),
                       np.where(band, high, entry[variant]), color=colors[seed], alpha=0.15, lw=0)
       # The interval as a bar at each step too: a band over a single step has no width.
-      ax.vlines(entry["step"][band], low[band], high[band], color=colors[seed], alpha=0.5,
-                lw=1.2)
-      ax.plot(entry["step"], entry[variant], "o-", color=colors[seed], lw=1.6, ms=4,
-              label=f"seed {seed}")
+      ax.vlines(x[band], low[band], high[band], color=colors[seed], alpha=0.5, lw=1.2)
+      ax.plot(x, entry[variant], "o-", color=colors[seed], lw=1.6, ms=4, label=f"seed {seed}")
+      bound = entry.get(variant + "/at_highest_level", np.zeros_like(x)) > 0
+      if bound.any():  # an upper bound: some pruning seeds reached the highest level tried
+        ax.scatter(x[bound], entry[variant][bound], marker="v", s=40, facecolor="none",
+                   edgecolor=colors[seed], lw=1.0, zorder=3)
     ax.set_title(f"effective size from {titles[variant]}", fontsize=9)
     ax.set_xlabel("training step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("effective size (1 - sparsity)")
   legend_outside(axes[0][-1]).set_title(
-      "band and bars: 95% t-interval\nover pruning seeds (in [0, 1])", prop={"size": 8})
+      "band and bars: 95% t-interval\nover pruning seeds (in [0, 1]);\nseeds offset along x;"
+      "\n▽: an upper bound (pruning seeds\nat the highest level tried)", prop={"size": 8})
   fig.suptitle(f"{title_prefix}effective size of {data.name} (within {core.TOLERANCE:g} of the "
                "full model)")
   return _save(plt, fig, path)
