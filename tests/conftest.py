@@ -111,3 +111,16 @@ def snapshot():
   """`snapshot(workdir)`: {relative path: bytes} of every file under a workdir, to check that
   a refused command changed nothing."""
   return snapshot_files
+
+
+@pytest.fixture
+def uas_quantity_registered():
+  """The `uas` analysis quantity registered for one test (it registers when its module is
+  imported, which happens once per process), unregistered after it."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  from sg_jax.analysis import registry, uas_quantity  # pylint: disable=import-outside-toplevel
+  if "uas" not in {q.name for q in registry.quantities()}:
+    importlib.reload(uas_quantity)
+  yield
+  if "uas" in {q.name for q in registry.quantities()}:
+    registry.unregister_quantity("uas")

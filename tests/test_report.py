@@ -313,33 +313,24 @@ def test_seed_group_table_and_band_with_few_values():
   plt.close(fig)
 
 
-def test_uas_dynamics_of_a_fresh_run_read_its_logged_uas(tmp_path):
+def test_uas_dynamics_of_a_fresh_run_read_its_logged_uas(tmp_path, uas_quantity_registered):
   """A run with `in_domain/uas` in metrics.csv and no analysis.csv (a fresh SAS run) gets
   dynamics_uas.png from the logged rows (`Dynamic.logged_as`); its title says so."""
-  import importlib
-  from sg_jax.analysis import registry
-  from sg_jax.analysis import uas_quantity
   from sg_jax.report import depth_figures, reading
-  if "uas" not in {q.name for q in registry.quantities()}:
-    importlib.reload(uas_quantity)  # an earlier test unregistered it
-  try:
-    workdir = str(tmp_path / "sas")
-    _make_run(workdir, 2, analysis=False)
-    with open(os.path.join(workdir, "metrics.csv"), "a", newline="") as f:
-      csv.writer(f).writerows([(step, seed, "in_domain/uas", 0.2 + step / 1000)
-                               for seed in CURVES[2] for step in STEPS])
-    run = reading.load_run(workdir)
-    path = str(tmp_path / "dynamics_uas.png")
-    fig = depth_figures.plot_dynamics({2: [run]}, "uas", path, "")
-    assert fig is not None and os.path.exists(path)
-    ax = fig.axes[0]
-    assert "in_domain/uas of metrics.csv" in ax.get_title()
-    drawn = sorted({tuple(np.round(line.get_ydata(), 6)) for line in ax.get_lines()
-                    if len(line.get_ydata()) == len(STEPS)})
-    assert tuple(np.round([0.2 + s / 1000 for s in STEPS], 6)) in drawn
-    # without the logged rows either, nothing is drawn
-    run_without = reading.load_run(str(tmp_path / "sas"))
-    run_without.series.pop("in_domain/uas")
-    assert depth_figures.plot_dynamics({2: [run_without]}, "uas", path + "2", "") is None
-  finally:
-    registry.unregister_quantity("uas")
+  workdir = str(tmp_path / "sas")
+  _make_run(workdir, 2, analysis=False)
+  with open(os.path.join(workdir, "metrics.csv"), "a", newline="") as f:
+    csv.writer(f).writerows([(step, seed, "in_domain/uas", 0.2 + step / 1000)
+                             for seed in CURVES[2] for step in STEPS])
+  run = reading.load_run(workdir)
+  path = str(tmp_path / "dynamics_uas.png")
+  fig = depth_figures.plot_dynamics({2: [run]}, "uas", path, "")
+  assert fig is not None and os.path.exists(path)
+  ax = fig.axes[0]
+  assert "in_domain/uas of metrics.csv" in ax.get_title()
+  drawn = sorted({tuple(np.round(line.get_ydata(), 6)) for line in ax.get_lines()
+                  if len(line.get_ydata()) == len(STEPS)})
+  assert tuple(np.round([0.2 + s / 1000 for s in STEPS], 6)) in drawn
+  # without the logged rows either, nothing is drawn
+  run.series.pop("in_domain/uas")
+  assert depth_figures.plot_dynamics({2: [run]}, "uas", path + "2", "") is None

@@ -145,10 +145,9 @@ def test_over_seeds_equals_each_seed_alone():
       np.testing.assert_allclose(np.asarray(both[k][s]), np.asarray(alone[k]), atol=1e-6)
 
 
-def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path):
-  from sg_jax.analysis import uas_quantity  # noqa: F401  (registers the quantity)
+def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
+                                                         uas_quantity_registered):
   from sg_jax import analyze
-  from sg_jax.analysis import registry
   config = tiny_config(**{"eval.uas_lines": 256, "eval.dense_until": 10, "eval.dense_every": 5,
                           "train.num_steps": 20,
                           "checkpoint.every": 10})
@@ -162,11 +161,12 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path):
   weights = [r["value"] for r in table if r["name"] == "in_domain/uas_weight"]
   assert len(weights) == 8 and all(0.0 < v < 1.0 for v in weights)
   assert not [r for r in table if r["name"].startswith("out_of_domain/uas")]
+  # the training loss is logged at every evaluation too (log_every is 10): the dense schedule
+  # densifies the loss curve that onsets read
+  loss_steps = sorted({r["step"] for r in table if r["name"] == "train/loss"})
+  assert {5, 10, 20} <= set(loss_steps) and config.train.log_every == 10
   # The analysis: per-head and per-relation rows; `uas` is the best head's.
-  try:
-    analyze.analyze(workdir, steps=[20], groups=["uas"], num_sentences=50, uas_min_count=100)
-  finally:
-    registry.unregister_quantity("uas")
+  analyze.analyze(workdir, steps=[20], groups=["uas"], num_sentences=50, uas_min_count=100)
   got = {}
   for r in metric_logging.read_table(os.path.join(workdir, "analysis.csv")):
     got.setdefault(r["seed"], {})[r["name"]] = r["value"]
