@@ -79,18 +79,37 @@ def decode_steps(task, batches: dict) -> int:
   return int(np.max(np.asarray(batches["lengths"]) - np.asarray(batches["task_pos"])))
 
 
+# The evaluation's key for an objective's own randomness (a masked LM's masking of the held-out
+# lines): fixed, so every evaluation of a run scores the same masked positions.
+EVAL_OBJECTIVE_SEED = 20240101
+
+
 def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int = 0,
                          kv_cache_fns: tuple | None = None,
-                         constructions: dict[str, int] | None = None) -> SplitEvaluator:
+                         constructions: dict[str, int] | None = None,
+                         objective=None) -> SplitEvaluator:
   """`make_evaluate_fn` in two parts (`SplitEvaluator`); arguments as there, and:
 
   constructions: {tag: index} of construction tags (`Task.constructions`) to report the task
     metric of separately: the batches then hold `construction` (int32 [batch], the line's
     index, -1 untagged), and each of the metric's sums is also computed on the lines of each
     tag, reported as `accuracy/<tag>` and `<sum>/<tag>` (divided by that tag's `total`).
+  objective: the run's `objectives.Objective` (None: `lm`). `loss` is its loss on the lines as
+    it lays them out (`Objective.lines`, with a fixed key, `EVAL_OBJECTIVE_SEED`: a masked LM
+    masks the same positions at every evaluation), plus its `metric_names` (e.g.
+    `masked_accuracy`); the task's metric (`accuracy`, ...) only where it means something for
+    the objective (`Objective.teacher_forced_metrics`: not for a masked LM).
   """
   metrics = task.make_metrics(vocab)
   use_cache = task.decodes and kv_cache_fns is not None
+  task_metrics = objective is None or objective.teacher_forced_metrics
+
+  def objective_sums(params, batch):
+    """(logits, targets) of the objective's own inputs and targets (`Objective.lines`)."""
+    key = jax.random.key(EVAL_OBJECTIVE_SEED)
+    inputs, targets = objective.lines(batch["inputs"], batch["targets"], batch["lengths"], key)
+    logits = apply_fn(params, inputs)
+    return logits, targets
 
   def forward(params, batch):
     """Teacher-forced logits, and with the cache the decoding (else None)."""
@@ -108,9 +127,21 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
     return prefilled[0], decoded
 
   def batch_sums(params, batch):
-    logits, decoded = forward(params, batch)
     valid = batch["valid"]
-    loss_sum, count = token_losses(logits, batch["targets"])
+    if not task_metrics:  # the objective's loss and metrics only (a masked LM)
+      logits, targets = objective_sums(params, batch)
+      targets = jnp.where(valid[:, None], targets, 0)
+      loss_sum, count = token_losses(logits, targets)
+      scored = targets != 0
+      return {"loss_sum": jnp.sum(loss_sum), "tokens": jnp.sum(count),
+              "predicted": jnp.sum((jnp.argmax(logits, -1) == targets) & scored
+                                   ).astype(jnp.float32)}
+    logits, decoded = forward(params, batch)
+    targets = batch["targets"]
+    if objective is not None:  # the objective's targets (prefix_lm: the output only)
+      targets = objective.lines(batch["inputs"], targets, batch["lengths"],
+                                jax.random.key(EVAL_OBJECTIVE_SEED))[1]
+    loss_sum, count = token_losses(logits, targets)
     out = {"loss_sum": jnp.sum(jnp.where(valid, loss_sum, 0.0)),
            "tokens": jnp.sum(jnp.where(valid, count, 0.0))}
     if task.decodes and decoded is None:
@@ -125,9 +156,11 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
 
   def summarize(per_batch):
     sums = jax.tree_util.tree_map(jnp.sum, per_batch)
+    out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0)}
+    if not task_metrics:
+      return out | {"masked_accuracy": sums["predicted"] / jnp.maximum(sums["tokens"], 1.0)}
     total = jnp.maximum(sums["total"], 1.0)
-    out = {"loss": sums["loss_sum"] / jnp.maximum(sums["tokens"], 1.0),
-           "accuracy": sums["correct"] / total}
+    out["accuracy"] = sums["correct"] / total
     for name in sums:
       if name not in ("loss_sum", "tokens", "correct", "total") and "@" not in name:
         out[name] = sums[name] / total

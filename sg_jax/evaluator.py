@@ -53,8 +53,8 @@ def _shapes(batches: dict) -> tuple:
   return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batches.items()))
 
 
-def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool = True
-              ) -> tuple[tuple, Callable, Callable]:
+def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool = True,
+              objective=None) -> tuple[tuple, Callable, Callable]:
   """(cache key, `one_batch`, `summarize`) of one split, from the cache when built before.
 
   `one_batch(params [S, ...], batches, i) -> {sum: [S]}` evaluates batch `i` of `batches`
@@ -62,11 +62,13 @@ def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool =
   `summarize(list of those) -> {metric: [S]}` (`evaluation.SplitEvaluator`). Both are jitted
   and take the data as arguments, so they serve any split of the same task and model.
   """
-  decode_steps = evaluation.decode_steps(task, batches)
-  use_cache = bool(task.decodes and kv_cache)
-  constructions = present_constructions(task, batches)
+  task_metrics = objective is None or objective.teacher_forced_metrics
+  decode_steps = evaluation.decode_steps(task, batches) if task_metrics else 0
+  # The key/value cache decodes causally: a prefix LM decodes with full forward passes.
+  use_cache = bool(task.decodes and kv_cache and model.config.attention == "causal")
+  constructions = present_constructions(task, batches) if task_metrics else {}
   key = (model, task_key(task), vocab, decode_steps, use_cache,
-         tuple(sorted(constructions.items())))
+         tuple(sorted(constructions.items())), objective)
   if key not in _SPLIT_FNS_CACHE:
     apply_fn = lambda p, t: model.apply({"params": p}, t, deterministic=True)
     kv_cache_fns = None
@@ -75,7 +77,7 @@ def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool =
                       lambda p, b, n: decoding.init_cache(model, p, b, n))
     split = evaluation.make_split_evaluator(task, apply_fn, vocab, decode_steps=decode_steps,
                                             kv_cache_fns=kv_cache_fns,
-                                            constructions=constructions)
+                                            constructions=constructions, objective=objective)
     one_batch = lambda p, data, i: split.batch_sums(p, jax.tree_util.tree_map(lambda x: x[i],
                                                                               data))
     stack = lambda sums: jax.tree_util.tree_map(lambda *x: jnp.stack(x, axis=1), *sums)
@@ -86,7 +88,8 @@ def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool =
 
 
 def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache: bool = True,
-                 batch_callback: Callable[[str, int, int], None] | None = None) -> Callable:
+                 batch_callback: Callable[[str, int, int], None] | None = None,
+                 objective=None) -> Callable:
   """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
 
   Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
@@ -107,6 +110,9 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
       False: one full forward pass per decoded token, the same tokens).
     batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
       (the benchmarks time batches with it).
+    objective: the run's `objectives.Objective` (None: `lm`): the loss is its loss, and a masked
+      LM gets `masked_accuracy` instead of the task's teacher-forced metric
+      (`evaluation.make_split_evaluator`).
   """
   per_split = {}
   uas_eval = None  # UAS of attention on in-domain lines (docs/sas.md), with its own batches
@@ -115,7 +121,7 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
   for name, batches in eval_data.items():
     if name == uas_lib.EVAL_KEY:
       continue
-    key, one_batch, summarize = split_fns(task, model, vocab, batches, kv_cache)
+    key, one_batch, summarize = split_fns(task, model, vocab, batches, kv_cache, objective)
     per_split[name] = (one_batch, summarize, np.asarray(batches["valid"]).sum(axis=1),
                        (key, _shapes(batches)))
 

@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import layers
+from sg_jax.attention_masks import ATTENTIONS, line_key_mask, line_mask
 from sg_jax.interventions import check_interventions, mean_ablate
 
 Array = jax.Array
 
 INTERMEDIATES = "intermediates"  # the flax collection the forward pass sows into
-ATTENTIONS = ("causal", "bidirectional")  # ModelConfig.attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +56,10 @@ class ModelConfig:
     layer_impl: "tuned" (`layers.py`'s CPU layers), "plain" (Flax's) or "auto" (tuned on CPU,
       plain on GPU/TPU); same parameters either way (`layers.layer_set`).
     matmul_precision: "default", "high" or "highest" for every matmul (`layers.MATMUL_PRECISIONS`).
-    attention: "causal" (a token attends to itself and the tokens before it) or "bidirectional"
-      (to every token of its line): set by the training objective (`objectives`), not by
-      `config.model`.
+    attention: "causal", "bidirectional" or "prefix" (`attention_masks`): set by the training
+      objective (`objectives`), not by `config.model`.
+    prefix_end_ids: the ids that end a line's prefix under `prefix` attention (the task
+      tokens), else ().
   """
 
   vocab_size: int
@@ -74,6 +75,7 @@ class ModelConfig:
   layer_impl: str = "auto"
   matmul_precision: str = "default"
   attention: str = "causal"
+  prefix_end_ids: tuple = ()
 
   def __post_init__(self):
     # The one statement of the model fields' rules: config_checks.validate checks a run config's
@@ -91,6 +93,8 @@ class ModelConfig:
         (self.matmul_precision in layers.MATMUL_PRECISIONS, "matmul_precision",
          "must be default, high or highest"),
         (self.attention in ATTENTIONS, "attention", f"must be one of {ATTENTIONS}"),
+        (self.attention != "prefix" or bool(self.prefix_end_ids), "prefix_end_ids",
+         "must name the task tokens for prefix attention"),
     )
     for ok, name, rule in rules:
       if not ok:
@@ -102,16 +106,16 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512,
-                  attention: str = "causal") -> "ModelConfig":
+                  attention: str = "causal", prefix_end_ids: tuple = ()) -> "ModelConfig":
     """Builds a ModelConfig from the `model` section of an ml_collections config.
 
     Each field of `model_cfg` sets the ModelConfig field of the same name (cast to the type of
     its default); fields it does not set keep their defaults.
 
     Raises:
-      ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`, `max_len` or
-        `attention`, which come from the arguments), or a value breaks a rule of
-        `__post_init__`.
+      ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`, `max_len`,
+        `attention` or `prefix_end_ids`, which come from the arguments), or a value breaks a
+        rule of `__post_init__`.
     """
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _FROM_ARGUMENTS}
     values = {}
@@ -121,10 +125,11 @@ class ModelConfig:
                          f"{', '.join(fields)})")
       default = fields[name].default
       values[name] = type(default)(value) if isinstance(default, (bool, int, float, str)) else value
-    return cls(vocab_size=vocab_size, max_len=max_len, attention=attention, **values)
+    return cls(vocab_size=vocab_size, max_len=max_len, attention=attention,
+               prefix_end_ids=tuple(int(i) for i in prefix_end_ids), **values)
 
 
-_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention")
+_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention", "prefix_end_ids")
 
 
 def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> nn.initializers.Initializer:
@@ -153,29 +158,6 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   pe[:, 0::2] = np.sin(pos * div)
   pe[:, 1::2] = np.cos(pos * div)[:, : d_model // 2]
   return pe.astype(np.float32)
-
-
-def causal_mask(length: int) -> Array:
-  """Boolean [length, length] mask, True where query position q may attend to key k <= q."""
-  return jnp.tril(jnp.ones((length, length), dtype=bool))
-
-
-def self_attention_mask(attention: str, length: int) -> Array:
-  """Boolean [length, length] mask of one line under `ModelConfig.attention`: `causal_mask`,
-  or all True ('bidirectional')."""
-  if attention == "causal":
-    return causal_mask(length)
-  return jnp.ones((length, length), dtype=bool)
-
-
-def line_key_mask(unpack_BxNxM: Array, repack_BxL: Array) -> Array:
-  """Boolean [B * N, M]: True at the slots of the line layout that hold a token of their own
-  line (`packing.pack_lines`: slot o of line j is its token when the row position it reads
-  maps back to j * M + o), False past a line's end."""
-  b, n, m = unpack_BxNxM.shape
-  back = jnp.take_along_axis(repack_BxL, unpack_BxNxM.reshape(b, n * m), axis=1)
-  want = jnp.arange(n * m, dtype=back.dtype)[None, :]
-  return (back == want).reshape(b * n, m)
 
 
 class MultiHeadAttention(nn.Module):
@@ -211,8 +193,9 @@ class MultiHeadAttention(nn.Module):
     the padded layout's defaults). With `lines` = (unpack_index [B, N, M], repack_index [B, L])
     the rows hold N packed lines of at most M tokens (`packing.pack_lines`): queries, keys and
     values are gathered into the line layout [B * N, M] (`layers.unpack_lines`), each line
-    attends causally to itself only (`mask_BxHxLxL`, `ids_BxL` and `positions_BxL` are then not
-    used: line j's token o has the padded layout's id (b N + j) M + o and position o), the
+    attends to itself only (`mask_BxHxLxL` is then the line layout's mask [B * N, 1, M, M], made
+    by `TransformerLM`; `ids_BxL` and `positions_BxL` are not used: line j's token o has the
+    padded layout's id (b N + j) M + o and position o), the
     probabilities are [B * N, H, M, M] (rows past a line's end are computed from whatever the
     unpack index points at and are meaningless), and the head outputs are gathered back to the
     rows (`layers.repack_lines`) before the intervention and the merge projection.
@@ -239,9 +222,6 @@ class MultiHeadAttention(nn.Module):
       q_BxLxHxP, k_BxLxHxP, v_BxLxHxP = (layers.unpack_lines(t, unpack_BxNxM)
                                          for t in (q_BxLxHxP, k_BxLxHxP, v_BxLxHxP))
       ids_BxL, positions_BxL = layers.default_token_ids_and_positions(*q_BxLxHxP.shape[:2])
-      mask_BxHxLxL = self_attention_mask(cfg.attention, q_BxLxHxP.shape[1])[None, None]
-      if cfg.attention == "bidirectional":  # keys past a line's end hold other tokens
-        mask_BxHxLxL = mask_BxHxLxL & line_key_mask(unpack_BxNxM, repack_BxL)[:, None, None, :]
     one_query = decode and q_BxLxHxP.shape[1] == 1
     logits_BxHxLxL = layers.attention_logits(q_BxLxHxP, k_BxLxHxP, one_query, lay.precision)
     logits_BxHxLxL = jnp.where(mask_BxHxLxL, logits_BxHxLxL, jnp.finfo(dtype).min)
@@ -316,7 +296,8 @@ class TransformerLayer(nn.Module):
 
 
 class TransformerLM(nn.Module):
-  """Causal transformer LM of the structural-grokking study, for one seed.
+  """The transformer LM of the structural-grokking study, for one seed: causal, or
+  bidirectional / prefix attention as the objective sets (`ModelConfig.attention`).
 
   Call signature: `apply({'params': p}, tokens_BxL, deterministic=..., attention_mask=None,
   rngs={'dropout': key})`; shapes below are one seed's (vmap adds the seed axis in front).
@@ -325,14 +306,15 @@ class TransformerLM(nn.Module):
     tokens_BxL: int32 [batch, length] input ids (`SOS w1 ... wn` then `<pad>`=0).
     deterministic: disable dropout (evaluation/analysis).
     attention_mask: optional bool [batch, length, length] or [batch, heads, length, length];
-      True = may attend. It is AND-ed with the causal mask in every layer.
+      True = may attend. It is AND-ed with the attention's line mask (`attention_masks`) in
+      every layer.
     positions_BxL: optional int32 [batch, length] position of each token for the sinusoidal
       table (default 0..length-1); packed training rows restart it at every line.
     token_ids_BxL: optional uint32 [batch, length] identity of each token for the dropout masks
       (default b * length + l); see `layers.CoordinateDropout`.
     lines: optional (unpack_index int32 [batch, N, M], repack_index int32 [batch, length]) of
       rows that pack N lines of at most M tokens each (`packing.pack_lines`): attention then runs
-      in the line layout [batch * N, M], causal within each line (`MultiHeadAttention`), so its
+      in the line layout [batch * N, M], within each line (`MultiHeadAttention`), so its
       cost follows the lines, not the row length. Excludes `attention_mask`.
     decode: incremental (KV-cached) decoding, deterministic only: pass `positions_BxL` (the
       slot of each token in its line) and a mutable `cache` collection (`init_cache`,
@@ -400,9 +382,11 @@ class TransformerLM(nn.Module):
     x_BxLxD = layers.CoordinateDropout(cfg.dropout, name="embedding_dropout")(
         x_BxLxD, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
 
-    mask = self_attention_mask(cfg.attention, length)[None, None]
-    if cfg.attention == "bidirectional":  # no real token attends to the padding after its line
-      mask = mask & (tokens_BxL != 0)[:, None, None, :]
+    if lines is None:  # no real token attends to the padding after its line
+      mask = line_mask(cfg.attention, tokens_BxL, tokens_BxL != 0, cfg.prefix_end_ids)
+    else:  # the line layout [B * N, M] of the packed rows (`MultiHeadAttention`)
+      mask = line_mask(cfg.attention, layers.unpack_lines(tokens_BxL, lines[0]),
+                       line_key_mask(*lines), cfg.prefix_end_ids)
     if attention_mask is not None and lines is not None:
       raise ValueError("pass either attention_mask or lines (packed rows), not both")
     if attention_mask is not None:

@@ -151,9 +151,10 @@ def model_inputs(objective: objectives.Objective, data: dict, idx_B: Array,
 def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Objective,
                terms: tuple, lams_T: tuple, inputs_BxL: Array, targets_BxL: Array,
                dropout_key: Array | None, data: dict | None = None, idx_B: Array | None = None,
-               **model_kwargs) -> tuple[Array, tuple[Array, tuple]]:
-  """(objective loss + sum_t lams_T[t] * penalty_t, (objective loss, (penalty_t, ...))) of one
-  seed's batch (float32 scalars).
+               **model_kwargs) -> tuple[Array, tuple[Array, tuple, dict]]:
+  """(objective loss + sum_t lams_T[t] * penalty_t, (objective loss, (penalty_t, ...),
+  {objective metric: value})) of one seed's batch (float32 scalars; the metrics are the
+  objective's `metric_names`, e.g. a masked LM's `masked_accuracy`).
 
   Args:
     terms: the active loss terms (`terms.active`), static; () = the objective alone, and the
@@ -174,14 +175,16 @@ def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Obj
     pen = term.penalty(params, sown, data, idx_B, model.config)
     total = total + lam * pen
     penalties.append(pen)
-  return total, (loss, tuple(penalties))
+  metrics = jax.lax.stop_gradient(objective.metrics(logits, targets_BxL))
+  return total, (loss, tuple(penalties), metrics)
 
 
 def loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, step: Array,
                    model: model_lib.TransformerLM, objective: objectives.Objective,
                    terms: tuple = (), lams_T: tuple = (), capacity: int | None = None
-                   ) -> tuple[tuple[Array, tuple], Any]:
-  """((objective loss [], (penalty_t [], ...)), gradients like `params`) of one seed's step on
+                   ) -> tuple[tuple[Array, tuple, dict], Any]:
+  """((objective loss [], (penalty_t [], ...), {objective metric: []}), gradients like `params`)
+  of one seed's step on
   the lines `idx_B` of `data`, with that step's dropout masks: the one training body's loss
   (`model_inputs`, then `total_loss`). `key_data` is the seed's uint32 [2] key data."""
   inputs, targets, model_kwargs = model_inputs(objective, data, idx_B, capacity, key_data, step)
@@ -226,8 +229,8 @@ def train_step(state: TrainState, data: dict, idx_B: Array, step: Array,
                objective: objectives.Objective, capacity: int | None = None) -> TrainState:
   """One AdamW step of one seed on the lines `idx_B` of `data` (no loss terms):
   `loss_and_grads`, then `apply_gradients`."""
-  (loss, _), grads = loss_and_grads(state.params, state.key, data, idx_B, step, model,
-                                    objective, capacity=capacity)
+  (loss, _, _), grads = loss_and_grads(state.params, state.key, data, idx_B, step, model,
+                                       objective, capacity=capacity)
   return apply_gradients(state, loss, grads, step, tx)
 
 
@@ -327,7 +330,8 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
 
   With `terms`, each seed's gradient is that of the objective's loss plus each term's lambda
   (at this step, `terms.lambdas_at`) times its penalty; `train/loss` stays the objective's
-  loss and `sums['<name>_loss']` adds each penalty.
+  loss, `sums['<name>_loss']` adds each penalty and `sums[<metric>]` each of the objective's
+  `metric_names`.
   """
   objective = objective or objectives.from_config({})
 
@@ -350,13 +354,13 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
       perm, idx = sample(perm, step)
       lams = tuple(terms_lib.lambdas_at(data, term, state.step.shape[0], step) for term in terms)
       if capacities is None:
-        (loss, pens), grads = grads_of(None)(state.params, state.key, idx, lams, step)
+        (loss, pens, metrics), grads = grads_of(None)(state.params, state.key, idx, lams, step)
       else:
         need = jnp.max(jnp.sum(data["lengths"][idx], axis=-1))
         bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-        (loss, pens), grads = jax.lax.switch(bucket, [grads_of(c) for c in capacities],
-                                             state.params, state.key, idx, lams, step)
-      named = {terms_lib.sum_name(term): pen for term, pen in zip(terms, pens)}
+        (loss, pens, metrics), grads = jax.lax.switch(
+            bucket, [grads_of(c) for c in capacities], state.params, state.key, idx, lams, step)
+      named = {terms_lib.sum_name(term): pen for term, pen in zip(terms, pens)} | metrics
       state = jax.vmap(lambda s, l, g, p: apply_gradients(s, l, g, step, tx, p))(
           state, loss, grads, named)
       return (state, perm), None
@@ -429,7 +433,7 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
     model = model_lib.TransformerLM(objectives.model_config(config, vocab_size))
     tx = make_optimizer(config.optim, int(config.train.num_steps))
     terms = terms_lib.active(config)
-    sums = tuple(terms_lib.sum_name(term) for term in terms)
+    sums = tuple(terms_lib.sum_name(term) for term in terms) + objective.metric_names
     init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx, sums)))
     chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
                              sharded=mesh is not None, objective=objective, terms=terms)

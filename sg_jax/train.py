@@ -32,6 +32,7 @@ from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
+from sg_jax import objectives
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
@@ -225,7 +226,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
                                   task.eval_fields)
        for name in ("in_domain", "out_of_domain")}
       | uas.eval_batches(config, task, vocab, workdir), mesh)  # {} without gold dependencies
-  evaluate = make_eval_fn(task, fns.model, vocab, eval_data, kv_cache=config.eval.kv_cache)
+  evaluate = make_eval_fn(task, fns.model, vocab, eval_data, kv_cache=config.eval.kv_cache,
+                          objective=fns.objective)
 
   writer = sharding.is_writer()
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
@@ -422,6 +424,8 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   metrics["train/loss"] = np.where(diverged, np.nan, metrics["train/loss"])
   for term in terms_lib.active(config):  # each loss term's penalty (e.g. SAS, docs/sas.md)
     metrics[f"train/{terms_lib.sum_name(term)}"] = sums[terms_lib.sum_name(term)] / n
+  for name in objectives.from_config(config).metric_names:  # e.g. a masked LM's accuracy
+    metrics[f"train/{name}"] = sums[name] / n
   loop.table.write(step, seeds, metrics)
   loop.summaries.write(step, seeds, metrics)
   rate = (step - loop.start_step) / max(time.time() - loop.start_time, 1e-9)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sg_jax import attention_masks
 from sg_jax import model as model_lib
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
 from sg_jax import packing
@@ -206,7 +207,7 @@ def test_sown_intermediates_in_the_packed_layout_and_one_layers_attention():
   padded_tokens = _tokens(7)
   _, padded = apply_with_intermediates(model, params, padded_tokens)
   weights = attention_probabilities(model.config, params["layer_0"]["attention"],
-                                    padded["hidden"][0], model_lib.causal_mask(9)[None, None])
+                                    padded["hidden"][0], attention_masks.causal_mask(9)[None, None])
   np.testing.assert_allclose(weights, padded["attention"][0], atol=1e-6, rtol=0)
 
 

@@ -148,7 +148,7 @@ def test_sas_through_the_body_equals_the_hand_written_regularised_loss():
   key_data, t, lam = jax.random.key_data(jax.random.key(3)), jnp.int32(7), jnp.float32(0.3)
   options = sas.SasOptions(variant="sum", p=2.0)
   idx = jnp.arange(4, dtype=jnp.int32)
-  (loss, (pen,)), grads = step.loss_and_grads(params, key_data, data, idx, t, model,
+  (loss, (pen,), _), grads = step.loss_and_grads(params, key_data, data, idx, t, model,
                                               objectives.from_config({}), (options,), (lam,))
 
   def by_hand(prm):

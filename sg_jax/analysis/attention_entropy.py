@@ -49,7 +49,8 @@ import numpy as np
 
 from sg_jax.analysis import pipeline, registry
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
-from sg_jax.model import ModelConfig, TransformerLM, causal_mask
+from sg_jax.attention_masks import causal_mask
+from sg_jax.model import ModelConfig, TransformerLM
 
 Array = jax.Array
 PyTree = Any

@@ -3,6 +3,8 @@ model uses (`base.Objective`). `config.objective` names one of the registered ob
 one is one module with a registered `Objective` subclass (docs/objectives.md)."""
 
 from sg_jax.objectives import lm  # noqa: F401  (registers `lm`)
-from sg_jax.objectives.base import (ATTENTIONS, Objective, from_config, mean_token_loss,  # noqa: F401
-                                    model_config,
-                                    names, register, token_losses)
+from sg_jax.objectives import mlm  # noqa: F401  (registers `mlm`)
+from sg_jax.objectives import prefix_lm  # noqa: F401  (registers `prefix_lm`)
+from sg_jax.objectives.base import (ATTENTIONS, Objective, from_config,  # noqa: F401
+                                    masked_accuracy, mean_token_loss, model_config, names,
+                                    register, token_losses)

@@ -24,10 +24,9 @@ import jax.numpy as jnp
 import optax
 
 from sg_jax import model as model_lib
+from sg_jax.attention_masks import ATTENTIONS
 
 Array = jax.Array
-
-ATTENTIONS = ("causal", "bidirectional")
 
 
 def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]:
@@ -58,13 +57,29 @@ class Objective:
 
   Class attributes:
     name: the `config.objective` value that selects it.
-    attention: the model's attention within a line: 'causal' (a token attends to itself and
-      the tokens before it) or 'bidirectional' (to every token of its line); `<pad>` keys are
-      never attended in packed rows, and in padded rows they only matter to padding queries.
+    attention: the model's attention within a line (`attention_masks`): 'causal' (a token
+      attends to itself and the tokens before it), 'bidirectional' (to every token of its
+      line) or 'prefix' (bidirectional over the line's input part up to its task token, causal
+      after it; `prefix_end_ids`); `<pad>` keys are never attended in packed rows, and in
+      padded rows they only matter to padding queries.
+    extra_tokens: ids the objective adds after the task's vocabulary (a masked LM's `[MASK]`
+      is id `vocab.size`): the model has `vocab.size + extra_tokens` embedding rows.
+    metric_names: what `metrics` returns; logged as `train/<name>` (means since the last log).
+    teacher_forced_metrics: whether the task's metric (the next-token ranking at the task token
+      and greedy decoding) means anything for a model trained so (False for a masked LM, whose
+      evaluation reads the minimal-pair preference instead).
   """
 
   name: ClassVar[str] = ""
   attention: ClassVar[str] = "causal"
+  extra_tokens: ClassVar[int] = 0
+  metric_names: ClassVar[tuple[str, ...]] = ()
+  teacher_forced_metrics: ClassVar[bool] = True
+
+  @property
+  def prefix_end_ids(self) -> tuple[int, ...]:
+    """The ids that end a line's prefix under 'prefix' attention (else ())."""
+    return ()
 
   @classmethod
   def from_config(cls, config) -> "Objective":
@@ -94,6 +109,11 @@ class Objective:
   def loss(self, logits_BxLxV: Array, targets_BxL: Array) -> Array:
     """The loss of a batch (float32 []): `mean_token_loss` unless overridden."""
     return mean_token_loss(logits_BxLxV, targets_BxL)
+
+  def metrics(self, logits_BxLxV: Array, targets_BxL: Array) -> dict[str, Array]:
+    """{name: float32 []} for each of `metric_names`, of one step's batch (default none)."""
+    del logits_BxLxV, targets_BxL
+    return {}
 
 
 _REGISTRY: dict[str, type[Objective]] = {}
@@ -138,11 +158,25 @@ def from_config(config) -> Objective:
 
 
 def model_config(config, vocab_size: int, max_len: int = 512):
-  """The `model.ModelConfig` of a run config: its `model` section, with the attention of its
-  objective (`from_config(config).attention`).
+  """The `model.ModelConfig` of a run config: its `model` section, with the attention, the
+  prefix-end ids and the extra vocabulary rows of its objective (`from_config(config)`).
+
+  Args:
+    vocab_size: the task vocabulary's size (`Vocab.size`); the objective's `extra_tokens` are
+      added to it.
 
   Raises:
     ValueError: a bad model field or objective.
   """
-  return model_lib.ModelConfig.from_config(config.model, vocab_size, max_len,
-                                           attention=from_config(config).attention)
+  objective = from_config(config)
+  return model_lib.ModelConfig.from_config(config.model, vocab_size + objective.extra_tokens,
+                                           max_len, attention=objective.attention,
+                                           prefix_end_ids=objective.prefix_end_ids)
+
+
+def masked_accuracy(logits_BxLxV: Array, targets_BxL: Array) -> Array:
+  """Fraction (float32 []) of the scored targets (id != 0) whose argmax prediction is right (0
+  for a batch without any)."""
+  scored = targets_BxL != 0
+  right = (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL) & scored
+  return jnp.sum(right) / jnp.maximum(jnp.sum(scored), 1)
