@@ -69,6 +69,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
   need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
   need(config.eval.uas_lines >= 0, "eval.uas_lines", "must be >= 0 (0 disables)")
+  need(config.eval.get("preference_lines", 0) >= 0, "eval.preference_lines",
+       "must be >= 0 (0 disables)")
   need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
   need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
   need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")

@@ -164,6 +164,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # UAS of attention (docs/sas.md): in-domain lines scored at every evaluation (in_domain/uas,
   # in_domain/uas_weight); 0 disables. Tasks without gold dependencies (Dyck) log none.
   c.eval.uas_lines = 256
+  # Minimal-pair preference (sg_jax/preference.py, docs/objectives.md): the first transformed
+  # lines of each held-out split scored against their grammar's foils at every evaluation
+  # (<split>/preference...); 0 disables. Tasks without foils (Dyck) log none.
+  c.eval.preference_lines = 256
   # Dyck: offer closing -> opening bracket arcs as gold dependencies (then UAS is logged too).
   c.eval.dyck_bracket_arcs = False
   # Dense-early schedule: also evaluate every `dense_every` steps up to step `dense_until`
@@ -182,6 +186,17 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.sas.variant = "sum"  # "sum" over (layer, head) or "max"
   c.sas.p = 1.0  # sum variant: (sum of A^p)^(1/p)
   c.sas.direction = "both"  # "both", "head" (dependent -> head only), "children"
+
+  # Tree regulariser (TreeReg, Nandi et al. 2025; docs/tree_regularisation.md,
+  # sg_jax/terms/tree.py): loss + lambda * the cross-entropy of the gold splits of each line's
+  # declarative tree under the SCIN chart of one layer. Per-seed tuples as for sas; lambda > 0
+  # promotes the gold trees, < 0 penalises them; all 0 = off (nothing is built).
+  c.tree = ml_collections.ConfigDict()
+  c.tree.lambdas = (0.0,)
+  c.tree.starts = (0,)  # first step of each seed's window
+  c.tree.ends = (0,)  # end (exclusive) of each seed's window; 0 = until the end of training
+  c.tree.layer = -1  # hidden states after this many layers (1..num_layers); -1 = the last
+  c.tree.dims = 0.25  # fraction of the d_model components used (the first ones; TreeReg: 0.25)
 
   c.checkpoint = ml_collections.ConfigDict()
   # Checkpoint interval (steps); the analysis reads these.

@@ -19,6 +19,8 @@ import numpy as np
 
 from sg_jax import decoding
 from sg_jax import evaluation
+from sg_jax import objectives
+from sg_jax import preference
 from sg_jax.analysis import uas as uas_lib
 from sg_jax.model import TransformerLM
 
@@ -99,7 +101,9 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
   evaluate before their first batch (and that they compile first, unless every split's functions
   were compiled for these shapes earlier in the process: `split_fns` caches them).
   With `uas.EVAL_KEY` batches in `eval_data` (`uas.eval_batches`), `in_domain` also gets `uas`
-  and `uas_weight` (best head; docs/sas.md).
+  and `uas_weight` (best head; docs/sas.md); with `preference.EVAL_PREFIX` batches
+  (`preference.eval_batches`) each split gets `preference`, `preference_vs_<kind>` and
+  `preference/<tag>` (the minimal-pair preference, scored as `objective` scores sentences).
 
   Args:
     task: the run's `tasks.Task` (`tasks.from_config(config)`): its `make_metrics` is the metric.
@@ -118,8 +122,12 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
   uas_eval = None  # UAS of attention on in-domain lines (docs/sas.md), with its own batches
   if uas_lib.EVAL_KEY in eval_data:
     uas_eval = uas_lib.make_uas_eval(model, vocab, eval_data[uas_lib.EVAL_KEY])
+  preference_eval = None  # minimal pairs of both splits (sg_jax/preference.py)
+  if any(name.startswith(preference.EVAL_PREFIX) for name in eval_data):
+    preference_eval = preference.make_preference_eval(
+        model, objective or objectives.from_config({}), task, eval_data)
   for name, batches in eval_data.items():
-    if name == uas_lib.EVAL_KEY:
+    if name == uas_lib.EVAL_KEY or name.startswith(preference.EVAL_PREFIX):
       continue
     key, one_batch, summarize = split_fns(task, model, vocab, batches, kv_cache, objective)
     per_split[name] = (one_batch, summarize, np.asarray(batches["valid"]).sum(axis=1),
@@ -152,6 +160,9 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
       _COMPILED.add(compiled_key + (num_seeds,))
     if uas_eval is not None:
       results["in_domain"] = {**results["in_domain"], **uas_eval(params)}
+    if preference_eval is not None:
+      for split, values in preference_eval(params).items():
+        results[split] = {**results.get(split, {}), **values}
     progress.close()
     last_seconds.append(progress.clock() - progress.start)
     return results

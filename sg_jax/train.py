@@ -33,6 +33,7 @@ from sg_jax import layers
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
 from sg_jax import objectives
+from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
@@ -225,7 +226,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
       {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
                                   task.eval_fields)
        for name in ("in_domain", "out_of_domain")}
-      | uas.eval_batches(config, task, vocab, workdir), mesh)  # {} without gold dependencies
+      | uas.eval_batches(config, task, vocab, workdir)  # {} without gold dependencies
+      | preference.eval_batches(config, task, vocab, workdir), mesh)  # {} without foils
   evaluate = make_eval_fn(task, fns.model, vocab, eval_data, kv_cache=config.eval.kv_cache,
                           objective=fns.objective)
 

@@ -50,8 +50,9 @@ def load_config():
 # What a test-sized run leaves out unless the test asks for it (a field given to
 # `make_tiny_config` wins): the padded layout instead of packing (one train-step branch to
 # compile instead of one per row-capacity bucket) and no UAS evaluation (one evaluation program
-# less). The tests of packing and of UAS set these fields themselves.
-TEST_SIZED = {"train.packing": False, "eval.uas_lines": 0}
+# less), no minimal-pair preference. The tests of packing, UAS and preference set these fields
+# themselves.
+TEST_SIZED = {"train.packing": False, "eval.uas_lines": 0, "eval.preference_lines": 0}
 
 
 def make_tiny_config(data_dir, task="question", **fields):

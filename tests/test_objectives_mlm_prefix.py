@@ -149,3 +149,25 @@ def test_training_padded_equals_packed_and_grouped_equals_alone(objective, tiny_
   if objective == "mlm":  # the [MASK] row, and the masked accuracy summed per step
     assert padded["embedding"]["embedding"].shape[1] == vocab.size + 1
     assert np.all((sums["masked_accuracy"] >= 0) & (sums["masked_accuracy"] <= 20))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["mlm", "prefix_lm"])
+def test_a_run_logs_the_objectives_metrics_and_the_preference(objective, tiny_config, tmp_path):
+  from sg_jax import metric_logging, train
+  config = tiny_config(objective=objective, **{"eval.preference_lines": 24,
+                                               "train.num_steps": 20, "eval.every": 20})
+  train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
+  rows = metric_logging.read_table(str(tmp_path / "metrics.csv"))
+  names = {r["name"] for r in rows}
+  for split in ("in_domain", "out_of_domain"):
+    assert {f"{split}/loss", f"{split}/preference"} <= names
+  assert "out_of_domain/preference_vs_move_first" in names
+  assert "in_domain/preference_vs_move_first" not in names  # in-domain: move-first is right
+  values = [r["value"] for r in rows if "preference" in r["name"]]
+  assert values and all(0.0 <= v <= 1.0 for v in values)
+  if objective == "mlm":
+    assert {"train/masked_accuracy", "in_domain/masked_accuracy"} <= names
+    assert "in_domain/accuracy" not in names  # no teacher-forced task metric for a masked LM
+  else:
+    assert "in_domain/accuracy" in names

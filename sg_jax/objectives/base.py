@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from sg_jax import model as model_lib
+from sg_jax import preference
 from sg_jax.attention_masks import ATTENTIONS
 
 Array = jax.Array
@@ -109,6 +110,20 @@ class Objective:
   def loss(self, logits_BxLxV: Array, targets_BxL: Array) -> Array:
     """The loss of a batch (float32 []): `mean_token_loss` unless overridden."""
     return mean_token_loss(logits_BxLxV, targets_BxL)
+
+  def sentence_scores(self, apply_fn, inputs_NxL: Array, targets_NxL: Array, task_pos_N: Array,
+                      lengths_N: Array, num_positions: int) -> Array:
+    """float32 [N]: how much the model trained so likes each line's output given its input
+    (nats), for the minimal-pair preference (`sg_jax.preference`). Default: the conditional
+    log-probability (`preference.conditional_log_probs`).
+
+    Args:
+      apply_fn: `tokens [N, L] -> logits [N, L, V]`, deterministic.
+      num_positions: static; the longest output of the lines (words + EOS).
+    """
+    del num_positions
+    return preference.conditional_log_probs(apply_fn(inputs_NxL), targets_NxL, task_pos_N,
+                                            lengths_N)
 
   def metrics(self, logits_BxLxV: Array, targets_BxL: Array) -> dict[str, Array]:
     """{name: float32 []} for each of `metric_names`, of one step's batch (default none)."""

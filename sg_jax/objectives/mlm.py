@@ -19,6 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from sg_jax import preference
 from sg_jax import tasks
 from sg_jax.objectives import base
 
@@ -70,6 +71,13 @@ class MaskedLanguageModeling(base.Objective):
                                     inputs_BxL))
     return (jnp.where(selected, corrupted, inputs_BxL),
             jnp.where(selected, inputs_BxL, jnp.zeros_like(inputs_BxL)))
+
+  def sentence_scores(self, apply_fn, inputs_NxL: Array, targets_NxL: Array, task_pos_N: Array,
+                      lengths_N: Array, num_positions: int) -> Array:
+    """The pseudo-log-likelihood of each output (`preference.pseudo_log_likelihood`)."""
+    del targets_NxL
+    return preference.pseudo_log_likelihood(apply_fn, inputs_NxL, task_pos_N, lengths_N,
+                                             self.mask_id, num_positions)
 
   def metrics(self, logits_BxLxV: Array, targets_BxL: Array) -> dict[str, Array]:
     """`masked_accuracy`: the fraction of selected positions whose word is predicted (argmax)."""

@@ -106,6 +106,8 @@ class Task(Protocol):
       False: the task declares none and nothing reads them.
     constructions: the construction tags `construction_ids` can give a line (the evaluation logs
       each split's metrics per tag, `<split>/accuracy/<tag>`); () = none.
+    foil_kinds: the kinds of minimal-pair foils `foils` makes (the preference metric,
+      `sg_jax.preference`); () = none.
   """
   name: ClassVar[str]
   split_names: ClassVar[tuple]
@@ -117,6 +119,7 @@ class Task(Protocol):
   has_gold_trees: ClassVar[bool] = False
   has_gold_dependencies: ClassVar[bool] = False
   constructions: ClassVar[tuple] = ()
+  foil_kinds: ClassVar[tuple] = ()
 
   @classmethod
   def from_config(cls, config) -> "Task":
@@ -199,6 +202,13 @@ class Task(Protocol):
         parse with the task's grammar).
     """
     return np.full(len(examples), -1, np.int32)
+
+  def foils(self, example: Example, vocab) -> dict:
+    """{kind: output words} of the minimal-pair foils of a transformed line: the output a
+    non-hierarchical rule would give, for each of `foil_kinds` (absent where it is the correct
+    output itself). Default: none (`sg_jax.preference`, docs/objectives.md "Minimal pairs")."""
+    del example, vocab
+    return {}
 
   def gold_tree(self, example: Example):
     """Gold binarised tree over `example.declarative` (default: `declarative_tree`).

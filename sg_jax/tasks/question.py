@@ -56,6 +56,37 @@ def linear_question(words: Sequence[str]) -> tuple:
   return (body[i],) + tuple(body[:i] + body[i + 1:]) + ("?",)
 
 
+def fronted(words: Sequence[str], k: int) -> tuple:
+  """The question made by fronting the auxiliary at index `k` of the declarative `words`
+  (including its final `.`, which becomes `?`)."""
+  body = list(words[:-1])
+  return (body[k],) + tuple(body[:k] + body[k + 1:]) + ("?",)
+
+
+def question_foils(words: Sequence[str], question: Sequence[str]) -> dict:
+  """{kind: question} of the linear rules' questions that differ from the correct `question`
+  (the minimal-pair foils of `sg_jax.preference`):
+
+  * `move_first`: front the first auxiliary (McCoy et al. 2020's linear rule);
+  * `skip_relative`: front the first auxiliary not directly after `that`/`who`
+    (`skip_relative_auxiliary`);
+  * `move_last`: front the last auxiliary (a linear rule that also differs from the
+    hierarchical one on in-domain lines with an auxiliary in an object relative clause, so
+    in-domain lines get foils too).
+
+  Args:
+    words: the declarative including its final `.`.
+    question: the correct question.
+  """
+  body = words[:-1]
+  auxes = [k for k, w in enumerate(body) if w in AUXILIARIES]
+  skips = [k for k in auxes if k == 0 or body[k - 1] not in RELATIVE_PRONOUNS]
+  made = {"move_first": fronted(words, auxes[0]) if auxes else None,
+          "skip_relative": fronted(words, skips[0]) if skips else None,
+          "move_last": fronted(words, auxes[-1]) if auxes else None}
+  return {kind: q for kind, q in made.items() if q is not None and q != tuple(question)}
+
+
 def skip_relative_auxiliary(words: Sequence[str]) -> str:
   """The auxiliary fronted by the *skip-relative* rule: the first auxiliary not directly after a
   relative pronoun (`that`/`who`).
@@ -167,6 +198,13 @@ class QuestionTask(mccoy.McCoyTask):
     trans = Example(source=words + ("quest",), target=question, source_tree=tree,
                     target_tree=qtree, task_token="quest", transformed=True)
     return ident, trans, linear_question(words) != question
+
+  foil_kinds = ("move_first", "skip_relative", "move_last")
+
+  def foils(self, example: Example, vocab: vocab_lib.Vocab) -> dict:
+    """`question_foils` of a `quest` line (see `base.Task.foils`)."""
+    del vocab
+    return question_foils(example.source[:-1], example.target) if example.transformed else {}
 
   def make_metrics(self, vocab: vocab_lib.Vocab):
     """Auxiliary ranking after `quest` (`question_prediction`) on `quest` lines, and its

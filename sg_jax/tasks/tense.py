@@ -112,6 +112,29 @@ def linear_present(past_words: Sequence[str]) -> tuple:
   return tuple(out)
 
 
+def tense_foils(past: Sequence[str], present: Sequence[str], main_verb: int) -> dict:
+  """{kind: present sentence} of the minimal-pair foils of a `PRESENT` line (`sg_jax.preference`):
+  the correct `present` with its main verb (index `main_verb`) replaced by
+
+  * `attractor`: the form agreeing with the most recent noun before it (`linear_present`: the
+    attractor noun of a relative clause or prepositional phrase on the subject), where that
+    differs from the correct form;
+  * `number`: the form of the other number (every line with a main verb).
+  """
+  if main_verb < 0:
+    return {}
+  _, lemma_of, forms, _ = _tables()
+  correct = present[main_verb]
+  lemma = lemma_of[correct]
+  other = forms[lemma]["pl" if forms[lemma]["sg"] == correct else "sg"]
+  swap = lambda w: tuple(present[:main_verb]) + (w,) + tuple(present[main_verb + 1:])
+  out = {"number": swap(other)}
+  linear = linear_present(past)[main_verb]
+  if linear != correct:
+    out["attractor"] = swap(linear)
+  return out
+
+
 # Sentence-shape counts of the released files (identity lines of dev+test; all gen lines),
 # `mccoy.sentence_shape` keys; see `mccoy.McCoyTask.generate_examples(shapes="released")`.
 IN_DOMAIN_SHAPE_COUNTS = {
@@ -201,6 +224,15 @@ class TenseTask(mccoy.McCoyTask):
     trans = Example(source=past + ("PRESENT",), target=present, source_tree=tree,
                     target_tree=ptree, task_token="PRESENT", transformed=True)
     return ident, trans, linear_present(past) != present
+
+  foil_kinds = ("attractor", "number")
+
+  def foils(self, example: Example, vocab: vocab_lib.Vocab) -> dict:
+    """`tense_foils` of a `PRESENT` line (see `base.Task.foils`)."""
+    if not example.transformed:
+      return {}
+    return tense_foils(example.source[:-1], example.target,
+                       vocab_lib.main_verb_index(example.target, vocab))
 
   def make_metrics(self, vocab: vocab_lib.Vocab):
     """Greedy continuation after the task token scored by `tense_correct` (same part-of-speech
