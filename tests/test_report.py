@@ -334,3 +334,45 @@ def test_uas_dynamics_of_a_fresh_run_read_its_logged_uas(tmp_path, uas_quantity_
   # without the logged rows either, nothing is drawn
   run.series.pop("in_domain/uas")
   assert depth_figures.plot_dynamics({2: [run]}, "uas", path + "2", "") is None
+
+
+def test_objectives_side_by_side(tmp_path):
+  """Two runs of different objectives: one row each with the seed mean of the final preference
+  and its CI, the median onsets; a masked LM's accuracy series are its preference."""
+  from sg_jax.report import objectives, reading
+  steps = np.arange(0, 2_001, 100)
+  sigmoid = lambda t0: 1.0 / (1.0 + np.exp(-(steps - t0) / 60.0))
+  for name, finals, onset in (("lm", (0.9, 0.7), 800), ("mlm", (0.6, 0.5), 1200)):
+    workdir = tmp_path / "root" / name
+    os.makedirs(workdir)
+    with open(workdir / "config.json", "w") as f:
+      json.dump({"task": "question", "objective": name, "model": {"num_layers": 2}}, f)
+    rows = []
+    for seed, final in enumerate(finals):
+      rows += [(int(s), seed, "out_of_domain/preference", 0.3 + (final - 0.3) * v)
+               for s, v in zip(steps, sigmoid(onset))]
+      rows += [(int(s), seed, "in_domain/preference", 0.95) for s in steps]
+      rows += [(int(s), seed, "in_domain/uas", 0.2 + 0.3 * v)
+               for s, v in zip(steps, sigmoid(onset - 300))]
+      rows += [(int(s), seed, "train/loss", 3.0 - 2.0 * v)
+               for s, v in zip(steps, sigmoid(onset - 300))]
+      if name == "lm":
+        rows += [(int(s), seed, "out_of_domain/accuracy", 0.5) for s in steps]
+    _write(str(workdir / "metrics.csv"), rows)
+  runs = [reading.load_run(str(tmp_path / "root" / n)) for n in ("mlm", "lm")]
+  assert runs[0].accuracy_from == "preference" and runs[1].accuracy_from == ""
+  assert runs[0].series[report.GEN_ACC] is runs[0].series["out_of_domain/preference"]
+  table = {r["objective"]: r for r in objectives.objective_rows(runs)}
+  assert list(table) == ["lm", "mlm"]  # fixed order
+  assert table["lm"]["out_of_domain/preference"] == pytest.approx(0.8, abs=1e-3)
+  assert table["mlm"]["out_of_domain/preference"] == pytest.approx(0.55, abs=1e-3)
+  assert table["lm"]["out_of_domain/preference_ci_low"] <= 0.8 <= table["lm"][
+      "out_of_domain/preference_ci_high"]
+  assert table["lm"]["preference_onset_median"] == pytest.approx(800, abs=100)
+  assert table["mlm"]["structure_onset_median"] == pytest.approx(900, abs=100)
+  assert table["mlm"]["structure_with_loss_drop"] == 1.0  # UAS and loss move together
+  lines = objectives.markdown_lines(list(table.values()))
+  assert lines[1] == "## Objectives" and any(l.startswith("| mlm | 2 | 0.950") for l in lines)
+  result = report.build_report(str(tmp_path / "root"))
+  assert os.path.join(result["out_dir"], "objectives.png") in result["figures"]
+  assert any("show the minimal-pair preference" in note for note in result["skipped"])

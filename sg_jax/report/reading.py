@@ -40,6 +40,9 @@ class Run:
     analysis_options: contents of `analysis.csv.options.json` (`sg_jax.analyze`: split, sentence
       set, `sentences_used`, ...), {} when absent.
     config: the resolved config (`config.json`), {} when absent.
+    accuracy_from: '' normally; 'preference' for a run that logged no accuracy but the
+      minimal-pair preference (a masked LM, `report.objectives`): its `in_domain/accuracy` and
+      `out_of_domain/accuracy` series are then the preference's.
   """
 
   workdir: str
@@ -50,6 +53,7 @@ class Run:
   series: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]
   analysis_options: dict = dataclasses.field(default_factory=dict)
   config: dict = dataclasses.field(default_factory=dict)
+  accuracy_from: str = ""
 
 
 def _to_series(rows: Iterable[tuple[int, int, str, float]]):
@@ -97,8 +101,15 @@ def load_run(workdir: str) -> Run:
   name = os.path.basename(os.path.normpath(workdir))
   if depth is None and name.startswith("depth") and name[5:].isdigit():
     depth = int(name[5:])
+  series = _to_series(rows)
+  accuracy_from = ""
+  if IN_ACC not in series and GEN_ACC not in series and "out_of_domain/preference" in series:
+    series[IN_ACC] = series.get("in_domain/preference", {})
+    series[GEN_ACC] = series["out_of_domain/preference"]
+    accuracy_from = "preference"
   return Run(workdir=workdir, name=name, depth=depth, task=task or "", num_steps=num_steps,
-             series=_to_series(rows), analysis_options=analysis_options, config=config)
+             series=series, analysis_options=analysis_options, config=config,
+             accuracy_from=accuracy_from)
 
 
 def find_runs(root: str) -> list[str]:

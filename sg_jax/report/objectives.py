@@ -1,0 +1,185 @@
+"""Runs of different training objectives side by side (issue 36): `lm`, `mlm`, `prefix_lm`.
+
+The one metric every objective has is the minimal-pair preference (`sg_jax.preference`), so the
+comparison reads it (in- and out-of-domain, per construction), beside the syntactic attention
+structure (`in_domain/uas`), the training loss and the onsets of each seed
+(`analysis.onsets`: the sharpest rise of UAS, the steepest fall of the loss, the sharpest rise of
+out-of-domain preference). Seeds of every run of one objective are pooled; means come with 95%
+bootstrap CIs over seeds (`seed_stats.bootstrap_ci`).
+
+A masked LM logs no teacher-forced accuracy: `reading.load_run` gives such runs the preference
+as their accuracy series (`Run.accuracy_from`), so that the figures of one run work for it too.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Sequence
+
+import numpy as np
+
+from sg_jax.analysis import onsets as onsets_lib
+from sg_jax.report import seed_stats
+from sg_jax.report.plotting import legend_outside, mean_band, pyplot
+from sg_jax.report.reading import Run
+
+PANELS = (("out_of_domain/preference", "out-of-domain preference"),
+          ("in_domain/preference", "in-domain preference"),
+          ("in_domain/uas", "UAS of the best head (in-domain)"),
+          ("train/loss", "training loss (objective's own, nats)"))
+# Onset signals: (name in the table, metric, direction).
+ONSETS = (("structure", "in_domain/uas", "rise"), ("loss_drop", "train/loss", "fall"),
+          ("preference", "out_of_domain/preference", "rise"))
+OBJECTIVE_COLORS = {"lm": "#1f77b4", "prefix_lm": "#2ca02c", "mlm": "#d62728"}
+
+
+def objective_of(run: Run) -> str:
+  """The run's `config.objective` ('lm' for runs from before objectives existed)."""
+  return str(run.config.get("objective", "lm"))
+
+
+def by_objective(runs: Sequence[Run]) -> dict[str, list[Run]]:
+  """{objective: runs} of the runs that logged the preference, in a fixed order."""
+  out = collections.defaultdict(list)
+  for run in runs:
+    if run.series.get("out_of_domain/preference"):
+      out[objective_of(run)].append(run)
+  order = {name: k for k, name in enumerate(OBJECTIVE_COLORS)}
+  return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
+
+
+def _final(run: Run, name: str, seed: int) -> float:
+  steps_values = run.series.get(name, {}).get(seed)
+  if steps_values is None:
+    return math.nan
+  finite = np.isfinite(steps_values[1])
+  return float(steps_values[1][finite][-1]) if finite.any() else math.nan
+
+
+def seed_onsets(run: Run, seed: int) -> dict[str, float]:
+  """{signal: onset step (NaN: none, or too few points)} of one seed (`ONSETS`)."""
+  out = {}
+  for signal, name, direction in ONSETS:
+    curve = run.series.get(name, {}).get(seed)
+    if curve is None or np.sum(np.isfinite(curve[1])) < onsets_lib.MIN_POINTS:
+      out[signal] = math.nan
+      continue
+    out[signal] = onsets_lib.onset(curve[0], curve[1], direction).step
+  return out
+
+
+def objective_rows(runs: Sequence[Run]) -> list[dict]:
+  """One row per objective: seeds, final in- and out-of-domain preference and per construction
+  (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`: seed mean and 95% bootstrap CI), final
+  UAS, the median onset of each `ONSETS` signal and the fraction of seeds whose structure onset
+  lies within `coincide` steps of their loss drop (`structure_with_loss_drop`; Chen et al.'s
+  claim is that they coincide), with `coincide` = 2 x the median gap between evaluations."""
+  rows = []
+  for objective, group in by_objective(runs).items():
+    seeds = [(run, s) for run in group for s in sorted(run.series["out_of_domain/preference"])]
+    row = {"objective": objective, "runs": " ".join(r.name for r in group), "seeds": len(seeds)}
+    names = ["in_domain/preference", "out_of_domain/preference", "in_domain/uas"]
+    names += sorted({n for run in group for n in run.series
+                     if n.startswith("out_of_domain/preference/")})
+    for name in names:
+      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for run, s in seeds])
+      row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+    onsets = [seed_onsets(run, s) for run, s in seeds]
+    for signal, _, _ in ONSETS:
+      finite = [o[signal] for o in onsets if math.isfinite(o[signal])]
+      row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
+    steps = group[0].series["out_of_domain/preference"][seeds[0][1]][0]
+    window = 2.0 * float(np.median(np.diff(steps))) if len(steps) > 1 else 0.0
+    both = [o for o in onsets if math.isfinite(o["structure"]) and math.isfinite(o["loss_drop"])]
+    row["structure_with_loss_drop"] = (
+        float(np.mean([abs(o["structure"] - o["loss_drop"]) <= window for o in both]))
+        if both else math.nan)
+    rows.append(row)
+  return rows
+
+
+def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
+  """`PANELS` over training: per objective the seed mean with a 95% bootstrap band, and each
+  seed's onsets (`ONSETS`) as ticks at the bottom of its panel.
+
+  Returns:
+    the (closed) Figure written to `path`, or None (nothing written) when no run logged the
+    preference.
+  """
+  groups = by_objective(runs)
+  if not groups:
+    return None
+  plt = pyplot()
+  panels = [(n, t) for n, t in PANELS if any(r.series.get(n) for g in groups.values() for r in g)]
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
+  onset_of_panel = {metric: signal for signal, metric, _ in ONSETS}
+  for ax, (name, title) in zip(axes[0], panels):
+    for objective, group in groups.items():
+      color = OBJECTIVE_COLORS.get(objective, "#7f7f7f")
+      per_step = collections.defaultdict(list)
+      for run in group:
+        for steps, values in run.series.get(name, {}).values():
+          for step, value in zip(steps.tolist(), values.tolist()):
+            if math.isfinite(value):
+              per_step[step].append(value)
+      if not per_step:
+        continue
+      xs = sorted(per_step)
+      mean_band(ax, xs, per_step, color, lw=1.8, label=f"{objective} ({len(group)} run(s))")
+      signal = onset_of_panel.get(name)
+      if signal is not None:
+        ticks = [seed_onsets(run, s)[signal] for run in group for s in run.series.get(name, {})]
+        ticks = [t for t in ticks if math.isfinite(t)]
+        ax.plot(ticks, [0.02] * len(ticks), "|", color=color, ms=12, mew=2,
+                transform=ax.get_xaxis_transform())
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    if name == "train/loss":
+      ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+  legend_outside(axes[0][-1]).set_title("mean, 95% bootstrap band;\nticks: seeds' onsets",
+                                        prop={"size": 8})
+  fig.suptitle(f"{title_prefix}objectives side by side")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+def _cell(row: dict, name: str) -> str:
+  value = row.get(name, math.nan)
+  if not isinstance(value, float) or not math.isfinite(value):
+    return ""
+  low, high = row.get(f"{name}_ci_low", math.nan), row.get(f"{name}_ci_high", math.nan)
+  return f"{value:.3f} [{low:.2f}, {high:.2f}]" if math.isfinite(low) else f"{value:.3f}"
+
+
+def markdown_lines(rows: Sequence[dict]) -> list[str]:
+  """The "Objectives" section of summary.md ([] without rows)."""
+  if not rows:
+    return []
+  tags = sorted({n.rsplit("/", 1)[1] for r in rows for n in r
+                 if n.startswith("out_of_domain/preference/") and not n.endswith(("_low",
+                                                                                   "_high"))})
+  head = (["objective", "seeds", "in-domain pref.", "out-of-domain pref."]
+          + [f"pref. {t}" for t in tags]
+          + ["UAS (final)", "structure onset", "loss-drop onset", "preference onset",
+             "structure within 2 evals of loss drop"])
+  lines = ["", "## Objectives", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  fmt = lambda v: "" if not math.isfinite(v) else f"{v:.0f}"
+  for r in rows:
+    cells = [r["objective"], str(r["seeds"]), _cell(r, "in_domain/preference"),
+             _cell(r, "out_of_domain/preference")]
+    cells += [_cell(r, f"out_of_domain/preference/{t}") for t in tags]
+    cells += [_cell(r, "in_domain/uas"), fmt(r["structure_onset_median"]),
+              fmt(r["loss_drop_onset_median"]), fmt(r["preference_onset_median"]),
+              "" if not math.isfinite(r["structure_with_loss_drop"])
+              else f"{r['structure_with_loss_drop']:.2f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Final values: seed mean [95% bootstrap CI over seeds]; onsets: median step over "
+            "seeds (`sg_jax.analysis.onsets`); preference: minimal pairs from the grammar "
+            "(`sg_jax.preference`, docs/objectives.md). The last column is the fraction of "
+            "seeds whose structure onset lies within two evaluation intervals of their loss "
+            "drop (Chen et al. 2024 find them together in masked LMs)."]
+  return lines
