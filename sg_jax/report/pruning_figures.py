@@ -179,8 +179,10 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
   fig, axes = plt.subplots(1, len(core.VARIANTS), figsize=(4.2 * len(core.VARIANTS) + 2, 4),
                            squeeze=False, sharey=True)
   steps = sorted({int(x) for entry in sizes.values() for x in entry["step"]})
-  # Seeds side by side at each step, so equal sizes of different seeds do not hide each other.
-  shift = _offsets(sizes, (steps[-1] - steps[0]) or 1.0)
+  # Seeds side by side at each step, so equal sizes of different seeds do not hide each other;
+  # a single pruned step is drawn on an axis of +-10% of its step.
+  span = (steps[-1] - steps[0]) or max(abs(steps[0]), 1) * 0.2
+  shift = _offsets(sizes, span)
   for ax, variant in zip(axes[0], core.VARIANTS):
     for seed, entry in sorted(sizes.items()):
       x = entry["step"] + shift[seed]
@@ -197,6 +199,9 @@ def plot_effective_size(data: Pruning, path: str, title_prefix: str = ""):
                    edgecolor=colors[seed], lw=1.0, zorder=3)
     ax.set_title(f"effective size from {titles[variant]}", fontsize=9)
     ax.set_xlabel("training step")
+    if len(steps) == 1:  # one pruned checkpoint: a readable axis around it
+      ax.set_xlim(steps[0] - span / 2, steps[0] + span / 2)
+      ax.set_xticks(steps)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("effective size (1 - sparsity)")
