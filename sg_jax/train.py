@@ -433,8 +433,10 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   rate = (step - loop.start_step) / max(time.time() - loop.start_time, 1e-9)
   eta = (config.train.num_steps - step) / max(rate, 1e-9)
   # Two decimals: the reference size trains about 0.1 steps/s on a CPU.
-  log.info("step %d/%d  loss %s  %.2f steps/s (%.1f seed-steps/s)  %s left",
-           step, config.train.num_steps, metric_logging.format_values(metrics["train/loss"]), rate,
-           rate * len(seeds), evaluation.format_duration(eta))
+  extra = "".join(f"  {name[len('train/'):]} {metric_logging.format_values(metrics[name])}"
+                  for name in metrics if name.endswith("_loss") or name == "train/masked_accuracy")
+  log.info("step %d/%d  loss %s%s  %.2f steps/s (%.1f seed-steps/s)  %s left",
+           step, config.train.num_steps, metric_logging.format_values(metrics["train/loss"]),
+           extra, rate, rate * len(seeds), evaluation.format_duration(eta))
   zero = jax.tree_util.tree_map(jnp.zeros_like, state.sums)
   return state.replace(sums=zero)
