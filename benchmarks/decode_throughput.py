@@ -49,7 +49,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import decoding, evaluator, input_pipeline, sharding, tasks, train  # noqa: E402
+from sg_jax import decoding, evaluator, input_pipeline, objectives, sharding, tasks  # noqa: E402
+from sg_jax import train  # noqa: E402
 from sg_jax import model as model_lib  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 
@@ -108,7 +109,7 @@ def tense_splits(seed: int):
 
 def seed_params(config, vocab_size: int, num_seeds: int, mesh):
   """Initial parameters [S, ...] of seeds 0..S-1, sharded over the seed mesh."""
-  cfg = model_lib.ModelConfig.from_config(config.model, vocab_size)
+  cfg = objectives.model_config(config, vocab_size)  # the run's model (its objective's)
   keys = jax.random.split(jax.random.key(0), num_seeds)
   return jax.jit(jax.vmap(lambda k: model_lib.init_params(cfg, k)),
                  out_shardings=sharding.seed_sharding(mesh))(keys)

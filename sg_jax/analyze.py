@@ -1,4 +1,4 @@
-r"""Analysis CLI: weight norm, attention entropy, tscore and tparseval of every checkpoint and seed.
+r"""Analysis CLI: weight norm, attention entropy, tree projections, CKA, TVD and TwoNN per step.
 
   python -m sg_jax.analyze --workdir=runs/question6
   python -m sg_jax.analyze --workdir=runs/question6 --steps=3000,6000 --seeds=0,3 \
@@ -32,6 +32,12 @@ Metric groups and the names they write:
   tscore             tscore (declarative parts of the sentence set)
   tparseval          tparseval_f1, tparseval_precision, tparseval_recall (same sentences; needs
                      gold trees)
+  cka, tvd, twonn    on the first --dynamics_lines whole lines of the sentence set: minibatch
+                     linear CKA of each layer with the final and the previous checkpoint
+                     (cka_final, cka_previous, per layer _l{layer}), mean total variation
+                     distance of the objective's predictive distributions to them (tvd_final,
+                     tvd_previous),
+                     TwoNN intrinsic dimension (twonn_dimension, _l{layer}); docs/dynamics.md
 The reference computes these on 10k training sentences every 3k steps (`--num_sentences=10000`).
 The groups are those of `sg_jax.analysis.registry`: a quantity registered there is computed and
 written like these (docs/analysis.md, "Adding a quantity").
@@ -59,8 +65,9 @@ from sg_jax import compile_cache
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import metric_logging
+from sg_jax import objectives
 from sg_jax import tasks
-from sg_jax.analysis import pipeline, registry
+from sg_jax.analysis import pipeline, references, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
 from sg_jax.cli_options import parse_list  # noqa: F401  (the CLI's --steps/--seeds parser)
@@ -69,7 +76,8 @@ from sg_jax.tasks import vocab as vocab_lib
 
 HEADER = ("step", "seed", "name", "value")
 # options files written before an option existed used these values.
-LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line"}
+LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line",
+                  "dynamics_lines": registry.Options.dynamics_lines}
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_string("steps", "all", "'all' or comma-separated checkpoint steps.")
@@ -92,6 +100,9 @@ _ENTROPY_INPUT = flags.DEFINE_enum(
     "entropy_input", "declarative", ENTROPY_INPUTS, "Input of every attention-entropy variant: "
     "'declarative' = SOS + words before the task token, final '.' removed (released code); "
     "'line' = SOS + the whole LM line.")
+_DYNAMICS_LINES = flags.DEFINE_integer(
+    "dynamics_lines", registry.Options.dynamics_lines, "cka, tvd, twonn: the first N whole "
+    "lines of the sentence set (the fixed evaluation set of every checkpoint).")
 _OUTPUT = flags.DEFINE_string("output", "analysis.csv", "CSV file (relative to --workdir).")
 _METHOD = flags.DEFINE_enum("method", "greedy", METHODS, "Tree projection: greedy (reference) "
                             "or cky (exact argmax).")
@@ -120,10 +131,11 @@ def parse_metrics(text: str) -> list[str]:
   return groups
 
 
-def check_options(path: str, options: dict) -> None:
-  """`cli_options.check_options` with the analysis's `LEGACY_OPTIONS` (an options file that
-  predates an option is read with the value used before the option existed)."""
-  cli_options.check_options(path, options, LEGACY_OPTIONS)
+def check_options(path: str, options: dict, legacy: dict | None = None,
+                  hints: dict | None = None) -> None:
+  """`cli_options.check_options` with the analysis's `LEGACY_OPTIONS` and `legacy` (an options
+  file that predates an option is read with the value used before the option existed)."""
+  cli_options.check_options(path, options, {**LEGACY_OPTIONS, **(legacy or {})}, hints=hints)
 
 
 def record_sentences(path: str, data: dict) -> None:
@@ -191,7 +203,8 @@ def _check_groups(groups: Sequence[str] | None) -> list[registry.Group]:
 
 
 # Inputs read from the sentence set (loaded once, with the first checkpoint analysed).
-_SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees", "dependency_lines"}
+_SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees", "dependency_lines",
+                                                          "lines"}
 
 
 def _reads(groups: Sequence[registry.Group]) -> set[str]:
@@ -200,9 +213,12 @@ def _reads(groups: Sequence[registry.Group]) -> set[str]:
 
 def _compute_rows(step: int, chosen: list[int], pending: dict[str, list[int]], params_of,
                   data: dict | None, meta: dict, *, config: ModelConfig, sos_id: int,
-                  options: registry.Options) -> list[tuple[int, int, str, float]]:
+                  options: registry.Options, references_of=None, objective=None
+                  ) -> list[tuple[int, int, str, float]]:
   """The rows of every registered quantity with a pending group at `step`, in registry order:
-  per quantity, per seed, its columns in the order `compute` returns them."""
+  per quantity, per seed, its columns in the order `compute` returns them. `references_of(ids)`
+  gives the `registry.References` of the seeds `ids` (groups reading 'references'); `objective`
+  is the run's (`registry.Inputs.objective`)."""
   rows = []
   for quantity in registry.quantities():
     wanted = [g for g in quantity.groups if pending.get(g.name)]
@@ -211,10 +227,12 @@ def _compute_rows(step: int, chosen: list[int], pending: dict[str, list[int]], p
     ids = sorted({s for g in wanted for s in pending[g.name]}, key=chosen.index)
     reads = {i for g in wanted for i in g.inputs}
     sentences = {k: (data or {}).get(k) for k in ("entropy_inputs", "declaratives", "gold_trees",
-                                                  "dependency_lines") if k in reads}
+                                                  "dependency_lines", "lines") if k in reads}
+    if "references" in reads:
+      sentences["references"] = references_of(ids)
     inputs = registry.Inputs(
         params=params_of(ids), seeds=tuple(ids), groups=frozenset(g.name for g in wanted),
-        config=config, sos_id=sos_id, options=options,
+        config=config, sos_id=sos_id, objective=objective, options=options,
         meta=meta if "meta" in reads else {}, **sentences)
     columns = quantity.compute(inputs)
     todo = {}
@@ -235,7 +253,8 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             output: str = "analysis.csv", method: str = "greedy",
             normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
             entropy_batch_size: int = 64, seeds_per_call: int = 0,
-            strict_groups: bool = False, uas_min_count: int = 100) -> dict[str, int]:
+            strict_groups: bool = False, uas_min_count: int = 100,
+            dynamics_lines: int = registry.Options.dynamics_lines) -> dict[str, int]:
   """Computes the missing metrics of every selected checkpoint and seed (see module docstring).
 
   Args: as the command-line flags; `groups` names metric groups of `registry.group_names()`
@@ -252,8 +271,9 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
     ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
       from the file.
   """
-  if num_sentences < 1:
-    raise ValueError(f"--num_sentences must be >= 1, got {num_sentences}")
+  if num_sentences < 1 or dynamics_lines < 1:
+    raise ValueError(f"--num_sentences and --dynamics_lines must be >= 1, got {num_sentences} "
+                     f"and {dynamics_lines}")
   requested = _check_groups(groups)
   available = checkpointing.all_steps(workdir)
   if not available:
@@ -269,12 +289,21 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   if sentence_set not in SENTENCE_SETS or entropy_input not in ENTROPY_INPUTS:
     raise ValueError(f"sentence_set must be one of {SENTENCE_SETS} and entropy_input one of "
                      f"{ENTROPY_INPUTS}, got {sentence_set!r} and {entropy_input!r}")
-  check_options(path, {"split": split, "sentence_set": sentence_set,
-                       "entropy_input": entropy_input, "num_sentences": num_sentences,
-                       "method": method, "normalisation": normalisation, "rng_seed": rng_seed})
+  recorded = {"split": split, "sentence_set": sentence_set, "entropy_input": entropy_input,
+              "num_sentences": num_sentences, "method": method,
+              "normalisation": normalisation, "rng_seed": rng_seed,
+              "dynamics_lines": dynamics_lines}
+  compared = None  # the previous and final checkpoints, for groups that compare checkpoints
+  if any("references" in g.inputs for g in requested):
+    compared = references.ReferenceParams(workdir, available)
+    recorded["reference_final_step"] = compared.final_step  # what "final" meant for the rows
+  check_options(path, recorded, {"reference_final_step": available[-1]},
+                hints={"reference_final_step": "--metrics without cka and tvd, whose rows "
+                                               "compare with step {old},"})
   options = registry.Options(method=method, normalisation=normalisation, rng_seed=rng_seed,
                              batch_size=batch_size, entropy_batch_size=entropy_batch_size,
-                             seeds_per_call=seeds_per_call or None, uas_min_count=uas_min_count)
+                             seeds_per_call=seeds_per_call or None, uas_min_count=uas_min_count,
+                             dynamics_lines=dynamics_lines)
   done = long_csv.read_keys(path)
   writer = CsvAppender(path)
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
@@ -332,9 +361,10 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         if not data["declaratives"] and "declaratives" in _reads(requested):
           raise ValueError(f"no sentence of {split} has a declarative part")
         record_sentences(path, data)
-      longest = max((len(s) for s in data["entropy_inputs"]), default=0) + 1 if data else 0
-      model_config = ModelConfig.from_config(config.model, vocab.size,
-                                             max_len=max(512, longest))
+      longest = max((len(s) for s in data["entropy_inputs"] + (data.get("lines") or [])),
+                    default=0) + 1 if data else 0
+      # the run's model: its objective sets the attention and the extra rows ([MASK])
+      model_config = objectives.model_config(config, vocab.size, max_len=max(512, longest))
       params_all = restored.state["params"]
       index = {s: restored.seeds.index(s) for s in chosen}
 
@@ -342,9 +372,13 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         idx = np.array([index[s] for s in seed_ids])
         return jax.tree_util.tree_map(lambda x: np.asarray(x)[idx], params_all)
 
+      if compared is not None:
+        compared.keep(step, restored.seeds, params_all)
       t0 = time.time()
       rows = _compute_rows(step, chosen, pending, params_of, data, meta, config=model_config,
-                           sos_id=vocab.sos_id, options=options)
+                           sos_id=vocab.sos_id, options=options,
+                           references_of=lambda ids: compared.references(step, ids),
+                           objective=objectives.from_config(config))
       writer.write(rows)
       done.update((r[0], r[1], r[2]) for r in rows)
       rows_written += len(rows)
@@ -382,7 +416,7 @@ def main(argv):
         method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,
         batch_size=_BATCH_SIZE.value, entropy_batch_size=_ENTROPY_BATCH_SIZE.value,
         seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present,
-        uas_min_count=_UAS_MIN_COUNT.value)
+        uas_min_count=_UAS_MIN_COUNT.value, dynamics_lines=_DYNAMICS_LINES.value)
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "

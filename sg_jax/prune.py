@@ -102,10 +102,11 @@ def _select_steps(workdir: str, steps: list[int] | None, last_only: bool) -> lis
 
 
 def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params_S, means_S,
-              head_keep, mlp_keep, num_devices):
+              head_keep, mlp_keep, num_devices, objective=None):
   """(subnetwork metrics {name: [S, K]}, full model's {name: [S, 1]}, KL [S, K]) on the host,
   each run per device (`placement.over_runs`; the full model's over a seed-only mesh)."""
-  evaluator = evaluate_lib.make_evaluator(task, model_config, vocab, eval_data, ablation)
+  evaluator = evaluate_lib.make_evaluator(task, model_config, vocab, eval_data, ablation,
+                                          objective)
   h_mask, m_mask = placement.place(mesh, None, (np.asarray(head_keep, np.float32),
                                                 np.asarray(mlp_keep, np.float32)))[1]
   results = evaluate_lib.to_rows(sharding.to_host(placement.over_runs(evaluator, mesh, 2)(
@@ -291,7 +292,7 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
           mlp_keep = np.asarray([[m[1] for m in row] for row in masks])
         results, full, kl = _evaluate(mesh, task, model_config, vocab, data_cache["eval"], data,
                                       ablation, params_S, means_S, head_keep, mlp_keep,
-                                      num_devices)
+                                      num_devices, data_cache["objective"])
         weights = objective_lib.unit_param_counts(model_config)
         expected = np.asarray(jax.vmap(jax.vmap(lambda h, m: objective_lib.expected_sparsity(
             h, m, (jnp.asarray(weights[0]), jnp.asarray(weights[1])) if weight_by_params else None

@@ -290,7 +290,7 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
         kernel, num_layers, num_heads, num_draws, core_table.draw_seed(step, seed, lv), units)
     heads[i, k:k + per], mlp[i, k:k + per] = h, m
   evaluator = evaluate_lib.make_evaluator(data["task"], model_config, vocab, data["eval"],
-                                          opts["ablation"])
+                                          opts["ablation"], data["objective"])
   log.info("step %d: scoring %d cores (%d masks per seed: per level the full model, the core "
            "ablated and %d random-head draws) on %d + %d evaluation lines (%.0f s so far)",
            step, len(to_ablate), heads.shape[1], num_draws,

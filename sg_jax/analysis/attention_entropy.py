@@ -30,6 +30,13 @@ distribution of a word is the one of its unpacked sequence, and each sequence's 
 (entropy 0) is counted without being computed. Same values, fewer tokens (no per-sequence SOS, no
 padding to the longest line of a batch) and one shape for a whole sentence set.
 
+Attention. Every quantity reads the attention the model computes under its own mask
+(`ModelConfig.attention`, set by the objective): causal for `lm`, bidirectional within the line
+for `mlm`, prefix for `prefix_lm` (bidirectional over the input part, which is the whole
+declarative input). The released variant's per-layer attention on the embeddings uses the same
+mask. The packed layout relies on causality (a shared SOS that sees only itself), so for the
+other attentions `attention_entropy_metrics` runs the padded layout, one input per row.
+
 All functions are written for one seed; the `*_over_seeds` versions add the seed axis
 (`registry.over_seeds`). Batch functions return *sums and counts* so that several batches can be
 combined exactly with `combine_stats` and then turned into means with `finalize_stats`;
@@ -49,7 +56,7 @@ import numpy as np
 
 from sg_jax.analysis import pipeline, registry
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
-from sg_jax.attention_masks import causal_mask
+from sg_jax.attention_masks import causal_mask, line_mask
 from sg_jax.model import ModelConfig, TransformerLM
 
 Array = jax.Array
@@ -82,7 +89,8 @@ def head_entropy_sums(attention_NxBxHxLxL: Array, lengths_B: Array) -> tuple[Arr
   return sums, jnp.sum(valid_BxL).astype(jnp.float32)
 
 
-def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths_B: Array, *,
+def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths_B: Array,
+                                   tokens_BxL: Array | None = None, *,
                                    config: ModelConfig) -> Array:
   """The released code's attention "entropy" of each sentence (see module docstring).
 
@@ -90,14 +98,24 @@ def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths
     params: ONE seed's TransformerLM parameters.
     hidden0_BxLxD: the input embeddings (token embedding * sqrt(d) + positions), [B, L, d].
     lengths_B: int [B] non-padding positions.
+    tokens_BxL: int32 [B, L] the inputs, for the mask of a model that is not causal
+      (`attention_masks.line_mask`); unused (may be None) for a causal model.
     config: the model config (static).
 
   Returns:
     float32 [B]: mean over layers of (sum over valid query positions of the entropy of the
     head-averaged attention of layer l applied to the input embeddings). Nats, not negated.
+
+  Raises:
+    ValueError: a model that is not causal without `tokens_BxL`.
   """
   length = hidden0_BxLxD.shape[1]
-  mask = causal_mask(length)[None, None]
+  if config.attention == "causal":
+    mask = causal_mask(length)[None, None]
+  elif tokens_BxL is None:
+    raise ValueError(f"the {config.attention} attention's mask needs the tokens")
+  else:
+    mask = line_mask(config.attention, tokens_BxL, tokens_BxL != 0, config.prefix_end_ids)
   valid_BxL = _query_mask(lengths_B, length)
   per_layer = []
   for layer in range(config.num_layers):
@@ -110,7 +128,8 @@ def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths
 
 def attention_entropy_stats(params: PyTree, tokens_BxL: Array, lengths_B: Array, *,
                             config: ModelConfig) -> dict[str, Array]:
-  """Entropy sums of one batch for ONE seed, from the real (causal, dropout-free) forward pass.
+  """Entropy sums of one batch for ONE seed, from the real (dropout-free) forward pass under the
+  model's own mask (any attention).
 
   Pure and jit-able (`config` static); see `attention_entropy_stats_over_seeds` for the jitted,
   seed-vmapped version.
@@ -130,7 +149,8 @@ def attention_entropy_stats(params: PyTree, tokens_BxL: Array, lengths_B: Array,
   _, internals = apply_with_intermediates(
       TransformerLM(config), params, tokens_BxL, deterministic=True)
   sums, count = head_entropy_sums(internals["attention"], lengths_B)
-  ref_B = reference_entropy_per_sentence(params, internals["hidden"][0], lengths_B, config=config)
+  ref_B = reference_entropy_per_sentence(params, internals["hidden"][0], lengths_B, tokens_BxL,
+                                         config=config)
   return {
       "head_entropy_sum": sums,
       "head_entropy_count": count,
@@ -162,7 +182,13 @@ def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_
 
   Returns:
     the dict of `attention_entropy_stats`.
+
+  Raises:
+    ValueError: a model that is not causal (the shared SOS would see the words).
   """
+  if config.attention != "causal":
+    raise ValueError(f"the packed attention-entropy layout needs a causal model; this one's "
+                     f"attention is {config.attention!r} (use the padded layout)")
   seg = jnp.asarray(segments_PxR)
   # a word sees its own sequence and the row's SOS (the model adds the causal mask).
   mask_PxRxR = (seg[:, :, None] == seg[:, None, :]) | (jnp.arange(seg.shape[1]) == 0)[None, None]
@@ -245,8 +271,9 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
     seeds_per_call: process this many seeds per compiled call (None = all).
     progress: optional callable(int) called with the number of lines finished per batch.
     layout: 'packed' (inputs packed into rows with one SOS each,
-      `pipeline.make_packed_line_batches`; the default) or 'padded' (one input per row, sorted
-      by length, `pipeline.make_batches`); same values.
+      `pipeline.make_packed_line_batches`; the default; a model that is not causal runs
+      'padded' instead) or 'padded' (one input per row, sorted by length,
+      `pipeline.make_batches`); same values.
 
   Returns:
     numpy dict: 'head_entropy' [S, layers, heads], 'paper_sparsity' [S], 'reference_entropy' [S]
@@ -258,7 +285,7 @@ def attention_entropy_metrics(params_S: PyTree, sentences: Sequence[Sequence[int
   if layout not in ENTROPY_LAYOUTS:
     raise ValueError(f"unknown attention-entropy layout {layout!r}; expected one of "
                      f"{ENTROPY_LAYOUTS}")
-  if layout == "packed":
+  if layout == "packed" and config.attention == "causal":
     calls = _entropy_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
                           int(batch_size))
     fn = packed_attention_entropy_stats_over_seeds

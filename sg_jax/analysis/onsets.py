@@ -9,7 +9,9 @@ onset"). `seed_onsets` finds, for every seed of a workdir:
   the run logged none);
 * `loss_drop`: the steepest fall of `train/loss`;
 * `in_domain`, `out_of_domain`: the sharpest rise of `in_domain/accuracy` and of
-  `out_of_domain/accuracy` (the capabilities onsets).
+  `out_of_domain/accuracy` (the capabilities onsets); a run without them (a masked LM, whose
+  evaluation has no teacher-forced task metric) is read on its `<split>/preference`, else its
+  `<split>/masked_accuracy`.
 
 Algorithm (`onset`), for one curve (steps [T], values [T], steps possibly irregular, e.g. the
 dense-early evaluation schedule):
@@ -20,13 +22,21 @@ dense-early evaluation schedule):
    between steps, at most `MAX_GRID` points) and smoothed with a Gaussian kernel of standard
    deviation `sigma` steps (default: 2 x the median gap between steps), edges padded with the
    end values, so smoothing does not depend on how densely a stretch was evaluated;
-3. the onset is the grid step of the largest slope (rise) or most negative slope (fall) of the
-   smoothed curve (`np.gradient`);
+3. the onset is the grid step of the largest slope (rise), the most negative slope (fall) or
+   the largest absolute slope (change) of the smoothed curve (`np.gradient`), or of the
+   smoothed curve's maximum (peak: for a curve that is itself a rate of change, such as the
+   functional change between consecutive checkpoints, its peak is the steepest change of what
+   it measures);
 4. robustness: the change of the smoothed curve over [onset - 2 sigma, onset + 2 sigma] (at
-   least two grid spacings each side) must be
+   least two grid spacings each side; for a peak: its height above the lowest smoothed value
+   on either side, the smaller of the two, one side at an end of the curve) must be
    at least `min_snr` x the noise, the scaled median absolute deviation (1.4826 MAD) of the raw
    values around the smoothed curve; otherwise the curve has no onset (a flat noisy curve
    gives NaN rather than the position of its largest noise excursion).
+
+Steps 2-4 are a one-dimensional Canny edge detector (Canny, IEEE TPAMI 8(6), 1986, "A
+computational approach to edge detection"): the derivative of a Gaussian-smoothed signal, its
+extremum as the location of the edge, and a threshold relative to the noise.
 
 A symmetric transition (a sigmoid) has its largest slope at its midpoint, and a symmetric
 smoothing kernel keeps it there, so the onset of `a + b / (1 + exp(-(t - t0) / w))` is `t0`.
@@ -53,11 +63,16 @@ MAX_GRID = 20_000
 # the "onset" is wherever the smoothing's edge effects put the largest slope (a 3-point loss curve
 # gave step 500 for every seed). Such curves are refused, not guessed.
 MIN_POINTS = 9
+DIRECTIONS = ("rise", "fall", "change", "peak")  # what `onset` locates (module docstring)
 SIGNALS = {  # name -> (metric names, first present is used; direction)
     "structure": (("in_domain/uas", "uas"), "rise"),
     "loss_drop": (("train/loss",), "fall"),
-    "in_domain": (("in_domain/accuracy",), "rise"),
-    "out_of_domain": (("out_of_domain/accuracy",), "rise"),
+    # a masked LM logs no teacher-forced accuracy: its minimal-pair preference, else its
+    # masked-token accuracy, is its capability (docs/objectives.md)
+    "in_domain": (("in_domain/accuracy", "in_domain/preference", "in_domain/masked_accuracy"),
+                  "rise"),
+    "out_of_domain": (("out_of_domain/accuracy", "out_of_domain/preference",
+                       "out_of_domain/masked_accuracy"), "rise"),
 }
 
 
@@ -68,7 +83,8 @@ class Onset:
   Attributes:
     step: the step of the steepest rise / fall (NaN: no onset).
     slope: the smoothed slope there (value units per step).
-    change: the smoothed change over [step - 2 sigma, step + 2 sigma] (value units).
+    change: the smoothed change over [step - 2 sigma, step + 2 sigma], or a peak's height
+      (value units).
     noise: 1.4826 x median absolute deviation of the raw values from the smoothed curve.
   """
 
@@ -140,12 +156,13 @@ def smooth(steps: Sequence[float], values: Sequence[float], sigma: float | None 
 
 def onset(steps: Sequence[float], values: Sequence[float], direction: str = "rise", *,
           sigma: float | None = None, min_snr: float = 3.0) -> Onset:
-  """The step of the sharpest rise (or steepest fall) of a curve (module docstring).
+  """The step of the sharpest rise (steepest fall, largest change, peak) of a curve (module
+  docstring).
 
   Args:
     steps: [T] strictly increasing steps.
     values: [T] values.
-    direction: 'rise' or 'fall'.
+    direction: one of `DIRECTIONS`: 'rise', 'fall', 'change' (either) or 'peak'.
     sigma: smoothing in steps (None: 2 x the median gap between steps).
     min_snr: the smoothed change around the onset must be >= min_snr x the noise.
 
@@ -155,21 +172,26 @@ def onset(steps: Sequence[float], values: Sequence[float], direction: str = "ris
   Raises:
     ValueError: unknown direction, or as `smooth`.
   """
-  if direction not in ("rise", "fall"):
-    raise ValueError(f"direction must be 'rise' or 'fall', got {direction!r}")
+  if direction not in DIRECTIONS:
+    raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
   grid, curve, sigma = smooth(steps, values, sigma)
   slope = np.gradient(curve, grid) if grid.size > 1 else np.zeros(1)
-  k = int(np.argmax(slope if direction == "rise" else -slope))
-  half = max(2 * sigma, 2 * (grid[1] - grid[0]) if grid.size > 1 else 0.0)
-  lo = np.searchsorted(grid, grid[k] - half)
-  hi = min(np.searchsorted(grid, grid[k] + half, side="right"), grid.size) - 1
-  change = float(curve[hi] - curve[lo])
+  if direction == "peak":
+    k = int(np.argmax(curve))
+    drops = [curve[k] - side.min() for side in (curve[:k], curve[k + 1:]) if side.size]
+    change = float(min(drops)) if drops else 0.0
+  else:
+    k = int(np.argmax({"rise": slope, "fall": -slope, "change": np.abs(slope)}[direction]))
+    half = max(2 * sigma, 2 * (grid[1] - grid[0]) if grid.size > 1 else 0.0)
+    lo = np.searchsorted(grid, grid[k] - half)
+    hi = min(np.searchsorted(grid, grid[k] + half, side="right"), grid.size) - 1
+    change = float(curve[hi] - curve[lo])
   s = np.asarray(steps, np.float64)
   v = np.asarray(values, np.float64)
   keep = np.isfinite(v)
   residual = v[keep] - np.interp(s[keep], grid, curve)
   noise = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
-  signed = change if direction == "rise" else -change
+  signed = -change if direction == "fall" else abs(change) if direction == "change" else change
   if not signed > 0 or signed < min_snr * noise:
     return NO_ONSET
   return Onset(step=float(grid[k]), slope=float(slope[k]), change=change, noise=noise)

@@ -8,6 +8,11 @@ ONE SOS followed by segments packed first fit decreasing (`first_fit_decreasing`
 `pack_segments`), and the mask "same segment, or the row's SOS" (`packed_mask`, plus the causal
 mask) lets every word see exactly what it sees in `SOS + segment`. Batches of one shape for a
 whole sentence set are planned by `sg_jax.analysis.pipeline`.
+
+That sharing needs causal attention. For bidirectional and prefix models (`objectives`: mlm,
+prefix_lm) SOS sees the words after it and a word's state depends on the whole span, so the
+context-free passes are one segment `SOS w_i .. w_j` per span, each with its own SOS
+(`pack_span_passes`, `span_mask`).
 """
 
 from __future__ import annotations
@@ -182,3 +187,111 @@ def pack_start_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_ro
   num_words = np.zeros(batch, np.int32)
   num_words[:len(sentences)] = lens
   return StartPasses(tokens, positions, seg_ids, gather, num_words)
+
+
+# --------------------------------------------------------------------------------------------
+# The span passes of models that are not causal
+# --------------------------------------------------------------------------------------------
+
+
+class SpanPasses(NamedTuple):
+  """The context-free passes of every span of a batch of sentences packed into rows, one
+  segment `SOS w_i .. w_j` per span (i, j) (`pack_span_passes`), for models whose attention is
+  not causal: there a token's state depends on the words after it, so no pass serves several
+  spans, and SOS, which sees the span, is each segment's own.
+
+  A pytree of arrays. P rows of R tokens; B sentences of at most N words.
+
+  Attributes:
+    tokens: int32 [P, R] the segments (each SOS then the span's words), then `<pad>`=0.
+    positions: int32 [P, R] original position of each token (SOS 0, word k at k + 1; padding 0).
+    segments: int32 [P, R] segment id of each token, its SOS included (a token attends to its
+      own segment only), -1 for padding.
+    span_segment: int32 [B, N, N] segment id of span (i, j) of sentence b; B N (N + 1) / 2 (an
+      id no segment has) where the span is invalid (i > j, j >= n or a padding row).
+    full_words: int32 [B, N] flat index r * R + c of word k in sentence b's whole-sentence
+      segment (span (0, n - 1), whose states are the contextual ones); 0 where k >= n.
+    num_words: int32 [B] n per sentence (0 for padding rows).
+  """
+
+  tokens: Any
+  positions: Any
+  segments: Any
+  span_segment: Any
+  full_words: Any
+  num_words: Any
+
+
+def span_pass_tokens(num_words: int) -> np.ndarray:
+  """int [n (n + 1) / 2] tokens of the span passes of an n-word sentence, SOS included:
+  j - i + 2 for the spans (i, j), i <= j, in the order of `np.triu_indices(n)`."""
+  lo, hi = np.triu_indices(num_words)
+  return hi - lo + 2
+
+
+def pack_span_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_rows: int,
+                     row_length: int, max_words: int | None = None,
+                     batch_rows: int | None = None) -> SpanPasses:
+  """Packs the n (n + 1) / 2 span passes of each sentence into `num_rows` rows (host, numpy).
+
+  The pass of span (i, j) is the segment `SOS w_i .. w_j` at positions 0, i + 1 .. j + 1,
+  packed first fit decreasing; with the mask "same segment" (`span_mask`) each token sees
+  exactly what it sees in that sequence alone.
+
+  Args:
+    sentences: word ids of each declarative part, WITHOUT SOS (at least one word each).
+    sos_id: id of SOS.
+    num_rows: P, rows of the packed batch.
+    row_length: R, tokens per row (at least the longest sentence + 1).
+    max_words: N, words of the chart axes (default: the longest sentence).
+    batch_rows: B, sentence rows (default: len(sentences)); rows past the sentences are padding.
+
+  Returns:
+    a `SpanPasses` of numpy arrays (`sci_chart.span_sci_chart` takes it).
+
+  Raises:
+    ValueError: an empty sentence, a sentence longer than `max_words` or than `row_length - 1`
+      words, more sentences than `batch_rows`, or passes that need more than `num_rows` rows.
+  """
+  lens = np.array([len(s) for s in sentences], np.int64)
+  if np.any(lens == 0):
+    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
+  n_max = int(lens.max(initial=0)) if max_words is None else int(max_words)
+  batch = len(sentences) if batch_rows is None else int(batch_rows)
+  if lens.size and int(lens.max()) > n_max:
+    raise ValueError(f"a sentence of {int(lens.max())} words exceeds max_words={n_max}")
+  if len(sentences) > batch:
+    raise ValueError(f"{len(sentences)} sentences exceed batch_rows={batch}")
+  if lens.size and int(lens.max()) + 1 > row_length:
+    raise ValueError(f"rows of {row_length} tokens cannot hold SOS and a sentence of "
+                     f"{int(lens.max())} words")
+  spans = [(b, i, j) for b, n in enumerate(lens) for i, j in zip(*np.triu_indices(n))]
+  sizes = np.array([j - i + 2 for _, i, j in spans], np.int64)
+  bins, offsets, used = first_fit_decreasing(sizes, row_length)
+  if used > num_rows:
+    raise ValueError(f"{len(spans)} span passes of {int(sizes.sum())} tokens need {used} rows "
+                     f"of {row_length} tokens; only {num_rows} given")
+  tokens = np.zeros((num_rows, row_length), np.int32)
+  positions = np.zeros((num_rows, row_length), np.int32)
+  seg_ids = np.full((num_rows, row_length), -1, np.int32)
+  span_segment = np.full((batch, n_max, n_max), batch * n_max * (n_max + 1) // 2, np.int32)
+  full_words = np.zeros((batch, n_max), np.int32)
+  for index, ((b, i, j), row, col) in enumerate(zip(spans, bins, offsets)):
+    m = j - i + 1
+    tokens[row, col] = sos_id
+    tokens[row, col + 1:col + 1 + m] = np.asarray(sentences[b], np.int32)[i:j + 1]
+    positions[row, col + 1:col + 1 + m] = np.arange(i + 1, j + 2)
+    seg_ids[row, col:col + 1 + m] = index
+    span_segment[b, i, j] = index
+    if i == 0 and j == lens[b] - 1:
+      full_words[b, :m] = row * row_length + col + 1 + np.arange(m)
+  num_words = np.zeros(batch, np.int32)
+  num_words[:len(sentences)] = lens
+  return SpanPasses(tokens, positions, seg_ids, span_segment, full_words, num_words)
+
+
+def span_mask(segments_PxR: Array) -> Array:
+  """bool [P, R, R] attention mask of rows from `pack_span_passes`: a token sees its own
+  segment (its SOS included) only; the model ANDs its own mask (bidirectional, prefix)."""
+  seg = jnp.asarray(segments_PxR)
+  return (seg[:, :, None] == seg[:, None, :]) & (seg >= 0)[:, None, :]

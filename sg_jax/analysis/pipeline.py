@@ -22,7 +22,9 @@ Batches (fed to the drivers `attention_entropy.attention_entropy_metrics` and
   number of rows of a fixed length, a batch taking sentences in input order while they fit (and
   later ones that fill its last rows). Every batch of a sentence set has the same shapes, so the
   whole set compiles once, and about 2-3% of the computed tokens are padding. The earlier layout
-  (full-length passes under a mask, `make_batches`) is kept as a reference.
+  (full-length passes under a mask, `make_batches`) is kept as a reference. Models that are not
+  causal (mlm, prefix_lm) need one pass per span (`make_span_pass_batches`: segments
+  `SOS w_i .. w_j`, `packing.pack_span_passes`), packed the same way into batches of one shape.
 * Attention entropies (`make_packed_line_batches`): the inputs `SOS + words` are packed the same
   way, one SOS per row shared by the inputs after it (`attention_entropy`, "Layouts"), into
   batches of one shape. The earlier layout (`make_batches`: inputs sorted by length, cut into
@@ -128,8 +130,8 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
   Returns:
     dict with the `registry.Inputs` fields 'entropy_inputs' (word ids of the entropy inputs,
     without SOS), 'declaratives' (word ids of the non-empty declarative parts) and 'gold_trees'
-    (their gold trees, or None when not needed), and 'label' (which lines, e.g. "`quest` lines
-    of train").
+    (their gold trees, or None when not needed), 'lines' (word ids of the whole LM lines,
+    source + target, without SOS), and 'label' (which lines, e.g. "`quest` lines of train").
 
   Raises:
     ValueError: unknown split or option, no line in the sentence set, or gold trees needed but
@@ -162,7 +164,8 @@ def load_sentences(config: Any, workdir: str, split: str, num: int, need_trees: 
   return {"entropy_inputs": [vocab.encode(w)
                              for w in entropy_inputs(selected, entropy_input)],
           "declaratives": [vocab.encode(w) for w in decl_words], "gold_trees": gold,
-          "dependency_lines": lines, "label": label}
+          "dependency_lines": lines, "lines": [vocab.encode(ex.words) for ex in selected],
+          "label": label}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +232,8 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
     items: per sequence, the word counts of its segments.
     batch_size: sequences per batch on average (the rows hold this many sequences of the mean
       number of words).
-    words_per_row: row length - 1 (one SOS per row).
+    words_per_row: tokens a row holds besides its shared SOS (row length - 1; the row length
+      when every segment brings its own SOS).
 
   Returns:
     (sequence indices of each batch, rows per batch).
@@ -384,4 +388,48 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
     indices = np.full(batch_rows, -1, np.int64)
     indices[:len(group)] = group
     out.append(StartPassBatch(indices, passes))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanPassBatch:
+  """One packed batch of the span passes of the tree projections (models that are not causal).
+
+  Attributes:
+    indices: int [B] position of each sentence row in the caller's list, -1 for padding rows.
+    passes: the packed passes (`packing.SpanPasses`, numpy arrays).
+  """
+
+  indices: np.ndarray
+  passes: packing.SpanPasses
+
+
+def make_span_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
+                           batch_size: int, row_length: int | None = None
+                           ) -> list[SpanPassBatch]:
+  """Packs the span passes of a sentence set into batches of one shape (`packing.SpanPasses`).
+
+  Args and Raises: as `make_start_pass_batches`; a sentence of n words has n (n + 1) / 2
+  passes of j - i + 2 tokens (`packing.span_pass_tokens`, each with its own SOS), so a batch
+  holds `batch_size` sentences of the set's mean length in tokens.
+
+  Returns:
+    the batches (sentences in input order, except that a batch also takes later sentences that
+    fill its last rows); all have the same P rows of R tokens, B sentence rows and N = the
+    longest sentence's words.
+  """
+  lens = _check_lengths(sentences, batch_size)
+  n_max = int(lens.max())
+  row_length = _row_length(lens, row_length)
+  items = [packing.span_pass_tokens(n) for n in lens]
+  groups, num_rows = _plan_rows(items, batch_size, row_length)  # no shared SOS per row
+  batch_rows = max(len(g) for g in groups)
+  out = []
+  for group in groups:
+    passes = packing.pack_span_passes(
+        [sentences[b] for b in group], sos_id=sos_id, num_rows=num_rows, row_length=row_length,
+        max_words=n_max, batch_rows=batch_rows)
+    indices = np.full(batch_rows, -1, np.int64)
+    indices[:len(group)] = group
+    out.append(SpanPassBatch(indices, passes))
   return out

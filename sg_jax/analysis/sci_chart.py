@@ -1,4 +1,4 @@
-"""SCI charts of a causal transformer LM: how compositional each span's representation is.
+"""SCI charts of a transformer LM: how compositional each span's representation is.
 
 Definitions (Murty et al., ICLR 2023, "Characterizing intrinsic compositionality in transformers
 with tree projections", §3-4, as used by Murty et al., ACL 2023, §5; `docs/REFERENCE.md`
@@ -7,10 +7,19 @@ token with the final "." removed, n words w_0 .. w_{n-1}; the model input is `SO
 so word k sits at input position k + 1.
 
 * contextual vector of span (i, j): sum over k = i..j of the last layer's hidden state at word k
-  under the ordinary causal mask;
+  under the model's own mask (causal for `lm`; bidirectional for `mlm`, and for `prefix_lm`,
+  whose input part the declarative words are);
 * context-free vector of span (i, j): the same sum when, in EVERY layer, attention may only see
-  SOS and words i..j (original positions kept);
+  SOS and words i..j (original positions kept), within the model's own mask;
 * SCI chart[i, j] = cosine similarity of the two vectors, for all 0 <= i <= j < n.
+
+Models that are not causal (`ModelConfig.attention` 'bidirectional' or 'prefix') have no
+shortcut: every span needs its own pass, in which SOS and the words see the whole span and
+nothing else. `span_sci_chart` runs the n (n + 1) / 2 passes of every sentence of a batch packed
+into rows (`packing.pack_span_passes`: one segment `SOS w_i .. w_j` per span, each attending to
+itself), in one forward batch; the whole-sentence segment gives the contextual states. It works
+for causal models too (same charts as the start passes, more work). The functions below that
+rely on causality (`sci_chart`, `packed_sci_chart`) refuse other attentions.
 
 Causality makes the context-free state of word k in span (i, j) independent of j (it sees SOS and
 words i..k only). So ONE forward pass per start position i gives the context-free states of every
@@ -43,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax.analysis import registry
-from sg_jax.analysis.packing import StartPasses, packed_mask
+from sg_jax.analysis.packing import SpanPasses, StartPasses, packed_mask, span_mask
 from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
 
@@ -63,6 +72,12 @@ def last_hidden(params: PyTree, tokens_BxL: Array, mask_BxLxL: Array | None, *,
       TransformerLM(config), params, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
       positions_BxL=positions_BxL)
   return internals["hidden"][-1].astype(jnp.float32)
+
+
+def _check_causal(config: ModelConfig, name: str) -> None:
+  if config.attention != "causal":
+    raise ValueError(f"{name} relies on causal attention; the model's is {config.attention!r} "
+                     "(use span_sci_chart)")
 
 
 def _cosine(a: Array, b: Array) -> Array:
@@ -110,6 +125,7 @@ def sci_chart(params: PyTree, tokens_BxL: Array, num_words_B: Array, *,
     float32 [B, N, N] chart: cosine similarity (unitless, in [-1, 1]) of the context-free and
     contextual vectors of span (i, j); 0 where the span is invalid (i > j or j >= n).
   """
+  _check_causal(config, "sci_chart")
   batch, length = tokens_BxL.shape
   n_max = length - 1
   t = jnp.arange(length)
@@ -142,6 +158,7 @@ def packed_sci_chart(params: PyTree, passes: StartPasses, *, config: ModelConfig
     float32 [B, N, N] chart: cosine similarity (unitless, in [-1, 1]) of the context-free and
     contextual vectors of span (i, j); 0 where the span is invalid (i > j or j >= n).
   """
+  _check_causal(config, "packed_sci_chart")
   h_PxRxD = last_hidden(params, jnp.asarray(passes.tokens), packed_mask(passes.segments),
                         config=config, positions_BxL=jnp.asarray(passes.positions))
   h_flat = h_PxRxD.reshape(-1, h_PxRxD.shape[-1])
@@ -151,6 +168,44 @@ def packed_sci_chart(params: PyTree, passes: StartPasses, *, config: ModelConfig
 
 # params [S, ...] -> chart [S, B, N, N].
 packed_sci_chart_over_seeds = registry.over_seeds(packed_sci_chart)
+
+
+def span_sci_chart(params: PyTree, passes: SpanPasses, *, config: ModelConfig) -> Array:
+  """Batched SCI chart of ONE seed from the packed span passes, for any attention (module
+  docstring): what the tree projections of bidirectional and prefix models run.
+
+  Same charts as `naive_sci_chart` (up to float rounding, ~1e-6). Pure and jit-able (`config`
+  static); runs P * R tokens in one forward batch.
+
+  Args:
+    params: ONE seed's TransformerLM parameters.
+    passes: from `packing.pack_span_passes` (P rows of R tokens, B sentences of at most N words).
+
+  Returns:
+    float32 [B, N, N] chart: cosine similarity (unitless, in [-1, 1]) of the context-free and
+    contextual vectors of span (i, j); 0 where the span is invalid (i > j or j >= n).
+  """
+  seg_PxR = jnp.asarray(passes.segments)
+  positions_PxR = jnp.asarray(passes.positions)
+  h_PxRxD = last_hidden(params, jnp.asarray(passes.tokens), span_mask(seg_PxR), config=config,
+                        positions_BxL=positions_PxR)
+  h_flat = h_PxRxD.reshape(-1, h_PxRxD.shape[-1])
+  batch, n_max = passes.span_segment.shape[:2]
+  dummy = batch * n_max * (n_max + 1) // 2  # the id of invalid spans (no token has it)
+  word_ids = jnp.where((seg_PxR >= 0) & (positions_PxR > 0), seg_PxR, dummy).reshape(-1)
+  # each span's words are its segment's words: one segment sum per span, in one call
+  sums_MxD = jax.ops.segment_sum(h_flat, word_ids, num_segments=dummy + 1)
+  free_BxNxNxD = sums_MxD[jnp.asarray(passes.span_segment)]
+  full_BxNxD = h_flat[jnp.asarray(passes.full_words)]
+  r = jnp.arange(n_max)
+  from_start = (r[None, :] >= r[:, None])[None, :, :, None]  # [1, i, k, 1]: k >= i
+  ctx_BxNxNxD = jnp.cumsum(jnp.where(from_start, full_BxNxD[:, None], 0.0), axis=2)
+  chart = _cosine(free_BxNxNxD, ctx_BxNxNxD)
+  return jnp.where(valid_spans(jnp.asarray(passes.num_words), n_max), chart, 0.0)
+
+
+# params [S, ...] -> chart [S, B, N, N].
+span_sci_chart_over_seeds = registry.over_seeds(span_sci_chart)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -205,6 +260,7 @@ def naive_sci_chart(params: PyTree, tokens_L: Sequence[int] | np.ndarray, *,
 
   This is how the original code computes charts (O(n^2) passes); kept as the ground truth for
   tests and as the baseline of `benchmarks/analysis_throughput.py`. Host loop, not jit-able.
+  Right for every attention: the span mask is ANDed with the model's own.
 
   Args:
     params: ONE seed's parameters.

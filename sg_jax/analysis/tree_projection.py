@@ -1,4 +1,4 @@
-"""Tree projections of a causal transformer LM: tscore and tparseval (Murty et al., ICLR 2023,
+"""Tree projections of a transformer LM: tscore and tparseval (Murty et al., ICLR 2023,
 "Characterizing intrinsic compositionality in transformers with tree projections", §3-4, as used
 by Murty et al., ACL 2023, §5; `docs/REFERENCE.md` §1 "Analysis quantities").
 
@@ -7,6 +7,9 @@ removed, n words w_0 .. w_{n-1}; the model input is `SOS w_0 .. w_{n-1}`. Its SC
 close each span's context-free representation is to its contextual one: `sci_chart`) gives a
 projected binary tree and its tscore (`projected_trees`); tparseval compares the projected trees
 with gold trees (`parseval`). The host-side packing of the context-free passes is `packing`.
+A causal model (`lm`) runs one pass per start position (`packed_sci_chart`); a bidirectional or
+prefix model (`mlm`, `prefix_lm`) one pass per span, restricted to the span
+(`span_sci_chart`), as the layout 'packed' chooses by the model's attention.
 
 This module holds the batch statistics (sums over a batch of sentences for ONE seed, mapped over
 seeds by `registry.over_seeds`), the driver over a whole sentence set for every seed
@@ -25,7 +28,8 @@ import numpy as np
 
 from sg_jax.analysis import packing, parseval, pipeline, registry
 # The names of the chart, tree and packing modules, importable from here as before the split.
-from sg_jax.analysis.packing import (StartPasses, first_fit_decreasing, pack_segments,  # noqa: F401
+from sg_jax.analysis.packing import (SpanPasses, StartPasses,  # noqa: F401
+                                     first_fit_decreasing, pack_segments, pack_span_passes,
                                      pack_start_passes, packed_mask, start_pass_words)
 from sg_jax.analysis.projected_trees import (METHODS, NORMALISATIONS,  # noqa: F401
                                              _check_options, cky_splits, greedy_splits,
@@ -33,7 +37,8 @@ from sg_jax.analysis.projected_trees import (METHODS, NORMALISATIONS,  # noqa: F
                                              random_tree_expectation, split_scores, tree_score)
 from sg_jax.analysis.sci_chart import (last_hidden, naive_sci_chart,  # noqa: F401
                                        packed_sci_chart, packed_sci_chart_over_seeds, sci_chart,
-                                       sci_chart_over_seeds, span_batch_sci_chart, valid_spans)
+                                       sci_chart_over_seeds, span_batch_sci_chart,
+                                       span_sci_chart, valid_spans)
 from sg_jax.model import ModelConfig
 
 Array = jax.Array
@@ -144,9 +149,32 @@ def packed_tree_projection_stats(params: PyTree, passes: StartPasses,
                      method=method, normalisation=normalisation, details=details)
 
 
+def span_tree_projection_stats(params: PyTree, passes: SpanPasses,
+                               gold_spans_BxNxN: Array | None, key: Array,
+                               row_ids_B: Array | None = None, *, config: ModelConfig,
+                               method: str = "greedy", normalisation: str = "random_split",
+                               details: bool = False) -> dict[str, Array]:
+  """Tree-projection sums of one batch of packed span passes for ONE seed (`span_sci_chart`;
+  any attention, the one for bidirectional and prefix models).
+
+  Args:
+    params: ONE seed's parameters.
+    passes: from `pack_span_passes` (B sentences of at most N words; `passes.num_words`).
+    gold_spans_BxNxN, key, row_ids_B, method, normalisation, details: see `chart_stats`.
+
+  Returns:
+    `chart_stats`'s dict.
+  """
+  _check_options(method, normalisation)
+  chart = span_sci_chart(params, passes, config=config)
+  return chart_stats(chart, jnp.asarray(passes.num_words), gold_spans_BxNxN, key, row_ids_B,
+                     method=method, normalisation=normalisation, details=details)
+
+
 # params [S, ...] -> every output with a leading [S] axis.
 tree_projection_stats_over_seeds = registry.over_seeds(tree_projection_stats)
 packed_tree_projection_stats_over_seeds = registry.over_seeds(packed_tree_projection_stats)
+span_tree_projection_stats_over_seeds = registry.over_seeds(span_tree_projection_stats)
 
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
@@ -181,20 +209,25 @@ def _gold_span_batch(indices, gold, n_max: int):
 
 @functools.lru_cache(maxsize=4)
 def _tree_plan(sentences: tuple[tuple[int, ...], ...], sos_id: int, batch_size: int,
-               gold: tuple | None) -> list[tuple[pipeline.StartPassBatch, tuple]]:
+               gold: tuple | None, spans: bool = False) -> list[tuple[Any, tuple]]:
   """The packed batches of a sentence set with their device arrays (passes, row ids and gold
   span matrices), cached: an analysis of several checkpoints on the same sentences plans and
-  transfers them once."""
+  transfers them once. `spans`: the span passes (`pipeline.make_span_pass_batches`) instead
+  of the start passes."""
   out = []
-  for batch in pipeline.make_start_pass_batches(sentences, sos_id=sos_id, batch_size=batch_size):
-    n_max = batch.passes.gather.shape[0]
-    spans = _gold_span_batch(batch.indices, gold, n_max)
-    passes = packing.StartPasses(*(jnp.asarray(a) for a in batch.passes))
-    out.append((batch, (passes, spans, jnp.asarray(batch.indices, jnp.int32))))
+  make = pipeline.make_span_pass_batches if spans else pipeline.make_start_pass_batches
+  for batch in make(sentences, sos_id=sos_id, batch_size=batch_size):
+    n_max = (batch.passes.span_segment if spans else batch.passes.gather).shape[-1]
+    gold_spans = _gold_span_batch(batch.indices, gold, n_max)
+    passes = type(batch.passes)(*(jnp.asarray(a) for a in batch.passes))
+    out.append((batch, (passes, gold_spans, jnp.asarray(batch.indices, jnp.int32))))
   return out
 
 
-LAYOUTS = ("packed", "masked")
+# 'packed': the packed passes the model's attention allows (start passes for causal models, span
+# passes otherwise); 'spans': the span passes whatever the attention (a reference for causal
+# models); 'masked': the earlier full-length start passes (causal models only).
+LAYOUTS = ("packed", "masked", "spans")
 
 
 def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]], *,
@@ -221,8 +254,10 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
     details: also return per-sentence 'charts' (list of [S, n, n]), 'trees_nodes' (list of
       [S, n - 1, 3]) and 'tscore_per_sentence' [S, num_sentences], in input order.
     progress: optional callable(int) called with the number of sentences finished per batch.
-    layout: 'packed' (shortened start passes packed into rows, the default) or 'masked' (the
-      earlier full-length masked passes, same values; kept as a reference).
+    layout: 'packed' (the default: for a causal model the shortened start passes packed into
+      rows, for a bidirectional or prefix model the span passes), 'spans' (the span passes for
+      any model) or 'masked' (the earlier full-length masked start passes of a causal model,
+      same values; kept as a reference).
 
   Returns:
     dict: 'tscore' [S] and with gold trees 'tparseval_f1', 'tparseval_precision',
@@ -230,10 +265,13 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
 
   Raises:
     ValueError: a gold tree's leaf count differs from its sentence length, an unknown layout,
-      or an empty sentence.
+      'masked' for a model that is not causal, or an empty sentence.
   """
   if layout not in LAYOUTS:
     raise ValueError(f"unknown tree-projection layout {layout!r}; expected one of {LAYOUTS}")
+  if layout == "masked" and config.attention != "causal":
+    raise ValueError(f"the masked tree-projection layout needs a causal model; this one's "
+                     f"attention is {config.attention!r}")
   gold_spans = None
   if gold_trees is not None:
     if len(gold_trees) != len(sentences):
@@ -246,15 +284,17 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
                          f"{len(sentences[b])} words")
       gold_spans.append(parseval.tree_spans(tree))
   options = dict(config=config, method=method, normalisation=normalisation, details=details)
-  if layout == "packed":
+  if layout != "masked":
+    spans_layout = layout == "spans" or config.attention != "causal"
     gold_key = None if gold_spans is None else tuple(tuple(sorted(g)) for g in gold_spans)
     planned = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
-                         int(batch_size), gold_key)
+                         int(batch_size), gold_key, spans_layout)
+    stats_fn = (span_tree_projection_stats_over_seeds if spans_layout
+                else packed_tree_projection_stats_over_seeds)
 
     def calls(params):
       for batch, (passes, spans, row_ids) in planned:
-        stats = packed_tree_projection_stats_over_seeds(
-            params, passes, spans, key, row_ids, **options)
+        stats = stats_fn(params, passes, spans, key, row_ids, **options)
         yield batch, batch.passes.num_words, stats
   else:
     batches = pipeline.make_batches(sentences, sos_id=sos_id, batch_size=batch_size)

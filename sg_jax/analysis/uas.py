@@ -1,24 +1,38 @@
 """Unlabelled attachment score (UAS) of attention heads (Chen et al., ICLR 2024; docs/sas.md).
 
-Definitions (docs/REFERENCE.md §3, the original's public code), adapted to a causal LM:
+Definitions (docs/REFERENCE.md §3, the original's public code). Each gold arc (`dependencies`:
+dependent -> head, input positions) is scored in the directions the model's attention
+(`ModelConfig.attention`, `DIRECTIONS`) can read it in:
 
-* Each gold arc (`dependencies`: dependent -> head, input positions) joins an earlier and a later
-  token. In a causal LM only the later token's attention row can see the earlier one, so each arc
-  is scored in that one direction: row = the later token, gold column = the earlier one (the
-  original's dependent->head direction when the head comes first, its head->dependent
-  direction, the transposed map, when the dependent comes first).
-* Argmax UAS: the row's prediction is its argmax over the columns left after removing the
-  diagonal and the special tokens (SOS, EOS, padding; punctuation and task tokens stay
-  candidates). A row whose maximum several candidates share counts `1/k` when the gold column is
-  one of the k: the expected score under random tie-breaking, so a uniform row scores exactly
-  chance, `1/(number of candidates)`.
-* Attention-weight variant (the original's second): the attention probability the later token
-  puts on the earlier one (the softmax as the model computes it, not renormalised).
+* causal (`lm`): only the later token's attention row can see the earlier one, so each arc is
+  scored in that one direction, `later_to_earlier`: row = the later token, gold column = the
+  earlier one (the original's dependent->head map when the head comes first; when the dependent
+  comes first, the head's row looking for its dependent).
+* prefix (`prefix_lm`): the same single direction, `later_to_earlier` (the later token sees the
+  earlier one under prefix attention too), so prefix and causal UAS compare directly. The
+  candidates are what the row may attend to: for a token of the input part, every real token of
+  the input part, later ones included. The earlier token's row, which also sees the later one
+  inside the input part, is not scored.
+* bidirectional (`mlm`): both of the original's maps (its `attn_head_predictor` modes "normal"
+  and "transpose"), as two directions of every head: `dependent_to_head` (the dependent's row;
+  its argmax over the columns is its predicted head) and `head_to_dependent` (the transposed
+  map: the dependent's COLUMN; the token that attends to it most is its predicted head). The
+  best (layer, head, direction) is reported, as the original does.
+
+* Argmax UAS: the prediction is the argmax over the candidates: the positions the row may attend
+  to (column direction: the rows that may attend to the column), less the diagonal and the
+  special tokens (SOS, EOS, padding; punctuation and task tokens stay candidates). A maximum
+  that k candidates share counts `1/k` when the gold position is one of them: the expected score
+  under random tie-breaking, so a uniform row scores exactly chance, `1/(number of candidates)`.
+* Attention-weight variant (the original's second): the attention probability on the arc as
+  the model computes it (not renormalised): `later_to_earlier` and `dependent_to_head` read
+  A[row token, gold], `head_to_dependent` reads A[head, dependent].
 * Roots, punctuation and task tokens have no arc, so they are never scored, in the per-relation
   rows nor in the "all" row (the original's "all" row counts the roots, which can never be right;
   sg_jax does not copy that). Per-relation tables leave out relations with fewer than
   `min_count` arcs (the original: 100); the "all" row counts every arc.
-* The best single (layer, head) is reported per relation and overall (`uas`, `uas_weight`).
+* The best single (layer, head, direction) is reported per relation and overall (`uas`,
+  `uas_weight`); per head, the better of its directions.
 
 Batch functions return sums, so that batches combine exactly (`registry.accumulate`);
 `finalize` turns them into scores. `uas_stats` is written for one seed; `uas_stats_over_seeds`
@@ -38,6 +52,7 @@ import numpy as np
 
 from sg_jax import sharding
 from sg_jax.analysis import registry
+from sg_jax.attention_masks import line_mask
 from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.tasks import dependencies
@@ -49,10 +64,46 @@ PyTree = Any
 MIN_RELATION_COUNT = 100  # the original's threshold of the per-relation tables
 NUM_RELATIONS = len(dependencies.RELATIONS)
 EVAL_KEY = "in_domain_uas"  # the key of the UAS lines in the training evaluation's data
+# The directions each attention scores an arc in (module docstring), in the order of the
+# direction axis of the stats.
+DIRECTIONS = {"causal": ("later_to_earlier",), "prefix": ("later_to_earlier",),
+              "bidirectional": ("dependent_to_head", "head_to_dependent")}
+
+
+def directions(attention: str) -> tuple[str, ...]:
+  """The directions an arc is scored in under `attention` (`DIRECTIONS`).
+
+  Raises:
+    ValueError: an unknown attention.
+  """
+  if attention not in DIRECTIONS:
+    raise ValueError(f"attention must be one of {tuple(DIRECTIONS)}, got {attention!r}")
+  return DIRECTIONS[attention]
+
+
+def _score_rows(maps_NxBxHxLxL: Array, row_BxL: Array, gold_BxL: Array, allowed_BxLxL: Array
+                ) -> tuple[Array, Array]:
+  """(argmax hit with ties split, value at the gold position), float32 [B, L, N, H] each, of
+  row `row_BxL[b, l]` of `maps[:, b]` with candidates `allowed_BxLxL[b, l]` (one arc per (b, l)).
+  """
+  b_idx = jnp.arange(maps_NxBxHxLxL.shape[1])[:, None]
+  rows_BxLxNxHxL = maps_NxBxHxLxL[:, b_idx, :, row_BxL, :]
+  allowed = allowed_BxLxL[:, :, None, None, :]
+  masked = jnp.where(allowed, rows_BxLxNxHxL, -jnp.inf)
+  top_BxLxNxH = jnp.max(masked, axis=-1)
+  ties_BxLxNxH = jnp.sum(allowed & (masked == top_BxLxNxH[..., None]), axis=-1)
+  gold_onehot = jax.nn.one_hot(gold_BxL, maps_NxBxHxLxL.shape[-1],
+                               dtype=jnp.float32)[:, :, None, None, :]
+  gold_BxLxNxH = jnp.sum(rows_BxLxNxHxL * gold_onehot, axis=-1)
+  hit_BxLxNxH = jnp.where(gold_BxLxNxH == top_BxLxNxH,
+                          1.0 / jnp.maximum(ties_BxLxNxH, 1).astype(jnp.float32), 0.0)
+  return hit_BxLxNxH, gold_BxLxNxH
 
 
 def attention_uas_stats(attention_NxBxHxLxL: Array, inputs_BxL: Array, dep_head_BxL: Array,
-                        dep_relation_BxL: Array, special_ids: Array) -> dict[str, Array]:
+                        dep_relation_BxL: Array, special_ids: Array, *,
+                        attention: str = "causal", prefix_end_ids: tuple = ()
+                        ) -> dict[str, Array]:
   """UAS sums of one batch from given attention probabilities (one seed).
 
   Args:
@@ -61,42 +112,55 @@ def attention_uas_stats(attention_NxBxHxLxL: Array, inputs_BxL: Array, dep_head_
     dep_head_BxL: int32 [B, L] head position of the word at each position, -1 = no arc
       (`dependencies.dependency_arrays`).
     dep_relation_BxL: int32 [B, L] relation index (`dependencies.RELATIONS`), -1 = no arc.
-    special_ids: int32 [K] ids that are never a candidate column (SOS, EOS, pad).
+    special_ids: int32 [K] ids that are never a candidate (SOS, EOS, pad).
+    attention: the model's attention (`ModelConfig.attention`): which directions are scored
+      (`DIRECTIONS`) and what each row may attend to (`attention_masks.line_mask`).
+    prefix_end_ids: the ids that end the prefix ('prefix' attention).
 
   Returns:
-    {'hits': float32 [layers, heads, R] argmax hits (ties split), 'weight': float32 [layers,
-    heads, R] summed attention on the gold column, 'count': float32 [R] arcs}, R =
-    `len(dependencies.RELATIONS)`.
+    {'hits': float32 [layers, heads, D, R] argmax hits (ties split), 'weight': float32
+    [layers, heads, D, R] summed attention on the gold position, 'count': float32 [R] arcs},
+    D = `len(directions(attention))`, R = `len(dependencies.RELATIONS)`.
+
+  Raises:
+    ValueError: an unknown attention, or 'prefix' without prefix-end ids.
   """
+  names = directions(attention)
   att = attention_NxBxHxLxL.astype(jnp.float32)
   length = att.shape[-1]
   pos = jnp.arange(length)
   has_BxL = (dep_head_BxL >= 0) & (dep_relation_BxL >= 0)
   head_BxL = jnp.where(has_BxL, dep_head_BxL, 0)
-  later_BxL = jnp.maximum(pos[None, :], head_BxL)
-  earlier_BxL = jnp.minimum(pos[None, :], head_BxL)
-  b_idx = jnp.arange(att.shape[1])[:, None]
-  rows_BxLxNxHxL = att[:, b_idx, :, later_BxL, :]  # the later token's row of each arc
+  dep_BxL = jnp.broadcast_to(pos[None, :], head_BxL.shape)
+  # visible[b, q, k]: query q may attend to key k (the model's own mask), less the diagonal
+  visible_BxLxL = jnp.broadcast_to(
+      line_mask(attention, inputs_BxL, inputs_BxL != 0, prefix_end_ids)[:, 0],
+      (inputs_BxL.shape[0], length, length)) & ~jnp.eye(length, dtype=bool)[None]
   candidate_BxL = ~jnp.isin(inputs_BxL, special_ids)
-  allowed_BxLxL = (pos[None, None, :] < later_BxL[:, :, None]) & candidate_BxL[:, None, :]
-  allowed = allowed_BxLxL[:, :, None, None, :]
-  masked = jnp.where(allowed, rows_BxLxNxHxL, -jnp.inf)
-  top_BxLxNxH = jnp.max(masked, axis=-1)
-  ties_BxLxNxH = jnp.sum(allowed & (masked == top_BxLxNxH[..., None]), axis=-1)
-  gold_onehot = jax.nn.one_hot(earlier_BxL, length, dtype=jnp.float32)[:, :, None, None, :]
-  gold_BxLxNxH = jnp.sum(rows_BxLxNxHxL * gold_onehot, axis=-1)
-  hit_BxLxNxH = jnp.where(gold_BxLxNxH == top_BxLxNxH,
-                          1.0 / jnp.maximum(ties_BxLxNxH, 1).astype(jnp.float32), 0.0)
+  b_idx = jnp.arange(att.shape[1])[:, None]
+  per_direction = []
+  for name in names:
+    if name == "head_to_dependent":  # the transposed map: the dependent's column
+      maps, row, gold = jnp.swapaxes(att, -1, -2), dep_BxL, head_BxL
+      allowed = jnp.swapaxes(visible_BxLxL, -1, -2)[b_idx, row] & candidate_BxL[:, None, :]
+    else:
+      row, gold = ((jnp.maximum(dep_BxL, head_BxL), jnp.minimum(dep_BxL, head_BxL))
+                   if name == "later_to_earlier" else (dep_BxL, head_BxL))
+      maps, allowed = att, visible_BxLxL[b_idx, row] & candidate_BxL[:, None, :]
+    per_direction.append(_score_rows(maps, row, gold, allowed))
+  hit_BxLxNxHxD = jnp.stack([h for h, _ in per_direction], axis=-1)
+  gold_BxLxNxHxD = jnp.stack([g for _, g in per_direction], axis=-1)
   rel_BxLxR = jax.nn.one_hot(jnp.where(has_BxL, dep_relation_BxL, 0), NUM_RELATIONS,
                              dtype=jnp.float32) * has_BxL[..., None]
-  return {"hits": jnp.einsum("blnh,blr->nhr", hit_BxLxNxH, rel_BxLxR),
-          "weight": jnp.einsum("blnh,blr->nhr", gold_BxLxNxH, rel_BxLxR),
+  return {"hits": jnp.einsum("blnhd,blr->nhdr", hit_BxLxNxHxD, rel_BxLxR),
+          "weight": jnp.einsum("blnhd,blr->nhdr", gold_BxLxNxHxD, rel_BxLxR),
           "count": jnp.sum(rel_BxLxR, axis=(0, 1))}
 
 
 def uas_stats(params: PyTree, inputs_BxL: Array, dep_head_BxL: Array, dep_relation_BxL: Array,
               special_ids: Array, *, config: ModelConfig) -> dict[str, Array]:
-  """`attention_uas_stats` of ONE seed's real (causal, dropout-free) forward pass.
+  """`attention_uas_stats` of ONE seed's real (dropout-free) forward pass, scored in the
+  directions of the model's attention (`config.attention`).
 
   Pure and jit-able (`config` static); `uas_stats_over_seeds` maps it over a leading seed axis
   of `params` (every value then has a leading [S] axis). Arguments as `attention_uas_stats`.
@@ -104,7 +168,8 @@ def uas_stats(params: PyTree, inputs_BxL: Array, dep_head_BxL: Array, dep_relati
   _, internals = apply_with_intermediates(TransformerLM(config), params, inputs_BxL,
                                           deterministic=True)
   return attention_uas_stats(internals["attention"], inputs_BxL, dep_head_BxL,
-                             dep_relation_BxL, special_ids)
+                             dep_relation_BxL, special_ids, attention=config.attention,
+                             prefix_end_ids=config.prefix_end_ids)
 
 
 uas_stats_over_seeds = registry.over_seeds(uas_stats)
@@ -115,13 +180,16 @@ def finalize(stats: dict, min_count: int = MIN_RELATION_COUNT) -> dict[str, np.n
 
   Args:
     stats: summed `attention_uas_stats` / `uas_stats_over_seeds` outputs, 'hits' and 'weight'
-      [S, layers, heads, R], 'count' [S, R].
+      [S, layers, heads, D, R], 'count' [S, R].
     min_count: relations with fewer arcs get NaN in the per-relation scores (the original: 100).
 
   Returns:
-    numpy: 'uas_head' / 'weight_head' [S, layers, heads] (all arcs), 'uas' / 'uas_weight' [S]
-    (best head), 'uas_relation' / 'weight_relation' [S, R] (best head per relation, NaN when
-    rare), 'count' [S, R]. NaN everywhere when there is no arc.
+    numpy: 'uas_head_direction' / 'weight_head_direction' [S, layers, heads, D] (all arcs);
+    'uas_head' / 'weight_head' [S, layers, heads] (the better direction of each head);
+    'uas_direction' / 'weight_direction' [S, D] (best head in each direction); 'uas' /
+    'uas_weight' [S] (best head and direction); 'uas_relation' / 'weight_relation' [S, R]
+    (best head and direction per relation, NaN when rare); 'count' [S, R]. NaN everywhere when
+    there is no arc.
 
   Raises:
     ValueError: min_count < 1.
@@ -130,24 +198,32 @@ def finalize(stats: dict, min_count: int = MIN_RELATION_COUNT) -> dict[str, np.n
     raise ValueError(f"min_count must be >= 1, got {min_count}")
   hits, weight = np.asarray(stats["hits"]), np.asarray(stats["weight"])
   count = np.asarray(stats["count"])
+  num_seeds = count.shape[0]
   with np.errstate(invalid="ignore", divide="ignore"):
-    total = count.sum(-1)[:, None, None]
-    uas_head = np.where(total > 0, hits.sum(-1) / total, np.nan)
-    weight_head = np.where(total > 0, weight.sum(-1) / total, np.nan)
-    ok = (count >= min_count)[:, None, None, :]
-    per_rel = np.where(ok, hits / count[:, None, None, :], np.nan)
-    per_rel_w = np.where(ok, weight / count[:, None, None, :], np.nan)
-  best = lambda x: np.max(x.reshape(x.shape[0], -1, *x.shape[3:]), axis=1) if x.size else x
-  return {"uas_head": uas_head, "weight_head": weight_head,
-          "uas": _nanmax(uas_head.reshape(uas_head.shape[0], -1)),
-          "uas_weight": _nanmax(weight_head.reshape(weight_head.shape[0], -1)),
+    total = count.sum(-1)[:, None, None, None]
+    uas_dir = np.where(total > 0, hits.sum(-1) / total, np.nan)
+    weight_dir = np.where(total > 0, weight.sum(-1) / total, np.nan)
+    ok = (count >= min_count)[:, None, None, None, :]
+    per_rel = np.where(ok, hits / count[:, None, None, None, :], np.nan)
+    per_rel_w = np.where(ok, weight / count[:, None, None, None, :], np.nan)
+  over_heads = lambda x: np.moveaxis(x, 3, 1).reshape(num_seeds, x.shape[3], -1)  # [S, D, N H]
+  best = lambda x: _nanmax(np.moveaxis(x.reshape(num_seeds, -1, x.shape[-1]), -1, 1))
+  return {"uas_head_direction": uas_dir, "weight_head_direction": weight_dir,
+          "uas_head": _nanmax(uas_dir), "weight_head": _nanmax(weight_dir),
+          "uas_direction": _nanmax(over_heads(uas_dir)),
+          "weight_direction": _nanmax(over_heads(weight_dir)),
+          "uas": _nanmax(uas_dir.reshape(num_seeds, -1)),
+          "uas_weight": _nanmax(weight_dir.reshape(num_seeds, -1)),
           "uas_relation": best(per_rel), "weight_relation": best(per_rel_w), "count": count}
 
 
-def _nanmax(x_SxK: np.ndarray) -> np.ndarray:
+def _nanmax(x: np.ndarray) -> np.ndarray:
+  """Max over the last axis ignoring NaN (NaN where all are NaN; an empty axis gives NaN)."""
+  if x.shape[-1] == 0:
+    return np.full(x.shape[:-1], np.nan)
   with np.errstate(invalid="ignore"):
-    return np.where(np.all(np.isnan(x_SxK), axis=-1), np.nan,
-                    np.max(np.where(np.isnan(x_SxK), -np.inf, x_SxK), axis=-1))
+    return np.where(np.all(np.isnan(x), axis=-1), np.nan,
+                    np.max(np.where(np.isnan(x), -np.inf, x), axis=-1))
 
 
 def line_batches(lines: Sequence[tuple[Sequence[int], Sequence[tuple]]], *, sos_id: int,

@@ -26,6 +26,9 @@ HEADER = "step,seed,sparsity,name,value\n"
 Row = tuple[int, int, float, str, float]  # (step, seed, sparsity or nan, name, value)
 Group = tuple[int, int, float | None]     # (step, seed, level key or None for nan)
 ACCURACY = ("in_domain/accuracy", "out_of_domain/accuracy")
+# A masked LM's evaluation has no teacher-forced task accuracy: its effective size reads the
+# masked-token accuracy instead (`evaluation.make_split_evaluator`, docs/pruning.md).
+MASKED_ACCURACY = ("in_domain/masked_accuracy", "out_of_domain/masked_accuracy")
 ABLATION_PREFIXES = ("full/", "core_ablation/", "random_ablation/")
 
 
@@ -100,21 +103,26 @@ def effective_size_rows(step: int, seed: int, runs: Mapping[float, Mapping[int, 
   size is only an upper bound; `core.effective_size`) of one (step, seed), over every level of
   `runs` ({level: {pruning_seed: {name: value}}}) and the pruning seeds that every level has.
 
+  The accuracies are `ACCURACY`, or for a masked LM (whose table has no task accuracy)
+  `MASKED_ACCURACY`.
+
   Returns:
     (rows with sparsity nan, None), or ([], the reason) when the full model's accuracies or a
     pruning seed common to all levels are missing.
   """
-  if full is None or any(n not in full for n in ACCURACY):
+  names = next((pair for pair in (ACCURACY, MASKED_ACCURACY)
+                if full is not None and all(n in full for n in pair)), None)
+  if names is None:
     return [], "no full-model accuracies in the pruning table"
   levels = sorted(lv for lv, by_ps in runs.items()
-                  if any(all(n in v for n in ACCURACY) for v in by_ps.values()))
+                  if any(all(n in v for n in names) for v in by_ps.values()))
   common = sorted(set.intersection(*[{ps for ps, v in runs[lv].items()
-                                      if all(n in v for n in ACCURACY)} for lv in levels])
+                                      if all(n in v for n in names)} for lv in levels])
                   ) if levels else []
   if not common:
     return [], "no pruning seed with accuracies at every level"
-  acc = [{lv: [runs[lv][ps][n] for ps in common] for lv in levels} for n in ACCURACY]
-  sizes = core.effective_size(acc[0], acc[1], full[ACCURACY[0]], full[ACCURACY[1]])
+  acc = [{lv: [runs[lv][ps][n] for ps in common] for lv in levels} for n in names]
+  sizes = core.effective_size(acc[0], acc[1], full[names[0]], full[names[1]])
   nan = float("nan")
   rows = []
   for variant in core.VARIANTS:

@@ -2,7 +2,9 @@
 
 The metrics are the task's own (`evaluation.make_split_evaluator`: accuracy, loss and, for
 question formation, the move-first / skip-relative agreements) with the model's head and MLP
-masks applied, so a subnetwork is scored exactly as training scores the full model.
+masks applied, so a subnetwork is scored exactly as training scores the full model, under the
+run's objective: its loss, and for a masked LM its masked-token accuracy instead of the
+teacher-forced task metric (`Objective.teacher_forced_metrics`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from sg_jax.pruning.run import apply_masked, full_logits
 Array = jax.Array
 
 
-def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: str = "mean"):
+def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: str = "mean",
+                   objective=None):
   """`evaluate(params_S, means_S, head_mask_SxK, mlp_mask_SxK) -> {split: {metric: [S, K]}}`.
 
   Args:
@@ -30,6 +33,7 @@ def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: 
     vocab: the task's vocabulary.
     eval_data: {split name: batches [num_batches, batch, ...]} (`prepare_eval_batches`).
     ablation: 'mean' (units replaced by their means) or 'zero'.
+    objective: the run's `objectives.Objective` (None: `lm`), as training's evaluation takes it.
 
   The returned function takes parameters [S, ...], means ([S, n, H, P], [S, n, D]) and masks
   float [S, K, n, H] / [S, K, n] (1 kept, 0 ablated; all ones = the full model); the metrics
@@ -41,8 +45,8 @@ def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: 
                         means if ablation == "mean" else None)
 
   splits = {name: (evaluation.make_split_evaluator(
-      task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches)), batches)
-            for name, batches in eval_data.items()}
+      task, apply_fn, vocab, decode_steps=evaluation.decode_steps(task, batches),
+      objective=objective), batches) for name, batches in eval_data.items()}
 
   @jax.jit
   def evaluate(params_S, means_S, head_mask_SxK, mlp_mask_SxK):
@@ -64,7 +68,8 @@ def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: 
 def subnetwork_kl(params_S, means_S, head_mask_SxK: Array, mlp_mask_SxK: Array, data: dict, *,
                   config: ModelConfig, ablation: str = "mean") -> Array:
   """KL(full || subnetwork) over the real target positions of every batch of `data`
-  ({'inputs', 'targets': int32 [num_batches, B, L]}), float32 [S, K] (nats per position)."""
+  ({'inputs', 'targets': int32 [num_batches, B, L]}: the objective's lines,
+  `inputs.objective_lines`, so its loss positions only), float32 [S, K] (nats per position)."""
 
   def one(params, means, head_mask, mlp_mask):
     def sums(batch):

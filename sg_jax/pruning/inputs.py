@@ -1,6 +1,12 @@
 """What pruning reads of a trained run: its lines (batched for the pruning steps, the means and
 the evaluations) and its seeds' parameters and mean-ablation means, shared by `sg_jax.prune` and
-`sg_jax.prune_core` (Bhaskar et al., ACL 2024; docs/pruning.md)."""
+`sg_jax.prune_core` (Bhaskar et al., ACL 2024; docs/pruning.md).
+
+The lines are the run's objective's (`objectives.Objective.lines`, with the fixed key
+`OBJECTIVE_SEED`): the KL, the task losses and the means read the inputs the model was trained
+on and score its loss positions only: every position for `lm`, the output part for `prefix_lm`,
+the masked positions of one fixed BERT masking for `mlm`. The model is the run's own
+(`objectives.model_config`: its attention and its `[MASK]` row)."""
 
 from __future__ import annotations
 
@@ -9,11 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import input_pipeline
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax import objectives
+from sg_jax.model import TransformerLM
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import run as run_lib
 from sg_jax.tasks import io as tasks_io
 from sg_jax.tasks import vocab as vocab_lib
+
+# The key of the objective's randomness on the pruning lines (a masked LM's masking): fixed, so
+# every pruning step, run and rerun reads the same masked positions.
+OBJECTIVE_SEED = 20240102
 
 
 def _encoded(task, config, workdir, vocab, split: str):
@@ -30,12 +41,22 @@ def _encoded(task, config, workdir, vocab, split: str):
                      ) from None
 
 
-def _lines(split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
+def objective_lines(objective, split, num_lines: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """The first `num_lines` (0 = all) lines of an `EncodedSplit` as the objective lays them out
+  (`Objective.lines` with the key `OBJECTIVE_SEED`): (inputs, targets) int32 numpy [N, L],
+  target 0 = not scored."""
   n = min(num_lines, len(split)) if num_lines else len(split)
-  return {prefix + "inputs": jnp.asarray(means_lib.batch_lines(
-              np.asarray(split.inputs)[:n], batch_size)),
-          prefix + "targets": jnp.asarray(means_lib.batch_lines(
-              np.asarray(split.targets)[:n], batch_size))}
+  inputs, targets = objective.lines(
+      jnp.asarray(np.asarray(split.inputs)[:n], jnp.int32),
+      jnp.asarray(np.asarray(split.targets)[:n], jnp.int32),
+      jnp.asarray(np.asarray(split.lengths)[:n], jnp.int32), jax.random.key(OBJECTIVE_SEED))
+  return np.asarray(inputs, np.int32), np.asarray(targets, np.int32)
+
+
+def _lines(objective, split, num_lines: int, batch_size: int, prefix: str = "") -> dict:
+  inputs, targets = objective_lines(objective, split, num_lines)
+  return {prefix + "inputs": jnp.asarray(means_lib.batch_lines(inputs, batch_size)),
+          prefix + "targets": jnp.asarray(means_lib.batch_lines(targets, batch_size))}
 
 
 def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_lines: int,
@@ -52,23 +73,27 @@ def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_
       (the `task:SPLIT` objectives).
 
   Returns:
-    {'task', 'train': {'inputs', 'targets': int32 [num_batches, batch_size, L]}, 'eval':
-    {'in_domain', 'out_of_domain': `prepare_eval_batches`}, 'means_inputs': int32 [N, L]}.
+    {'task', 'objective' (the run's `objectives.Objective`), 'train': {'inputs', 'targets':
+    int32 [num_batches, batch_size, L]} (the objective's lines), 'eval': {'in_domain',
+    'out_of_domain': `prepare_eval_batches`} (the stored lines: the evaluation applies the
+    objective itself), 'means_inputs': int32 [N, L] (the objective's inputs)}.
 
   Raises:
-    ValueError: the task has no file of `split`.
+    ValueError: the task has no file of `split`, or a bad objective in the run's config.
   """
   config = restored.config
+  objective = objectives.from_config(config)
   task, _, splits = input_pipeline.load_data(config, workdir)
-  out = {"task": task, "train": _lines(splits["train"], num_lines, batch_size)}
+  out = {"task": task, "objective": objective,
+         "train": _lines(objective, splits["train"], num_lines, batch_size)}
   if split is not None:
     vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
-    out["train"].update(_lines(_encoded(task, config, workdir, vocab, split), num_lines,
-                               batch_size, "split_"))
+    out["train"].update(_lines(objective, _encoded(task, config, workdir, vocab, split),
+                               num_lines, batch_size, "split_"))
   out["eval"] = {name: input_pipeline.prepare_eval_batches(
       splits[name], config.eval.batch_size, eval_lines or config.eval.max_lines,
       task.eval_fields) for name in ("in_domain", "out_of_domain")}
-  out["means_inputs"] = np.asarray(splits["train"].inputs)[:num_lines or len(splits["train"])]
+  out["means_inputs"] = objective_lines(objective, splits["train"], num_lines)[0]
   return out
 
 
@@ -81,15 +106,16 @@ def seed_inputs(restored, seeds: list[int], data: dict):
     data: `load_lines`'s result (the means are over its 'means_inputs').
 
   Returns:
-    (ModelConfig with max_len covering every line (`run.pruning_model_config`), Vocab,
+    (the run's ModelConfig (`objectives.model_config`) with max_len covering every line
+    (`run.pruning_model_config`), Vocab,
     params [S, ...], (head means float32 [S, num_layers, num_heads, head_dim], MLP means
     float32 [S, num_layers, d_model])).
   """
   vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
   longest = max(data["train"]["inputs"].shape[-1],
                 *(b["inputs"].shape[-1] for b in data["eval"].values()))
-  model_config = run_lib.pruning_model_config(ModelConfig.from_config(
-      restored.config.model, vocab.size, max_len=max(512, longest)))
+  model_config = run_lib.pruning_model_config(objectives.model_config(
+      restored.config, vocab.size, max_len=max(512, longest)))
   run_seeds = list(restored.seeds)
   idx = np.array([run_seeds.index(s) for s in seeds])
   params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
