@@ -187,16 +187,15 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.sas.p = 1.0  # sum variant: (sum of A^p)^(1/p)
   c.sas.direction = "both"  # "both", "head" (dependent -> head only), "children"
 
-  # Tree regulariser (TreeReg, Nandi et al. 2025; docs/tree_regularisation.md,
-  # sg_jax/terms/tree.py): loss + lambda * the cross-entropy of the gold splits of each line's
-  # declarative tree under the SCIN chart of one layer. Per-seed tuples as for sas; lambda > 0
-  # promotes the gold trees, < 0 penalises them; all 0 = off (nothing is built).
+  # Tree regulariser (TreeReg; docs/tree_regularisation.md): per-seed tuples as for sas; lambda > 0
+  # promotes the gold trees of the declaratives, < 0 penalises them; all 0 = off (nothing built).
   c.tree = ml_collections.ConfigDict()
   c.tree.lambdas = (0.0,)
   c.tree.starts = (0,)  # first step of each seed's window
   c.tree.ends = (0,)  # end (exclusive) of each seed's window; 0 = until the end of training
   c.tree.layer = -1  # hidden states after this many layers (1..num_layers); -1 = the last
   c.tree.dims = 0.25  # fraction of the d_model components used (the first ones; TreeReg: 0.25)
+  c.tree.normalise = False  # True: chart of unit vectors (bounded loss); False: TreeReg's chart
 
   c.checkpoint = ml_collections.ConfigDict()
   # Checkpoint interval (steps); the analysis reads these.

@@ -23,7 +23,7 @@ def _write_old_config(path, config, drop):
 
 # Fields added to sg_jax after runs existed (each defaults to the behaviour before it).
 ADDED = ("model.layer_impl", "model.matmul_precision", "sas", "data.num_disambiguating",
-         "data.subject_mix", "eval.uas_lines")
+         "data.subject_mix", "eval.uas_lines", "tree")
 
 
 def test_missing_fields_count_as_their_defaults(load_config, tmp_path):

@@ -6,7 +6,10 @@ config field whose value in `config.json` is a list with one entry per seed. See
 entries of every such field form a group; `groups_depth<D>.png` draws, per group, the seed mean
 of each compared metric with its 95% bootstrap confidence interval over seeds
 (`seed_stats.bootstrap_ci`) and marks each seed's onset (`sg_jax.analysis.onsets`), and
-summary.md gets a table of the final values per group.
+summary.md gets a table of the final values per group, the first step at which each group's
+seeds generalise (`out_of_domain/accuracy` above the report's threshold) and the rules they end
+on. Metrics without an onset signal (the in-domain loss, tscore and tparseval from
+`sg_jax.analyze`, the tree regulariser's penalty) get a panel and a final value only.
 """
 
 from __future__ import annotations
@@ -24,11 +27,17 @@ from sg_jax.report.plotting import CONSTRUCTION_COLORS, legend_outside, mean_ban
 from sg_jax.report.reading import Run
 
 # Metrics compared between groups (those a run logged), with their onset signal
-# (`onsets_lib.SIGNALS`) and panel title.
+# (`onsets_lib.SIGNALS`; None: no onset is located) and panel title.
 COMPARED = (("in_domain/uas", "structure", "UAS of the best head (in-domain)"),
             ("train/loss", "loss_drop", "training loss (nats per token)"),
             ("in_domain/accuracy", "in_domain", "in-domain accuracy"),
-            ("out_of_domain/accuracy", "out_of_domain", "generalisation accuracy"))
+            ("out_of_domain/accuracy", "out_of_domain", "generalisation accuracy"),
+            ("in_domain/loss", None, "in-domain loss (nats per token)"),
+            ("tscore", None, "tscore (sg_jax.analyze)"),
+            ("tparseval_f1", None, "tparseval F1 (sg_jax.analyze)"),
+            ("train/tree_loss", None, "tree regulariser's loss (nats)"))
+GEN_ACC = "out_of_domain/accuracy"
+PANELS_PER_ROW = 4
 # Per-construction generalisation (Task.constructions; docs/tasks.md).
 CONSTRUCTION_PREFIX = "out_of_domain/accuracy/"
 
@@ -63,8 +72,11 @@ def seed_groups(run: Run) -> dict[str, list[int]]:
     return {}
   first = int(run.config.get("first_seed", 0))
   groups: dict[str, list[int]] = collections.OrderedDict()
+  last = collections.Counter(name.split(".")[-1] for name in fields)
+  short = {name: name.split(".")[-1] if last[name.split(".")[-1]] == 1 else name
+           for name in fields}  # e.g. "lambdas", but "sas.lambdas" beside "tree.lambdas"
   for k in range(int(run.config["num_seeds"])):
-    label = ", ".join(f"{name.split('.')[-1]}={values[k]}" for name, values in fields.items())
+    label = ", ".join(f"{short[name]}={values[k]}" for name, values in fields.items())
     groups.setdefault(label, []).append(first + k)
   return dict(groups)
 
@@ -77,16 +89,29 @@ def _final(run: Run, name: str, seed: int) -> float:
   return float(values[-1]) if values.size else math.nan
 
 
+def first_above(run: Run, name: str, seed: int, threshold: float) -> float:
+  """The first logged step at which `seed`'s `name` exceeds `threshold` (NaN: never, or no
+  rows)."""
+  steps_values = run.series.get(name, {}).get(seed)
+  step = None if steps_values is None else tables.first_above(*steps_values, threshold)
+  return math.nan if step is None else float(step)
+
+
 def construction_metrics(run: Run) -> list[str]:
   """The run's per-construction generalisation metrics (`out_of_domain/accuracy/<tag>`), sorted."""
   return sorted(n for n in run.series if n.startswith(CONSTRUCTION_PREFIX))
 
 
-def group_rows(run: Run, groups: Mapping[str, Sequence[int]]) -> list[dict]:
+def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8
+               ) -> list[dict]:
   """One dict per group: seeds, and per compared metric and per construction
   (`construction_metrics`) the final value's seed mean with its 95% bootstrap CI (`<metric>`,
   `<metric>_ci_low`, `<metric>_ci_high`), the median onset step of each compared metric's
-  signal over the group's seeds (`<signal>_onset_median`, NaN where none), and, where the run
+  signal over the group's seeds (`<signal>_onset_median`, NaN where none), the first step at
+  which generalisation exceeds `threshold` (`first_above`): how many seeds get there
+  (`gen_above_seeds`, e.g. "3/4") and the mean of their steps with its 95% bootstrap CI
+  (`gen_above_step`, `..._ci_low`, `..._ci_high`; seeds that never get there are left out,
+  NaN when none does), and, where the run
   logged the rule agreements, how many seeds end on each rule (`final_rules`, e.g.
   "hierarchical 2, skip_relative 2") and the mean number of rule switches per seed
   (`rule_switches_mean`; `tables.rules_of_seed`)."""
@@ -99,9 +124,18 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]]) -> list[dict]:
         continue
       mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
       row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+      if signal is None:
+        continue
       steps = [onsets[s][signal].step for s in seeds if s in onsets and signal in onsets[s]]
       finite = [x for x in steps if math.isfinite(x)]
       row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
+    if run.series.get(GEN_ACC):
+      reached = [x for x in (first_above(run, GEN_ACC, s, threshold) for s in seeds)
+                 if math.isfinite(x)]
+      mean, low, high = seed_stats.bootstrap_ci(reached) if reached else (math.nan,) * 3
+      row.update({"gen_above_threshold": threshold,
+                  "gen_above_seeds": f"{len(reached)}/{len(seeds)}", "gen_above_step": mean,
+                  "gen_above_step_ci_low": low, "gen_above_step_ci_high": high})
     for name in construction_metrics(run):
       mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
       row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
@@ -127,9 +161,13 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
     return None
   plt = pyplot()
   onsets = onsets_lib.seed_onsets(run.series)
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
+  cols = min(len(panels), PANELS_PER_ROW)
+  nrows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols + 2.5, 4 * nrows), squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
   cmap = plt.get_cmap("tab10")
-  for ax, (name, signal, title) in zip(axes[0], panels):
+  for ax, (name, signal, title) in zip(axes.flat, panels):
     for g, (label, seeds) in enumerate(groups.items()):
       color = cmap(g % cmap.N)
       per_step = collections.defaultdict(list)
@@ -143,7 +181,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
         continue
       mean_band(ax, steps, per_step, color, alpha=0.2, lw=1.8,
                 label=f"{label} ({len(seeds)} seeds)")
-      marks = [onsets[s][signal].step for s in seeds if s in onsets]
+      marks = [onsets[s][signal].step for s in seeds if s in onsets and signal in onsets[s]]
       marks = [m for m in marks if math.isfinite(m)]
       ax.plot(marks, [0.02] * len(marks), "|", color=color, ms=12, mew=2,
               transform=ax.get_xaxis_transform())
@@ -152,7 +190,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
-  legend_outside(axes[0][-1]).set_title("band: 95% bootstrap CI over seeds;\n"
+  legend_outside(axes[0][cols - 1]).set_title("band: 95% bootstrap CI over seeds;\n"
                                          "ticks: onsets of each seed", prop={"size": 8})
   fig.suptitle(f"{title_prefix}seed groups of {run.name}")
   fig.tight_layout()
@@ -174,19 +212,33 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
     return []
   metrics = [(n, s) for n, s, _ in COMPARED if any(n in r for r in rows)]
   fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
+  fmt_step = lambda v: "" if v is None or math.isnan(v) else f"{v:.0f}"
+  above = next((r["gen_above_threshold"] for r in rows if "gen_above_threshold" in r), None)
+  header = [f"{n} (final) [95% CI]" + ("" if s is None else f" | {s} onset (median)")
+            for n, s in metrics]
+  if above is not None:
+    header.append(f"first step gen. > {above:g}: mean [95% CI] | seeds there")
   lines = ["", "## Seed groups", "",
-           "| run | group | seeds | " + " | ".join(f"{n} (final) [95% CI] | {s} onset (median)"
-                                                 for n, s in metrics) + " |",
-           "|" + "---|" * (3 + 2 * len(metrics))]
+           "| run | group | seeds | " + " | ".join(header) + " |",
+           "|" + "---|" * (3 + len(metrics) + sum(s is not None for _, s in metrics)
+                           + (2 if above is not None else 0))]
   for r in rows:
     cells = [r["run"], r["group"], r["seeds"]]
     for name, signal in metrics:
       cells.append(_with_ci(r, name, fmt) if name in r else "")
-      cells.append(fmt(r.get(f"{signal}_onset_median")))
+      if signal is not None:
+        cells.append(fmt(r.get(f"{signal}_onset_median")))
+    if above is not None:
+      step = r.get("gen_above_step", math.nan)
+      cells += ["" if math.isnan(step) else _with_ci(r, "gen_above_step", fmt_step),
+                r.get("gen_above_seeds", "")]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
             "list with one value per seed in config.json). CI: 95% percentile bootstrap over the "
-            "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\")."]
+            "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\"); first "
+            "step gen. > threshold: the first evaluation whose out_of_domain/accuracy exceeds the "
+            "report's --threshold, averaged over the seeds that get there (seeds there: how many "
+            "do). tscore and tparseval_f1 come from `sg_jax.analyze` (analysis.csv)."]
   tags = sorted({n for r in rows for n in r if n.startswith(CONSTRUCTION_PREFIX)
                  and not n.endswith(("_ci_low", "_ci_high"))})
   if tags or any("final_rules" in r for r in rows):

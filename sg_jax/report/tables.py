@@ -30,6 +30,12 @@ def first_reaching(steps: np.ndarray, values: np.ndarray, level: float) -> int |
   return int(steps[hit[0]]) if hit.size else None
 
 
+def first_above(steps: np.ndarray, values: np.ndarray, level: float) -> int | None:
+  """First step whose value exceeds `level` (None if never)."""
+  hit = np.nonzero(np.isfinite(values) & (values > level))[0]
+  return int(steps[hit[0]]) if hit.size else None
+
+
 def saturation_step(run: "Run", seed: int, saturation: float) -> int | None:
   """First step where `seed`'s in-domain accuracy reaches `saturation` (None: never / no rows)."""
   if seed not in run.series.get(IN_ACC, {}):
@@ -99,8 +105,9 @@ def rules_of_seed(run: Run, seed: int) -> tuple[str | None, int | None]:
 def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
                  tie_tolerance: float) -> list[dict]:
   """One dict per (run, seed) with final / early-stopping accuracies, final analysis values,
-  the generalisation oscillation (std over the last `OSCILLATION_EVALUATIONS` evaluations), the
-  rule the seed ends on and its rule switches (`rules_of_seed`)."""
+  the first step whose generalisation exceeds `threshold` (`first_above`), the generalisation
+  oscillation (std over the last `OSCILLATION_EVALUATIONS` evaluations), the rule the seed ends
+  on and its rule switches (`rules_of_seed`)."""
   out = []
   for run in runs:
     in_series = run.series.get(IN_ACC, {})
@@ -116,6 +123,7 @@ def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
              "final_in_domain": final_in, "final_generalisation": final_gen,
              "generalises": (bool(final_gen > threshold) if math.isfinite(final_gen) else None),
              "in_domain_saturation_step": first_reaching(in_s, in_v, saturation),
+             "generalisation_above_threshold_step": first_above(gen_s, gen_v, threshold),
              "early_stop_first_step": first_step, "early_stop_first_generalisation": first_gen,
              "early_stop_last_step": last_step, "early_stop_last_generalisation": last_gen,
              "generalisation_oscillation": seed_stats.oscillation(gen_v,

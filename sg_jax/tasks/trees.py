@@ -159,3 +159,30 @@ def map_leaves(tree: Tree, fn) -> Tree:
   if isinstance(tree, str):
     return fn(tree)
   return tuple(map_leaves(c, fn) for c in tree)
+
+
+def split_nodes(tree: Tree) -> list[tuple[int, int, int]]:
+  """Internal nodes `(i, k, j)` of a binary tree in pre-order (word indices, 0-based, inclusive):
+  the node covers words i..j, its left child i..k and its right child k + 1..j (the node
+  convention of `sg_jax.analysis.projected_trees`; [] for a single word).
+
+  Raises:
+    ValueError: a node without exactly two children (binarise first: `binarize`).
+  """
+  out: list[tuple[int, int, int]] = []
+
+  def walk(t: Tree, start: int) -> int:
+    if isinstance(t, str):
+      return start + 1
+    if len(t) != 2:
+      raise ValueError(f"split_nodes needs a binary tree; a node has {len(t)} children: "
+                       f"{format_tree(t)}")
+    idx = len(out)
+    out.append((start, start, start))  # placeholder, fixed below
+    mid = walk(t[0], start)
+    end = walk(t[1], mid)
+    out[idx] = (start, mid - 1, end - 1)
+    return end
+
+  walk(tree, 0)
+  return out

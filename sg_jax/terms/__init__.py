@@ -3,6 +3,7 @@
 module with a registered `LossTerm` subclass and a config section of the same name."""
 
 from sg_jax.terms import sas  # noqa: F401  (registers `sas`)
+from sg_jax.terms import tree  # noqa: F401  (registers `tree`, added after `sas`)
 from sg_jax.terms.base import (LossTerm, active, lambdas_at, lambdas_per_seed,  # noqa: F401
                                names, register, seed_arrays, sum_name, train_arrays,
                                validate)
