@@ -8,6 +8,9 @@ Quantities (each registers its metric groups with `registry`, which `sg_jax.anal
   variant (each on an input the caller names: `pipeline.ENTROPY_INPUTS`).
 * `tree_projection`: tscore and tparseval over a sentence set, from the SCI charts of
   `sci_chart` and the projected trees of `projected_trees`.
+* `training_dynamics`: minibatch linear CKA (`cka`) and next-token TVD of every checkpoint with
+  the previous and the final one (`references`), and the TwoNN intrinsic dimension (`twonn`)
+  of each layer; `phases` locates the transitions of these and the other curves (`onsets`).
 
 Helpers: `parseval` (bracketing precision / recall / F1), `packing` (rows that share one SOS),
 `pipeline` (which lines and words are read, and their batches), `registry` (the registry,

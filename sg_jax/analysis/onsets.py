@@ -28,8 +28,8 @@ dense-early evaluation schedule):
    functional change between consecutive checkpoints, its peak is the steepest change of what
    it measures);
 4. robustness: the change of the smoothed curve over [onset - 2 sigma, onset + 2 sigma] (at
-   least two grid spacings each side; for a peak: its height above the lowest smoothed value
-   on either side, the smaller of the two, one side at an end of the curve) must be
+   least two grid spacings each side; for a peak: its drop to the lowest smoothed value on
+   each side, the smaller of the two, the one side of a peak at an end of the curve) must be
    at least `min_snr` x the noise, the scaled median absolute deviation (1.4826 MAD) of the raw
    values around the smoothed curve; otherwise the curve has no onset (a flat noisy curve
    gives NaN rather than the position of its largest noise excursion).

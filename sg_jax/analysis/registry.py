@@ -27,13 +27,14 @@ import numpy as np
 PyTree = Any
 
 # What `Inputs` can carry (besides params, seeds, groups, config): a group names the ones it reads.
-INPUTS = ("meta", "entropy_inputs", "declaratives", "gold_trees", "dependency_lines")
+INPUTS = ("meta", "entropy_inputs", "declaratives", "gold_trees", "dependency_lines", "lines",
+          "references")
 # Sentence inputs -> their key in `sentences_used` of `<analysis.csv>.options.json`, which says how
 # many sentences the analysis read (the report names them in its figures).
 SENTENCE_INPUTS = {"entropy_inputs": "attention_entropy", "declaratives": "tree_projection"}
 # The quantities of sg_jax (each registered by the module `sg_jax.analysis.<name>`), loaded before
 # any other and listed first, in this order: the order of their rows in analysis.csv.
-BUILTIN = ("weight_norm", "attention_entropy", "tree_projection")
+BUILTIN = ("weight_norm", "attention_entropy", "tree_projection", "training_dynamics")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,9 @@ class Group:
     inputs: what it reads besides the parameters, out of `INPUTS`: 'meta' (the checkpoint's
       metadata), 'entropy_inputs' (word ids of the attention-entropy inputs), 'declaratives'
       (word ids of the declarative parts), 'gold_trees' (their gold trees; the task must have
-      them), 'dependency_lines' (whole lines with their gold arcs; the task must have them).
+      them), 'dependency_lines' (whole lines with their gold arcs; the task must have them),
+      'lines' (word ids of the whole LM lines), 'references' (the parameters of the previous
+      and the final checkpoint, `References`).
   """
 
   name: str
@@ -117,6 +120,24 @@ class Options:
   entropy_batch_size: int = 64
   seeds_per_call: int | None = None
   uas_min_count: int = 100
+  dynamics_lines: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class References:
+  """The checkpoints a checkpoint is compared with (the `references` input), same seeds.
+
+  Attributes:
+    final_step: the run's last checkpoint (when the analysis started).
+    final: its parameters for `Inputs.seeds`, leading seed axis [S, ...].
+    previous_step: the checkpoint just before the analysed one, or None at the first one.
+    previous: its parameters [S, ...], or None at the first checkpoint.
+  """
+
+  final_step: int
+  final: PyTree
+  previous_step: int | None = None
+  previous: PyTree | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +150,8 @@ class Inputs:
     groups: names of the quantity's groups to compute (at least one seed misses them).
     config: the model config (`sg_jax.model.ModelConfig`; max_len covers every input).
     sos_id: id of SOS in the run's vocabulary.
+    objective: the run's training objective (`sg_jax.objectives.Objective`: how its lines
+      become inputs and scored targets), or None (a causal LM on the stored lines).
     options: the analysis options.
     meta: the checkpoint's metadata (`checkpointing.read_meta`).
     entropy_inputs: word ids (without SOS) of each attention-entropy input, or None when no
@@ -137,6 +160,8 @@ class Inputs:
     gold_trees: nested-tuple gold trees of the declarative parts, or None.
     dependency_lines: (word ids without SOS of the whole line, its gold arcs `[(dependent,
       head, relation)]` in input positions, `Task.gold_dependencies`) per line, or None.
+    lines: word ids (without SOS) of each whole LM line (source + target), or None.
+    references: the previous and the final checkpoint's parameters of the same seeds, or None.
   """
 
   params: PyTree
@@ -144,12 +169,15 @@ class Inputs:
   groups: frozenset[str]
   config: Any
   sos_id: int
+  objective: Any = None
   options: Options = Options()
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   entropy_inputs: Sequence[Sequence[int]] | None = None
   declaratives: Sequence[Sequence[int]] | None = None
   gold_trees: Sequence[Any] | None = None
   dependency_lines: Sequence[tuple] | None = None
+  lines: Sequence[Sequence[int]] | None = None
+  references: References | None = None
 
 
 # compute(inputs) -> {column: value per seed [S]}, columns in the order rows are written; a None

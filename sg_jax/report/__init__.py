@@ -62,6 +62,21 @@ figures 1-5 for one's own runs):
                              pruning_core.csv (`sg_jax.prune_core`), core ablation against the
                              random-ablation baseline (`pruning_figures`). summary.md gains a
                              "Pruning" section, summary_pruning.csv / _seeds.csv its rows.
+  phases_<run>.png           (m) where analysis.csv has the training-dynamics columns (CKA,
+                             TVD, TwoNN; `sg_jax.analysis.training_dynamics`): the run's loss,
+                             UAS, CKA to the final checkpoint, TVD between consecutive
+                             checkpoints, intrinsic dimension, tscore and generalisation on one
+                             step axis (seed mean with a 95% bootstrap band, each seed's onset
+                             dashed); onset_order_<run>.png: the onsets sorted by their seed
+                             mean with CIs; summary.md gains a "Phase transitions" section
+                             (onsets per seed, order, lags with CIs), summary_phases.csv its
+                             rows (`phases`).
+  objectives.png             (n) where runs logged the minimal-pair preference: per objective
+                             (lm, mlm, prefix_lm; seeds of its runs pooled) the out- and
+                             in-domain preference, UAS and training loss over training with 95%
+                             bootstrap bands and the seeds' onsets; summary_objectives.csv and
+                             an "Objectives" table in summary.md (`objectives`). A masked LM's
+                             accuracy figures show its preference (noted in summary.md).
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -78,8 +93,8 @@ sentences the analysis read (from `analysis.csv.options.json`, written by `sg_ja
 
 Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`
 (one depth's seeds over training), `depth_figures` (figures comparing depths), `groups` (seed
-groups), `pruning_tables` / `pruning_figures`, and `plotting` (the helpers they share);
-`python -m sg_jax.report` runs `__main__`.
+groups), `phases` (phase transitions), `pruning_tables` / `pruning_figures`, and `plotting`
+(the helpers they share); `python -m sg_jax.report` runs `__main__`.
 """
 
 
@@ -90,6 +105,8 @@ import os
 
 from sg_jax.analysis import registry
 from sg_jax.report import groups
+from sg_jax.report import objectives as objectives_lib
+from sg_jax.report import phases
 from sg_jax.report import pruning_figures
 from sg_jax.report import pruning_tables
 from sg_jax.report.depth_figures import (plot_dynamics, plot_early_stopping, plot_inverted_u,
@@ -192,12 +209,18 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     seed_sets = groups.seed_groups(run)
     if not seed_sets:
       continue
-    group_table += groups.group_rows(run, seed_sets)
+    group_table += groups.group_rows(run, seed_sets, threshold=threshold)
     optional(f"groups_{run.name}.png", lambda p: groups.plot_groups(run, seed_sets, p, prefix))
     optional(f"dose_response_{run.name}.png",
              lambda p: groups.plot_dose_response(run, p, prefix))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
+
+  phase_results = [(run, found) for run in runs
+                   if (found := phases.draw(run, optional, prefix)) is not None]
+  if phase_results:
+    write_csv(os.path.join(out_dir, "summary_phases.csv"),
+              [row for run, found in phase_results for row in phases.table_rows(run, found)])
 
   pruning_levels, pruning_seeds = [], []
   for run in runs:
@@ -211,11 +234,22 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     write_csv(os.path.join(out_dir, "summary_pruning.csv"), pruning_levels)
     write_csv(os.path.join(out_dir, "summary_pruning_seeds.csv"), pruning_seeds)
 
+  objective_table = objectives_lib.objective_rows(runs)
+  optional("objectives.png", lambda p: objectives_lib.plot_objectives(runs, p, prefix))
+  if objective_table:
+    write_csv(os.path.join(out_dir, "summary_objectives.csv"), objective_table)
+  borrowed = [r.name for r in runs if r.accuracy_from]
+  if borrowed:
+    skipped.append(f"runs {borrowed} log no accuracy (a masked LM): their accuracy figures and "
+                   "columns show the minimal-pair preference")
+
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
                  extra_lines=groups.markdown_lines(group_table)
+                 + phases.markdown_lines(phase_results)
+                 + objectives_lib.markdown_lines(objective_table)
                  + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)

@@ -206,7 +206,8 @@ class Task(Protocol):
   def foils(self, example: Example, vocab) -> dict:
     """{kind: output words} of the minimal-pair foils of a transformed line: the output a
     non-hierarchical rule would give, for each of `foil_kinds` (absent where it is the correct
-    output itself). Default: none (`sg_jax.preference`, docs/objectives.md "Minimal pairs")."""
+    output itself). Default: none (`sg_jax.preference`; docs/objectives.md, "Minimal pairs: one
+    generalisation metric for every objective")."""
     del example, vocab
     return {}
 

@@ -1,0 +1,134 @@
+"""Phase transitions (sg_jax/analysis/phases.py, the peak / change events of
+sg_jax/analysis/onsets.py, sg_jax/report/phases.py) on synthetic curves with known onsets:
+every signal's onset found, consecutive quantities placed between their checkpoints, the lags
+and their order with bootstrap CIs, the two figures and the summary section."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from sg_jax.analysis import onsets, phases
+from sg_jax.report import phases as report_phases
+from sg_jax.report.reading import Run
+
+STEPS = np.arange(0, 10_001, 200)
+# seed -> onset of each signal (steps); generalisation comes last.
+TRUE = {0: {"loss": 1_000, "tvd": 1_600, "uas": 2_000, "cka_final": 4_000,
+            "intrinsic_dimension": 3_000, "tscore": 5_000, "generalisation": 6_000},
+        1: {"loss": 1_400, "tvd": 1_800, "uas": 2_400, "cka_final": 4_400,
+            "intrinsic_dimension": 3_400, "tscore": 5_600, "generalisation": 7_000},
+        2: {"loss": 1_200, "tvd": 2_000, "uas": 2_200, "cka_final": 4_200,
+            "intrinsic_dimension": 3_200, "tscore": 5_400, "generalisation": 6_400}}
+
+
+def sigmoid(t, t0, width=250.0, low=0.0, high=1.0):
+  return low + (high - low) / (1.0 + np.exp(-(np.asarray(t, np.float64) - t0) / width))
+
+
+def bump(t, t0, width=500.0):
+  return 0.02 + np.exp(-0.5 * ((np.asarray(t, np.float64) - t0) / width) ** 2)
+
+
+def synthetic_series(seed_noise=0.01):
+  """{name: {seed: (steps, values)}} as a run's metrics.csv + analysis.csv give them."""
+  rng = np.random.default_rng(0)
+  noise = lambda: rng.normal(0, seed_noise, STEPS.size)
+  series = {}
+  for seed, t in TRUE.items():
+    add = lambda name, steps, values: series.setdefault(name, {}).__setitem__(
+        seed, (np.asarray(steps), np.asarray(values)))
+    add("train/loss", STEPS, sigmoid(STEPS, t["loss"], low=3.0, high=0.5) + noise())
+    add("in_domain/uas", STEPS, sigmoid(STEPS, t["uas"]) + noise())
+    add("cka_final", STEPS, sigmoid(STEPS, t["cka_final"], low=0.3) + noise())
+    add("tvd_final", STEPS, sigmoid(STEPS, t["cka_final"], low=0.5, high=0.0))
+    # consecutive: the row of step s measures the change between s - 200 and s.
+    add("tvd_previous", STEPS[1:], bump(STEPS[1:] - 100, t["tvd"]) + noise()[1:])
+    add("twonn_dimension", STEPS,
+        sigmoid(STEPS, t["intrinsic_dimension"], low=12.0, high=7.0) + 10 * noise())
+    add("tscore", STEPS, sigmoid(STEPS, t["tscore"], low=0.2, high=0.8) + noise())
+    add("out_of_domain/accuracy", STEPS, sigmoid(STEPS, t["generalisation"]) + noise())
+  return series
+
+
+def test_peak_and_change_events():
+  steps = np.arange(0, 10_001, 100)
+  got = onsets.onset(steps, bump(steps, 4_000), "peak")
+  assert got.step == pytest.approx(4_000, abs=1e-6) and got.change > 0.9
+  falling = sigmoid(steps, 6_000, low=12.0, high=7.0)
+  assert onsets.onset(steps, falling, "change").step == pytest.approx(6_000, abs=1e-6)
+  assert onsets.onset(steps, falling, "change").change < 0
+  # a curve largest at its start peaks there (one side only).
+  assert onsets.onset(steps, 1.0 / (1 + steps / 500.0), "peak").step == 0
+  flat = 0.5 + np.random.default_rng(1).normal(0, 0.05, steps.size)
+  assert math.isnan(onsets.onset(steps, flat, "peak").step)
+  assert math.isnan(onsets.onset(steps, flat, "change").step)
+
+
+def test_midpoints_of_consecutive_rows():
+  checkpoints = np.array([0, 100, 300, 700])
+  np.testing.assert_array_equal(phases.midpoints([100, 300, 700], checkpoints), [50, 200, 500])
+  np.testing.assert_array_equal(phases.midpoints([0], checkpoints), [0])
+
+
+def test_every_signal_onset_is_found():
+  found = phases.phase_onsets(synthetic_series())
+  assert sorted(found) == sorted(TRUE)
+  for seed, truth in TRUE.items():
+    assert list(found[seed]) == list(phases.SIGNALS)
+    for signal, step in truth.items():
+      assert abs(found[seed][signal].step - step) <= 200, (seed, signal)
+  curves = phases.curves(synthetic_series())
+  assert curves["tvd"][0] == "tvd_previous"
+  np.testing.assert_array_equal(curves["tvd"][1][0][0], STEPS[1:] - 100)  # midpoints
+  # too few points: no onset, no error.
+  short = {"train/loss": {0: (np.arange(5), np.linspace(3, 1, 5))}}
+  assert math.isnan(phases.phase_onsets(short)[0]["loss"].step)
+
+
+def _run(series):
+  return Run(workdir="/nonexistent", name="synthetic", depth=6, task="question",
+             num_steps=int(STEPS[-1]), series=series)
+
+
+def test_order_lags_table_figures_and_summary(tmp_path):
+  run = _run(synthetic_series())
+  found = phases.phase_onsets(run.series)
+  ranked = report_phases.order(found)
+  assert [r[0] for r in ranked] == ["loss", "tvd", "uas", "intrinsic_dimension", "cka_final",
+                                    "tscore", "generalisation"]
+  lag = report_phases.lag(found, "cka_final", "generalisation")
+  want = np.mean([found[s]["cka_final"].step - found[s]["generalisation"].step for s in TRUE])
+  assert lag["mean"] == pytest.approx(want) and lag["seeds"] == 3 and lag["first"] == 3
+  assert lag["low"] <= lag["mean"] <= lag["high"] < 0
+  rows = report_phases.table_rows(run, found)
+  assert [r["signal"] for r in rows] == [r[0] for r in ranked]
+  by_signal = {r["signal"]: r for r in rows}
+  assert by_signal["cka_final"]["lag_to_generalisation"] == pytest.approx(want)
+  assert by_signal["tvd"]["metric"] == "tvd_previous" and by_signal["tvd"]["event"] == "peak"
+  assert "lag_to_loss" not in by_signal["loss"]
+  lines = "\n".join(report_phases.markdown_lines([(run, found)]))
+  assert "## Phase transitions" in lines and "### `synthetic`" in lines
+  assert "Order of the mean onsets: loss (" in lines
+  assert "| cka_final | rise | 3/3 |" in lines
+
+  written = []
+
+  def optional(name, plot):
+    path = os.path.join(tmp_path, name)
+    if plot(path) is not None:
+      written.append(name)
+
+  assert report_phases.draw(run, optional, "question: ") is not None
+  assert written == ["phases_synthetic.png", "onset_order_synthetic.png"]
+  assert all(os.path.getsize(os.path.join(tmp_path, n)) > 0 for n in written)
+  fig = report_phases.plot_phases(run, found, str(tmp_path / "p.png"))
+  assert len([ax for ax in fig.axes if ax.get_title()]) == len(phases.SIGNALS)
+  # a run without the training-dynamics columns gets neither figure.
+  plain = _run({k: v for k, v in run.series.items() if k in ("train/loss",
+                                                             "out_of_domain/accuracy")})
+  written.clear()
+  assert report_phases.draw(plain, optional) is None and not written
