@@ -93,8 +93,9 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   assert names == ["constructions_depth2.png", "dynamics_tparseval_f1.png", "dynamics_tscore.png",
                    "dynamics_weight_norm.png", "early_stopping.png",
                    "grokking_depth2.png", "grokking_depth4.png", "inverted_u.png",
-                   "losses_depth2.png", "losses_depth4.png", "rules_depth2.png", "seed_spread.png",
-                   "tparseval_by_length.png", "trajectories_depth2.png"]
+                   "losses_depth2.png", "losses_depth4.png", "predictors_by_depth.png",
+                   "predictors_final.png", "predictors_saturation.png", "rules_depth2.png",
+                   "seed_spread.png", "tparseval_by_length.png", "trajectories_depth2.png"]
   for path in result["figures"]:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -103,6 +104,12 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   md = open(os.path.join(out, "summary.md")).read()
   assert "dynamics_attention_sparsity_paper.png skipped" in md and "first best" in md
   assert "right-branching F1 (final)" in md  # the parse baseline beside tparseval
+  # the predictors (depth 2's analysis rows, 2 seeds: too few for a correlation, so NaN cells)
+  assert "## Predictors of generalisation" in md
+  with open(os.path.join(out, "summary_predictors.csv")) as f:
+    predictors_csv = list(csv.DictReader(f))
+  assert {(r["predictor"], r["moment"]) for r in predictors_csv} >= {("tscore", "final"),
+                                                                     ("tscore", "saturation")}
   rows = {int(r["depth"]): r for r in csv.DictReader(open(os.path.join(out, "summary.csv")))}
   assert rows[2]["seeds_above_threshold"] == "1" and rows[4]["seeds_above_threshold"] == "1"
   assert float(rows[2]["final_generalisation_mean"]) == pytest.approx(0.7)

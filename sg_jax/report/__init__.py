@@ -77,6 +77,13 @@ figures 1-5 for one's own runs):
                              bootstrap bands and the seeds' onsets; summary_objectives.csv and
                              an "Objectives" table in summary.md (`objectives`). A masked LM's
                              accuracy figures show its preference (noted in summary.md).
+  predictors_<moment>.png    (o) where analysis.csv has tscore, tparseval, weight norm or
+                             attention sparsity: each against final generalisation, one dot per
+                             seed coloured by depth, read at in-domain saturation and at the end;
+                             predictors_by_depth.png: each per depth (mean, 95% bootstrap CI);
+                             summary_predictors.csv and a "Predictors of generalisation" table
+                             in summary.md: Spearman's rho across seeds, across depths and within
+                             depth with bootstrap CIs (`predictors`; Murty et al. 2023, §5).
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -107,6 +114,7 @@ from sg_jax.analysis import registry
 from sg_jax.report import groups
 from sg_jax.report import objectives as objectives_lib
 from sg_jax.report import phases
+from sg_jax.report import predictors
 from sg_jax.report import pruning_figures
 from sg_jax.report import pruning_tables
 from sg_jax.report.depth_figures import (plot_dynamics, plot_early_stopping, plot_inverted_u,
@@ -234,6 +242,16 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     write_csv(os.path.join(out_dir, "summary_pruning.csv"), pruning_levels)
     write_csv(os.path.join(out_dir, "summary_pruning_seeds.csv"), pruning_seeds)
 
+  predictor_seeds = predictors.seed_table(runs, saturation)
+  correlation_table = predictors.correlation_rows(predictor_seeds)
+  for moment in predictors.MOMENTS:
+    optional(f"predictors_{moment}.png",
+             lambda p, m=moment: predictors.plot_predictors(predictor_seeds, p, prefix, m))
+  optional("predictors_by_depth.png",
+           lambda p: predictors.plot_by_depth(predictor_seeds, p, prefix))
+  if correlation_table:
+    write_csv(os.path.join(out_dir, "summary_predictors.csv"), correlation_table)
+
   objective_table = objectives_lib.objective_rows(runs)
   optional("objectives.png", lambda p: objectives_lib.plot_objectives(runs, p, prefix))
   if objective_table:
@@ -250,6 +268,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                  extra_lines=groups.markdown_lines(group_table)
                  + phases.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
+                 + predictors.markdown_lines(correlation_table)
                  + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)
