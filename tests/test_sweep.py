@@ -1,6 +1,7 @@
 """Tests of the sweep driver (`sg_jax.sweep`): job commands and config resolution, the
-finished-run check, and one real tiny sweep (a single depth, two seeds, 10 steps) that is skipped
-when rerun and resumed when asked to train longer."""
+finished-run check, one real tiny sweep (a single depth, two seeds, 10 steps) that is skipped
+when rerun and resumed when asked to train longer, and a sweep stopped mid-way whose rerun equals
+an uninterrupted sweep."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sg_jax import sweep
+import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
 pytestmark = pytest.mark.slow
@@ -133,3 +136,49 @@ def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
   thread.join(timeout=30)
   assert result["s"] == ["preempted", "pending"]
   assert not (tmp_path / "depth4.log").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path, tiny_data):
+  """SIGTERM while depth 2 trains (depth 1 done): the sweep exits 75 and its index says
+  preempted; the rerun skips depth 1, resumes depth 2, and both depths' metrics and parameters
+  equal those of a sweep that was never stopped."""
+  import signal
+  import time
+
+  overrides = [f"--override={o}" for o in _tiny_overrides(tiny_data, 40)]
+  overrides += ["--override=train.steps_per_call=5", "--override=train.max_call_seconds=0"]
+
+  def sweep_args(root):
+    return [sys.executable, "-m", "sg_jax.sweep", f"--config={TINY}", "--depths=1,2",
+            "--seeds=2", f"--root={root}"] + overrides + ["--", "--notensorboard"]
+
+  straight = str(tmp_path / "straight")
+  done = subprocess.run(sweep_args(straight), cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stdout + done.stderr
+
+  stopped = str(tmp_path / "stopped")
+  proc = subprocess.Popen(sweep_args(stopped), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  log = os.path.join(stopped, "logs", "depth2.log")
+  deadline = time.time() + 300
+  while time.time() < deadline:  # depth 2 has trained some steps, not all
+    if os.path.exists(log) and "step 10/40" in open(log).read():
+      break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=120)[0]
+  assert proc.returncode == 75, out
+  index = json.load(open(os.path.join(stopped, "sweep.json")))
+  assert index["jobs"]["1"]["status"] == "finished"
+  assert index["jobs"]["2"]["status"] == "preempted" and index["jobs"]["2"]["latest_step"] < 40
+  again = subprocess.run(sweep_args(stopped), cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+  assert again.returncode == 0, again.stdout + again.stderr
+  index = json.load(open(os.path.join(stopped, "sweep.json")))
+  assert index["jobs"]["1"]["status"] == "skipped" and index["jobs"]["2"]["status"] == "finished"
+  for depth in ("depth1", "depth2"):
+    a, b = os.path.join(straight, depth), os.path.join(stopped, depth)
+    assert run_files.rows(a) == run_files.rows(b), depth
+    np.testing.assert_array_equal(run_files.params(a), run_files.params(b))
