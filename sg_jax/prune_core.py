@@ -297,15 +297,37 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
            *(int(np.sum(data["eval"][split]["valid"])) for split in ("in_domain",
                                                                    "out_of_domain")),
            time.time() - t0)
-  metrics = evaluate_lib.to_rows(evaluator(params_S, means_S, jnp.asarray(heads, jnp.float32),
-                                           jnp.asarray(mlp, jnp.float32)))
-  log.info("step %d: scored in %.0f s", step, time.time() - t0)
+  metrics = _score_in_chunks(evaluator, params_S, means_S, heads, mlp,
+                             lambda done, total: log.info(
+                                 "step %d: scored %d/%d masks per seed (%.0f s so far)", step,
+                                 done, total, time.time() - t0))
   for (seed, lv), reason in reasons.items():
     if reason:
       log.info("step %d seed %d sparsity %s: no random baseline (%s)", step, seed, lv, reason)
     i, k = seeds.index(seed), levels.index(lv) * per
     new[(step, seed, lv)] += core_table.ablation_rows(
         step, seed, lv, {n: v[i, k:k + per] for n, v in metrics.items()}, reason is None)
+
+
+SCORE_CHUNK = 4  # masks per seed scored per call, so a long scoring logs its progress
+
+
+def _score_in_chunks(evaluator, params_S, means_S, heads, mlp, progress) -> dict:
+  """`evaluate_lib.to_rows` of the evaluator over the masks [S, K, ...], `SCORE_CHUNK` masks per
+  seed per call (the last chunk padded with full-model masks, so every call has one shape and
+  compiles once), calling `progress(masks done, K)` after each; {name: [S, K]}."""
+  k = heads.shape[1]
+  chunk = min(SCORE_CHUNK, k)
+  pad = -k % chunk
+  heads = np.concatenate([heads, np.ones(heads.shape[:1] + (pad,) + heads.shape[2:], bool)], 1)
+  mlp = np.concatenate([mlp, np.ones(mlp.shape[:1] + (pad,) + mlp.shape[2:], bool)], 1)
+  parts = []
+  for start in range(0, k, chunk):
+    parts.append(evaluate_lib.to_rows(evaluator(
+        params_S, means_S, jnp.asarray(heads[:, start:start + chunk], jnp.float32),
+        jnp.asarray(mlp[:, start:start + chunk], jnp.float32))))
+    progress(min(start + chunk, k), k)
+  return {name: np.concatenate([p[name] for p in parts], axis=1)[:, :k] for name in parts[0]}
 
 
 def summary_table(rows, groups) -> str:
