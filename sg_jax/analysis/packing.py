@@ -143,6 +143,21 @@ def packed_mask(segments_PxR: Array) -> Array:
   return (seg[:, :, None] == seg[:, None, :]) | sos_key_R[None, None, :]
 
 
+def _chart_sizes(sentences, max_words, batch_rows) -> tuple[np.ndarray, int, int]:
+  """(sentence lengths [B], chart words N, sentence rows B) of a batch of sentences; raises
+  ValueError on an empty sentence, one over `max_words`, or more sentences than `batch_rows`."""
+  lens = np.array([len(s) for s in sentences], np.int64)
+  if np.any(lens == 0):
+    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
+  n_max = int(lens.max(initial=0)) if max_words is None else int(max_words)
+  batch = len(sentences) if batch_rows is None else int(batch_rows)
+  if lens.size and int(lens.max()) > n_max:
+    raise ValueError(f"a sentence of {int(lens.max())} words exceeds max_words={n_max}")
+  if len(sentences) > batch:
+    raise ValueError(f"{len(sentences)} sentences exceed batch_rows={batch}")
+  return lens, n_max, batch
+
+
 def pack_start_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_rows: int,
                       row_length: int, max_words: int | None = None,
                       batch_rows: int | None = None) -> StartPasses:
@@ -166,15 +181,7 @@ def pack_start_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_ro
     ValueError: an empty sentence, a sentence longer than `max_words` or than `row_length - 1`
       words, more sentences than `batch_rows`, or passes that need more than `num_rows` rows.
   """
-  lens = np.array([len(s) for s in sentences], np.int64)
-  if np.any(lens == 0):
-    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
-  n_max = int(lens.max(initial=0)) if max_words is None else int(max_words)
-  batch = len(sentences) if batch_rows is None else int(batch_rows)
-  if lens.size and int(lens.max()) > n_max:
-    raise ValueError(f"a sentence of {int(lens.max())} words exceeds max_words={n_max}")
-  if len(sentences) > batch:
-    raise ValueError(f"{len(sentences)} sentences exceed batch_rows={batch}")
+  lens, n_max, batch = _chart_sizes(sentences, max_words, batch_rows)
   segments = [(list(words)[i:], i + 1) for words in sentences for i in range(len(words))]
   tokens, positions, seg_ids, first = pack_segments(segments, sos_id=sos_id, num_rows=num_rows,
                                                     row_length=row_length)
@@ -253,15 +260,7 @@ def pack_span_passes(sentences: Sequence[Sequence[int]], *, sos_id: int, num_row
     ValueError: an empty sentence, a sentence longer than `max_words` or than `row_length - 1`
       words, more sentences than `batch_rows`, or passes that need more than `num_rows` rows.
   """
-  lens = np.array([len(s) for s in sentences], np.int64)
-  if np.any(lens == 0):
-    raise ValueError(f"empty sentence at index {int(np.argmin(lens))}")
-  n_max = int(lens.max(initial=0)) if max_words is None else int(max_words)
-  batch = len(sentences) if batch_rows is None else int(batch_rows)
-  if lens.size and int(lens.max()) > n_max:
-    raise ValueError(f"a sentence of {int(lens.max())} words exceeds max_words={n_max}")
-  if len(sentences) > batch:
-    raise ValueError(f"{len(sentences)} sentences exceed batch_rows={batch}")
+  lens, n_max, batch = _chart_sizes(sentences, max_words, batch_rows)
   if lens.size and int(lens.max()) + 1 > row_length:
     raise ValueError(f"rows of {row_length} tokens cannot hold SOS and a sentence of "
                      f"{int(lens.max())} words")

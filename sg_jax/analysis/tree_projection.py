@@ -128,45 +128,27 @@ def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
                      normalisation=normalisation, details=details)
 
 
-def packed_tree_projection_stats(params: PyTree, passes: StartPasses,
+def packed_tree_projection_stats(params: PyTree, passes: StartPasses | SpanPasses,
                                  gold_spans_BxNxN: Array | None, key: Array,
                                  row_ids_B: Array | None = None, *, config: ModelConfig,
                                  method: str = "greedy", normalisation: str = "random_split",
                                  details: bool = False) -> dict[str, Array]:
-  """Tree-projection sums of one packed batch for ONE seed (`packed_sci_chart`).
+  """Tree-projection sums of one packed batch for ONE seed: start passes (`packed_sci_chart`,
+  causal models) or span passes (`span_sci_chart`, any attention: the one for bidirectional and
+  prefix models).
 
   Args:
     params: ONE seed's parameters.
-    passes: from `pack_start_passes` (B sentences of at most N words; `passes.num_words`).
+    passes: from `pack_start_passes` or `pack_span_passes` (B sentences of at most N words;
+      `passes.num_words`).
     gold_spans_BxNxN, key, row_ids_B, method, normalisation, details: see `chart_stats`.
 
   Returns:
     `chart_stats`'s dict.
   """
   _check_options(method, normalisation)
-  chart = packed_sci_chart(params, passes, config=config)
-  return chart_stats(chart, jnp.asarray(passes.num_words), gold_spans_BxNxN, key, row_ids_B,
-                     method=method, normalisation=normalisation, details=details)
-
-
-def span_tree_projection_stats(params: PyTree, passes: SpanPasses,
-                               gold_spans_BxNxN: Array | None, key: Array,
-                               row_ids_B: Array | None = None, *, config: ModelConfig,
-                               method: str = "greedy", normalisation: str = "random_split",
-                               details: bool = False) -> dict[str, Array]:
-  """Tree-projection sums of one batch of packed span passes for ONE seed (`span_sci_chart`;
-  any attention, the one for bidirectional and prefix models).
-
-  Args:
-    params: ONE seed's parameters.
-    passes: from `pack_span_passes` (B sentences of at most N words; `passes.num_words`).
-    gold_spans_BxNxN, key, row_ids_B, method, normalisation, details: see `chart_stats`.
-
-  Returns:
-    `chart_stats`'s dict.
-  """
-  _check_options(method, normalisation)
-  chart = span_sci_chart(params, passes, config=config)
+  chart_fn = span_sci_chart if isinstance(passes, SpanPasses) else packed_sci_chart
+  chart = chart_fn(params, passes, config=config)
   return chart_stats(chart, jnp.asarray(passes.num_words), gold_spans_BxNxN, key, row_ids_B,
                      method=method, normalisation=normalisation, details=details)
 
@@ -174,7 +156,6 @@ def span_tree_projection_stats(params: PyTree, passes: SpanPasses,
 # params [S, ...] -> every output with a leading [S] axis.
 tree_projection_stats_over_seeds = registry.over_seeds(tree_projection_stats)
 packed_tree_projection_stats_over_seeds = registry.over_seeds(packed_tree_projection_stats)
-span_tree_projection_stats_over_seeds = registry.over_seeds(span_tree_projection_stats)
 
 
 def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
@@ -289,8 +270,7 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
     gold_key = None if gold_spans is None else tuple(tuple(sorted(g)) for g in gold_spans)
     planned = _tree_plan(tuple(tuple(int(w) for w in s) for s in sentences), int(sos_id),
                          int(batch_size), gold_key, spans_layout)
-    stats_fn = (span_tree_projection_stats_over_seeds if spans_layout
-                else packed_tree_projection_stats_over_seeds)
+    stats_fn = packed_tree_projection_stats_over_seeds
 
     def calls(params):
       for batch, (passes, spans, row_ids) in planned:
