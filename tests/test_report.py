@@ -346,15 +346,18 @@ def test_uas_dynamics_of_a_fresh_run_read_its_logged_uas(tmp_path, uas_quantity_
 
 def test_objectives_side_by_side(tmp_path):
   """Two runs of different objectives: one row each with the seed mean of the final preference
-  and its CI, the median onsets; a masked LM's accuracy series are its preference."""
+  and its CI, the median onsets; a masked LM's accuracy series are its preference; a run's
+  regularised seeds (SAS lambda != 0) are left out of its objective's row."""
   from sg_jax.report import objectives, reading
   steps = np.arange(0, 2_001, 100)
   sigmoid = lambda t0: 1.0 / (1.0 + np.exp(-(steps - t0) / 60.0))
-  for name, finals, onset in (("lm", (0.9, 0.7), 800), ("mlm", (0.6, 0.5), 1200)):
+  for name, finals, onset in (("lm", (0.9, 0.7), 800), ("mlm", (0.6, 0.5, 0.0), 1200)):
     workdir = tmp_path / "root" / name
     os.makedirs(workdir)
     with open(workdir / "config.json", "w") as f:
-      json.dump({"task": "question", "objective": name, "model": {"num_layers": 2}}, f)
+      json.dump({"task": "question", "objective": name, "model": {"num_layers": 2},
+                 "num_seeds": len(finals), "sas": {"lambdas": [0.0] * 2 + [0.5] * (len(finals) - 2)},
+                 "tree": {"lambdas": [0.0]}}, f)
     rows = []
     for seed, final in enumerate(finals):
       rows += [(int(s), seed, "out_of_domain/preference", 0.3 + (final - 0.3) * v)
@@ -372,6 +375,7 @@ def test_objectives_side_by_side(tmp_path):
   assert runs[0].series[report.GEN_ACC] is runs[0].series["out_of_domain/preference"]
   table = {r["objective"]: r for r in objectives.objective_rows(runs)}
   assert list(table) == ["lm", "mlm"]  # fixed order
+  assert objectives.unregularised_seeds(runs[0]) == [0, 1] and table["mlm"]["seeds"] == 2
   assert table["lm"]["out_of_domain/preference"] == pytest.approx(0.8, abs=1e-3)
   assert table["mlm"]["out_of_domain/preference"] == pytest.approx(0.55, abs=1e-3)
   assert table["lm"]["out_of_domain/preference_ci_low"] <= 0.8 <= table["lm"][

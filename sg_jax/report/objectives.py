@@ -4,8 +4,9 @@ The one metric every objective has is the minimal-pair preference (`sg_jax.prefe
 comparison reads it (in- and out-of-domain, per construction), beside the syntactic attention
 structure (`in_domain/uas`), the training loss and the onsets of each seed
 (`analysis.onsets`: the sharpest rise of UAS, the steepest fall of the loss, the sharpest rise of
-out-of-domain preference). Seeds of every run of one objective are pooled; means come with 95%
-bootstrap CIs over seeds (`seed_stats.bootstrap_ci`).
+out-of-domain preference). The unregularised seeds of every run of one objective are pooled
+(`unregularised_seeds`: a run of SAS regimes contributes its lambda-0 group only); means come with
+95% bootstrap CIs over seeds (`seed_stats.bootstrap_ci`).
 
 A masked LM logs no teacher-forced accuracy: `reading.load_run` gives such runs the preference
 as their accuracy series (`Run.accuracy_from`), so that the figures of one run work for it too.
@@ -39,11 +40,28 @@ def objective_of(run: Run) -> str:
   return str(run.config.get("objective", "lm"))
 
 
+def unregularised_seeds(run: Run) -> list[int]:
+  """The seeds of `run` (those that logged the preference) whose every loss term (`sas`, `tree`,
+  ...: each config section with `lambdas`) has strength 0, one value or one per seed."""
+  num_seeds = int(run.config.get("num_seeds", 1))
+  first = int(run.config.get("first_seed", 0))
+  per_term = [section["lambdas"] for section in run.config.values()
+              if isinstance(section, dict) and "lambdas" in section]
+
+  def strength(lambdas, k: int) -> float:
+    values = list(lambdas) if isinstance(lambdas, (list, tuple)) else [lambdas]
+    return float(values[k] if len(values) == num_seeds else values[0])
+
+  return [s for s in sorted(run.series.get("out_of_domain/preference", {}))
+          if all(strength(lambdas, s - first) == 0.0 for lambdas in per_term)]
+
+
 def by_objective(runs: Sequence[Run]) -> dict[str, list[Run]]:
-  """{objective: runs} of the runs that logged the preference, in a fixed order."""
+  """{objective: runs} of the runs with unregularised seeds that logged the preference, in a
+  fixed order."""
   out = collections.defaultdict(list)
   for run in runs:
-    if run.series.get("out_of_domain/preference"):
+    if unregularised_seeds(run):
       out[objective_of(run)].append(run)
   order = {name: k for k, name in enumerate(OBJECTIVE_COLORS)}
   return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
@@ -77,7 +95,7 @@ def objective_rows(runs: Sequence[Run]) -> list[dict]:
   claim is that they coincide), with `coincide` = 2 x the median gap between evaluations."""
   rows = []
   for objective, group in by_objective(runs).items():
-    seeds = [(run, s) for run in group for s in sorted(run.series["out_of_domain/preference"])]
+    seeds = [(run, s) for run in group for s in unregularised_seeds(run)]
     row = {"objective": objective, "runs": " ".join(r.name for r in group), "seeds": len(seeds)}
     names = ["in_domain/preference", "out_of_domain/preference", "in_domain/uas"]
     names += sorted({n for run in group for n in run.series
@@ -119,7 +137,8 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
       color = OBJECTIVE_COLORS.get(objective, "#7f7f7f")
       per_step = collections.defaultdict(list)
       for run in group:
-        for steps, values in run.series.get(name, {}).values():
+        curves = run.series.get(name, {})
+        for steps, values in (curves[s] for s in unregularised_seeds(run) if s in curves):
           for step, value in zip(steps.tolist(), values.tolist()):
             if math.isfinite(value):
               per_step[step].append(value)
@@ -129,7 +148,8 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
       mean_band(ax, xs, per_step, color, lw=1.8, label=f"{objective} ({len(group)} run(s))")
       signal = onset_of_panel.get(name)
       if signal is not None:
-        ticks = [seed_onsets(run, s)[signal] for run in group for s in run.series.get(name, {})]
+        ticks = [seed_onsets(run, s)[signal] for run in group for s in unregularised_seeds(run)
+                 if s in run.series.get(name, {})]
         ticks = [t for t in ticks if math.isfinite(t)]
         ax.plot(ticks, [0.02] * len(ticks), "|", color=color, ms=12, mew=2,
                 transform=ax.get_xaxis_transform())
