@@ -348,7 +348,7 @@ def test_objectives_side_by_side(tmp_path):
   """Two runs of different objectives: one row each with the seed mean of the final preference
   and its CI, the median onsets; a masked LM's accuracy series are its preference; a run's
   regularised seeds (SAS lambda != 0) are left out of its objective's row."""
-  from sg_jax.report import objectives, reading
+  from sg_jax.report import groups, objectives, reading
   steps = np.arange(0, 2_001, 100)
   sigmoid = lambda t0: 1.0 / (1.0 + np.exp(-(steps - t0) / 60.0))
   for name, finals, onset in (("lm", (0.9, 0.7), 800), ("mlm", (0.6, 0.5, 0.0), 1200)):
@@ -388,3 +388,8 @@ def test_objectives_side_by_side(tmp_path):
   result = report.build_report(str(tmp_path / "root"))
   assert os.path.join(result["out_dir"], "objectives.png") in result["figures"]
   assert any("show the minimal-pair preference" in note for note in result["skipped"])
+  # The mlm run's seed groups (SAS lambdas 0 / 0.5): its borrowed panels say what they show.
+  fig = groups.plot_groups(runs[0], groups.seed_groups(runs[0]), str(tmp_path / "g.png"), "")
+  titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+  assert "in-domain preference (minimal pairs)" in titles
+  assert not any(t.endswith("accuracy") for t in titles)

@@ -37,6 +37,9 @@ COMPARED = (("in_domain/uas", "structure", "UAS of the best head (in-domain)"),
             ("tparseval_f1", None, "tparseval F1 (sg_jax.analyze)"),
             ("train/tree_loss", None, "tree regulariser's loss (nats)"))
 GEN_ACC = "out_of_domain/accuracy"
+# Panel titles of a run whose accuracy series are borrowed (`Run.accuracy_from`, a masked LM).
+BORROWED_TITLES = {"in_domain/accuracy": "in-domain {0} (minimal pairs)",
+                   "out_of_domain/accuracy": "generalisation: out-of-domain {0} (minimal pairs)"}
 PANELS_PER_ROW = 4
 # Per-construction generalisation (Task.constructions; docs/tasks.md).
 CONSTRUCTION_PREFIX = "out_of_domain/accuracy/"
@@ -187,6 +190,8 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
               transform=ax.get_xaxis_transform())
     if name == "train/loss":
       ax.set_yscale("log")
+    if run.accuracy_from and name in BORROWED_TITLES:
+      title = BORROWED_TITLES[name].format(run.accuracy_from)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
