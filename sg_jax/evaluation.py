@@ -260,6 +260,12 @@ class ProgressLog:
                 f" ({what})" if what else "", self.done, self.total, self.num_seeds, rate,
                 _duration((self.total - self.done) / max(rate, 1e-9)))
 
+  def note(self, what: str) -> None:
+    """Logs `evaluation: {what}` (a stage after the lines, such as scoring the minimal pairs)
+    when this evaluation is being logged: `open` was called or it has run `first_after_s`."""
+    if self.opened or self.clock() - self.start >= self.first_after_s:
+      self.log_fn("evaluation: %s", what)
+
   def close(self) -> None:
     """Logs the closing line (total time), if the evaluation took longer than `first_after_s`
     or `open` was called."""

@@ -161,6 +161,7 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
     if uas_eval is not None:
       results["in_domain"] = {**results["in_domain"], **uas_eval(params)}
     if preference_eval is not None:
+      progress.note("scoring the minimal pairs of both splits (sg_jax/preference.py)")
       for split, values in preference_eval(params).items():
         results[split] = {**results.get(split, {}), **values}
     progress.close()

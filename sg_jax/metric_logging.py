@@ -112,9 +112,11 @@ class SummaryWriter:
       self._writer.close()
 
 
-# Columns of the final per-seed table (those the task's evaluation has).
-SUMMARY_COLUMNS = ("in_domain/accuracy", "out_of_domain/accuracy", "in_domain/loss",
-                   "out_of_domain/loss")
+# Columns of the final per-seed table (those the evaluation has: a masked LM has the
+# preference and masked-token accuracy instead of the accuracy; docs/objectives.md).
+SUMMARY_COLUMNS = ("in_domain/accuracy", "out_of_domain/accuracy", "in_domain/preference",
+                   "out_of_domain/preference", "in_domain/masked_accuracy",
+                   "out_of_domain/masked_accuracy", "in_domain/loss", "out_of_domain/loss")
 
 
 def format_summary(result: dict, workdir: str) -> str:

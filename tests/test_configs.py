@@ -168,6 +168,14 @@ def test_final_summary_is_a_per_seed_table_with_next_commands():
   assert lines[1].split()[:3] == ["seed", "sas.lambda", "in_domain/accuracy"]
   assert lines[2].split()[:3] == ["3", "0", "1.0000"]
   assert lines[3].split()[:3] == ["4", "-0.01", "nan"]
+  # A masked LM's evaluation: its preference and masked-token accuracy are the columns.
+  result = {"step": 6, "seeds": [0], "eval": {
+      "in_domain/preference": np.array([0.75]), "out_of_domain/preference": np.array([0.25]),
+      "in_domain/masked_accuracy": np.array([0.4]), "in_domain/loss": np.array([2.5])}}
+  lines = metric_logging.format_summary(result, "w").splitlines()
+  assert lines[1].split() == ["seed", "in_domain/preference", "out_of_domain/preference",
+                              "in_domain/masked_accuracy", "in_domain/loss"]
+  assert lines[2].split() == ["0", "0.7500", "0.2500", "0.4000", "2.5000"]
 
 
 def test_configlib_and_the_tasks_import_no_jax():

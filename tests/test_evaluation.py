@@ -273,12 +273,15 @@ def test_progress_log_states_lines_rate_and_time_left():
   assert lines[-1].endswith("750/1000 lines x 10 seeds, 18.8 lines/s, 13 s left")
   now[0] = 200.0
   progress.update(250, "out_of_domain")  # done: the closing line says it
+  progress.note("scoring pairs")  # a later stage of a logged evaluation is named
   progress.close()
+  assert lines[-2] == "evaluation: scoring pairs"
   assert lines[-1] == "evaluation: 1000 lines x 10 seeds in 3 min 20 s (5.0 lines/s)"
-  assert len(lines) == 3
+  assert len(lines) == 4
   quiet = []
   fast = evaluation.ProgressLog(10, 1, clock=lambda: 0.0, log_fn=lambda f, *a: quiet.append(f))
   fast.update(10)
+  fast.note("scoring pairs")
   fast.close()
   assert not quiet
 

@@ -388,6 +388,15 @@ def test_objectives_side_by_side(tmp_path):
   result = report.build_report(str(tmp_path / "root"))
   assert os.path.join(result["out_dir"], "objectives.png") in result["figures"]
   assert any("show the minimal-pair preference" in note for note in result["skipped"])
+  # One report per objective: a depth's seeds are never pooled across objectives (the mlm
+  # row is its preference, 0.6 / 0.5 / 0.0 at the end; the lm row its accuracy, 0.5).
+  for name in ("lm", "mlm"):
+    assert os.path.exists(os.path.join(result["out_dir"], name, "summary.md"))
+  finals = {r["objective"]: r["final_generalisation_mean"] for r in result["depths"]}
+  assert finals["lm"] == pytest.approx(0.5) and finals["mlm"] == pytest.approx(1.1 / 3, abs=2e-3)
+  with open(os.path.join(result["out_dir"], "summary.md")) as f:
+    top = f.read()
+  assert "## Objectives" in top and "[mlm/summary.md](mlm/summary.md)" in top
   # The mlm run's seed groups (SAS lambdas 0 / 0.5): its borrowed panels say what they show.
   fig = groups.plot_groups(runs[0], groups.seed_groups(runs[0]), str(tmp_path / "g.png"), "")
   titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]

@@ -76,7 +76,10 @@ figures 1-5 for one's own runs):
                              in-domain preference, UAS and training loss over training with 95%
                              bootstrap bands and the seeds' onsets; summary_objectives.csv and
                              an "Objectives" table in summary.md (`objectives`). A masked LM's
-                             accuracy figures show its preference (noted in summary.md).
+                             accuracy figures show its preference (noted in summary.md). A root
+                             of several objectives gets one whole report per objective in
+                             `<out_dir>/<objective>/` (seeds pooled within an objective only)
+                             and, in `<out_dir>`, only this comparison with links to them.
   predictors_<moment>.png    (o) where analysis.csv has tscore, tparseval, weight norm or
                              attention sparsity: each against final generalisation, one dot per
                              seed coloured by depth, read at in-domain saturation and at the end;
@@ -138,8 +141,14 @@ __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "
 
 def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
                  saturation: float = 0.99, tie_tolerance: float = 0.0,
-                 pruning_all_steps: bool = False) -> dict:
+                 pruning_all_steps: bool = False, objective: str | None = None) -> dict:
   """Writes every figure and table of the report (see module docstring).
+
+  A root whose runs train different objectives (`config.objective`) gets one whole report per
+  objective in `<out_dir>/<objective>/` (a depth's seeds are pooled only within one objective:
+  a masked LM's accuracy series are its preference, which must not be averaged with decoding
+  accuracy) and, in `out_dir`, the objectives side by side (`objectives.png`, a summary.md
+  with the "Objectives" section and links to the per-objective reports).
 
   Args:
     root: a workdir or a sweep root.
@@ -148,15 +157,26 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     saturation: in-domain accuracy level whose first step is marked in (a).
     tie_tolerance: in-domain accuracies within this of the best count as tied (b).
     pruning_all_steps: also draw the subnetworks' accuracies of every pruned step (l).
+    objective: only the runs of this objective (None: all).
 
   Returns:
-    {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]}.
+    {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]} (for a
+    root of several objectives, every depth row carries its 'objective').
 
   Raises:
-    ReportError: no run under `root`, or no accuracy metrics in any run.
+    ReportError: no run under `root` (of `objective`), or no accuracy metrics in any run.
   """
   out_dir = out_dir or os.path.join(root, "report")
   runs = [load_run(w) for w in find_runs(root)]
+  if objective is not None:
+    runs = [run for run in runs if objectives_lib.objective_of(run) == objective]
+    if not runs:
+      raise ReportError(f"no run of objective {objective!r} under {root}")
+  present = sorted({objectives_lib.objective_of(run) for run in runs})
+  if len(present) > 1:
+    return _objectives_report(root, out_dir, runs, present, threshold=threshold,
+                              saturation=saturation, tie_tolerance=tie_tolerance,
+                              pruning_all_steps=pruning_all_steps)
   if not any(run.series.get(IN_ACC) or run.series.get(GEN_ACC) for run in runs):
     raise ReportError(f"no {IN_ACC} or {GEN_ACC} rows in the metrics.csv files under {root}")
   os.makedirs(out_dir, exist_ok=True)
@@ -272,4 +292,30 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                  + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)
+  return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}
+
+
+def _objectives_report(root: str, out_dir: str, runs: list, present: list, **options) -> dict:
+  """`build_report` of a root of several objectives: one report per objective in
+  `<out_dir>/<objective>/`, the objectives side by side in `out_dir`."""
+  os.makedirs(out_dir, exist_ok=True)
+  figures, skipped, depth_rows, links = [], [], [], []
+  for name in present:
+    sub = build_report(root, os.path.join(out_dir, name), objective=name, **options)
+    figures += sub["figures"]
+    skipped += [f"{name}: {note}" for note in sub["skipped"]]
+    depth_rows += [{"objective": name, **row} for row in sub["depths"]]
+    names = sorted(r.name for r in runs if objectives_lib.objective_of(r) == name)
+    links.append(f"* `{name}` ({', '.join(names)}): [{name}/summary.md]({name}/summary.md)")
+  path = os.path.join(out_dir, "objectives.png")
+  if objectives_lib.plot_objectives(runs, path, task_prefix(runs)) is not None:
+    figures.append(path)
+  table = objectives_lib.objective_rows(runs)
+  if table:
+    write_csv(os.path.join(out_dir, "summary_objectives.csv"), table)
+  lines = [f"# Report for `{os.path.basename(os.path.normpath(root))}`: {len(present)} objectives",
+           "", "Each objective's runs have a whole report of their own (seeds are pooled only "
+           "within an objective):", "", *links, *objectives_lib.markdown_lines(table)]
+  with open(os.path.join(out_dir, "summary.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

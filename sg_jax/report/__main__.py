@@ -54,7 +54,8 @@ def main(argv):
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
         f"{result['out_dir']}")
   for row in result["depths"]:
-    print(f"  depth {row['depth']}: {row['num_seeds']} seeds, final gen. acc. mean "
+    objective = f"{row['objective']}, " if "objective" in row else ""
+    print(f"  {objective}depth {row['depth']}: {row['num_seeds']} seeds, final gen. acc. mean "
           f"{_fmt(row['final_generalisation_mean'])}, {row['seeds_above_threshold']} above "
           "threshold, early stop (first/last best) "
           f"{_fmt(row['early_stop_first_generalisation_mean'])}"

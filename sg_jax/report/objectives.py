@@ -198,8 +198,9 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
               else f"{r['structure_with_loss_drop']:.2f}"]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "Final values: seed mean [95% bootstrap CI over seeds]; onsets: median step over "
-            "seeds (`sg_jax.analysis.onsets`); preference: minimal pairs from the grammar "
-            "(`sg_jax.preference`, docs/objectives.md). The last column is the fraction of "
+            "seeds (`sg_jax.analysis.onsets`; blank: no seed has one, or the curves have fewer "
+            f"than {onsets_lib.MIN_POINTS} evaluations); preference: minimal pairs from the "
+            "grammar (`sg_jax.preference`, docs/objectives.md). The last column is the fraction of "
             "seeds whose structure onset lies within two evaluation intervals of their loss "
             "drop (Chen et al. 2024 find them together in masked LMs)."]
   return lines
