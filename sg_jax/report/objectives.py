@@ -155,6 +155,7 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
                 transform=ax.get_xaxis_transform())
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
+    ax.locator_params(axis="x", nbins=5)  # tick labels of 5-digit steps must not overlap
     if name == "train/loss":
       ax.set_yscale("log")
     ax.grid(alpha=0.3)
