@@ -301,7 +301,11 @@ def _objectives_report(root: str, out_dir: str, runs: list, present: list, **opt
   os.makedirs(out_dir, exist_ok=True)
   figures, skipped, depth_rows, links = [], [], [], []
   for name in present:
-    sub = build_report(root, os.path.join(out_dir, name), objective=name, **options)
+    try:
+      sub = build_report(root, os.path.join(out_dir, name), objective=name, **options)
+    except ReportError as e:  # e.g. no accuracy and no preference rows: the others still report
+      skipped.append(f"{name}: no report of its own: {e}")
+      continue
     figures += sub["figures"]
     skipped += [f"{name}: {note}" for note in sub["skipped"]]
     depth_rows += [{"objective": name, **row} for row in sub["depths"]]
