@@ -66,3 +66,23 @@ def test_seed_table_reads_values_at_saturation_and_at_the_end():
   assert row["tscore@saturation"] == 0.6  # the first analysed step at or after step 100
   assert row["tscore@final"] == 0.8
   assert "weight_norm_per_layer@final" not in row
+
+
+def test_depth_rows_give_each_depths_seed_mean_with_its_interval():
+  """Depth 2's seeds all have tscore 0.5 (a degenerate interval at 0.5); depth 4's are 0.6 and
+  1.0 (mean 0.8, interval inside [0.6, 1.0]); a NaN seed is left out of the count and of the
+  generalisation mean; the table lists both depths in order."""
+  rows = _rows([(2, 0, 0.1, 0.5), (2, 1, 0.3, 0.5), (4, 0, 0.9, 0.6), (4, 1, 0.7, 1.0),
+                (4, 2, 0.0, math.nan)])
+  table = predictors.depth_rows(rows)
+  assert [(r["predictor"], r["moment"], r["depth"]) for r in table] == [
+      ("tscore", "final", 2), ("tscore", "final", 4)]
+  two, four = table
+  assert (two["seeds"], two["mean"], two["ci_low"], two["ci_high"]) == (2, 0.5, 0.5, 0.5)
+  assert two["generalisation"] == pytest.approx(0.2)
+  assert four["seeds"] == 2 and four["mean"] == pytest.approx(0.8)
+  assert 0.6 <= four["ci_low"] < 0.8 < four["ci_high"] <= 1.0
+  assert four["generalisation"] == pytest.approx(0.8)
+  lines = predictors.depth_markdown_lines(table)
+  assert lines[3] == "| depth | tscore (final) |"
+  assert lines[5].startswith("| 2 | 0.5 [0.5, 0.5] |") and lines[6].startswith("| 4 | 0.8 [")

@@ -110,6 +110,12 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
     predictors_csv = list(csv.DictReader(f))
   assert {(r["predictor"], r["moment"]) for r in predictors_csv} >= {("tscore", "final"),
                                                                      ("tscore", "saturation")}
+  # ... and per depth: only depth 2 has analysis rows; its final tscore mean is 0.4.
+  assert "## Predictors per depth" in md
+  with open(os.path.join(out, "summary_predictors_by_depth.csv")) as f:
+    by_depth = {(r["predictor"], r["moment"], r["depth"]): r for r in csv.DictReader(f)}
+  assert {d for _, _, d in by_depth} == {"2"}
+  assert float(by_depth[("tscore", "final", "2")]["mean"]) == pytest.approx(0.4)
   rows = {int(r["depth"]): r for r in csv.DictReader(open(os.path.join(out, "summary.csv")))}
   assert rows[2]["seeds_above_threshold"] == "1" and rows[4]["seeds_above_threshold"] == "1"
   assert float(rows[2]["final_generalisation_mean"]) == pytest.approx(0.7)

@@ -86,7 +86,9 @@ figures 1-5 for one's own runs):
                              predictors_by_depth.png: each per depth (mean, 95% bootstrap CI);
                              summary_predictors.csv and a "Predictors of generalisation" table
                              in summary.md: Spearman's rho across seeds, across depths and within
-                             depth with bootstrap CIs (`predictors`; Murty et al. 2023, §5).
+                             depth with bootstrap CIs (`predictors`; Murty et al. 2023, §5);
+                             summary_predictors_by_depth.csv and a "Predictors per depth" table:
+                             each per depth and moment, seed mean with its CI.
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -271,6 +273,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
            lambda p: predictors.plot_by_depth(predictor_seeds, p, prefix))
   if correlation_table:
     write_csv(os.path.join(out_dir, "summary_predictors.csv"), correlation_table)
+  predictor_depths = predictors.depth_rows(predictor_seeds)
+  if predictor_depths:
+    write_csv(os.path.join(out_dir, "summary_predictors_by_depth.csv"), predictor_depths)
 
   objective_table = objectives_lib.objective_rows(runs)
   optional("objectives.png", lambda p: objectives_lib.plot_objectives(runs, p, prefix))
@@ -289,6 +294,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                  + phases.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)
+                 + predictors.depth_markdown_lines(predictor_depths)
                  + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)

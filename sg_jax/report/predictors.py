@@ -212,6 +212,61 @@ def markdown_lines(correlation_table: Sequence[dict]) -> list[str]:
   return lines
 
 
+def depth_rows(rows: Sequence[dict]) -> list[dict]:
+  """Each predictor per depth and moment: the seed mean with its 95% bootstrap CI over seeds
+  (`seed_stats.bootstrap_ci`) and the seed count, beside the depth's final generalisation (the
+  numbers behind the paper's tscore-vs-depth figure, Murty et al. 2023 §5).
+
+  Args:
+    rows: `seed_table` rows.
+
+  Returns:
+    one dict per (predictor, moment, depth) with a finite value: `predictor`, `moment`,
+    `depth`, `seeds`, `mean`, `ci_low`, `ci_high`, and `generalisation` (the seed mean of the
+    final generalisation accuracy over the same seeds). Rows without a depth are skipped.
+  """
+  depths = sorted({r["depth"] for r in rows if r["depth"] is not None})
+  out = []
+  for name in PREDICTORS:
+    for moment in MOMENTS:
+      column = f"{name}@{moment}"
+      for depth in depths:
+        pairs = [(r.get(column, math.nan), r["generalisation"]) for r in rows
+                 if r["depth"] == depth and math.isfinite(r.get(column, math.nan))]
+        if not pairs:
+          continue
+        mean, low, high = seed_stats.bootstrap_ci([x for x, _ in pairs],
+                                                  num_resamples=NUM_RESAMPLES)
+        out.append({"predictor": name, "moment": moment, "depth": depth, "seeds": len(pairs),
+                    "mean": mean, "ci_low": low, "ci_high": high,
+                    "generalisation": float(np.nanmean([g for _, g in pairs]))})
+  return out
+
+
+def depth_markdown_lines(table: Sequence[dict]) -> list[str]:
+  """The "Predictors per depth" section of summary.md ([] without rows): one row per depth,
+  one column per (predictor, moment), seed mean [95% CI]."""
+  if not table:
+    return []
+  columns = [(n, m) for n in PREDICTORS for m in MOMENTS
+             if any(r["predictor"] == n and r["moment"] == m for r in table)]
+  cells = {(r["predictor"], r["moment"], r["depth"]): r for r in table}
+  depths = sorted({r["depth"] for r in table})
+  lines = ["", "## Predictors per depth", "",
+           "| depth | " + " | ".join(f"{PREDICTORS[n]} ({m})" for n, m in columns) + " |",
+           "|---" * (len(columns) + 1) + "|"]
+  for depth in depths:
+    row = [str(depth)]
+    for n, m in columns:
+      r = cells.get((n, m, depth))
+      row.append("" if r is None else f"{r['mean']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
+    lines.append("| " + " | ".join(row) + " |")
+  lines += ["", "Seed mean [95% bootstrap CI over seeds] of each predictor at in-domain saturation "
+            "and at the end (as in the correlations above); `summary_predictors_by_depth.csv` "
+            "has the same with the seed counts."]
+  return lines
+
+
 def plot_by_depth(rows: Sequence[dict], path: str, title_prefix: str = "",
                   moment: str = "final"):
   """Each predictor at `moment` per depth: seed mean with its 95% bootstrap CI and the seeds
@@ -220,20 +275,19 @@ def plot_by_depth(rows: Sequence[dict], path: str, title_prefix: str = "",
   Returns:
     the (closed) Figure written to `path`, or None when no row has a predictor.
   """
-  names = [n for n in PREDICTORS if any(math.isfinite(r.get(f"{n}@{moment}", math.nan))
-                                        for r in rows)]
-  depths = sorted({r["depth"] for r in rows if r["depth"] is not None})
-  if not names or not depths:
+  table = [r for r in depth_rows(rows) if r["moment"] == moment]
+  names = [n for n in PREDICTORS if any(r["predictor"] == n for r in table)]
+  if not names:
     return None
   plt = pyplot()
   fig, axes = plt.subplots(1, len(names), figsize=(3.8 * len(names) + 1, 3.6), squeeze=False)
   for ax, name in zip(axes[0], names):
-    stats = []
+    stats = [r for r in table if r["predictor"] == name]
+    depths = [r["depth"] for r in stats]
     for depth in depths:
       values = [r.get(f"{name}@{moment}", math.nan) for r in rows if r["depth"] == depth]
-      stats.append(seed_stats.bootstrap_ci(values, num_resamples=NUM_RESAMPLES))
       ax.scatter([depth] * len(values), values, color="0.6", s=14, zorder=2)
-    mean, low, high = np.asarray(stats).T
+    mean, low, high = (np.asarray([r[k] for r in stats]) for k in ("mean", "ci_low", "ci_high"))
     ax.errorbar(depths, mean, yerr=[mean - low, high - mean], color="black", marker="o",
                 capsize=4, zorder=3)
     ax.set_xticks(depths)
