@@ -269,11 +269,11 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   for moment in predictors.MOMENTS:
     optional(f"predictors_{moment}.png",
              lambda p, m=moment: predictors.plot_predictors(predictor_seeds, p, prefix, m))
+  predictor_depths = predictors.depth_rows(predictor_seeds)
   optional("predictors_by_depth.png",
-           lambda p: predictors.plot_by_depth(predictor_seeds, p, prefix))
+           lambda p: predictors.plot_by_depth(predictor_seeds, p, prefix, table=predictor_depths))
   if correlation_table:
     write_csv(os.path.join(out_dir, "summary_predictors.csv"), correlation_table)
-  predictor_depths = predictors.depth_rows(predictor_seeds)
   if predictor_depths:
     write_csv(os.path.join(out_dir, "summary_predictors_by_depth.csv"), predictor_depths)
 

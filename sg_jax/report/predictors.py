@@ -268,14 +268,16 @@ def depth_markdown_lines(table: Sequence[dict]) -> list[str]:
 
 
 def plot_by_depth(rows: Sequence[dict], path: str, title_prefix: str = "",
-                  moment: str = "final"):
+                  moment: str = "final", table: Sequence[dict] | None = None):
   """Each predictor at `moment` per depth: seed mean with its 95% bootstrap CI and the seeds
   (the paper's tscore-vs-depth figure), one panel per predictor.
+
+  `table` is `depth_rows(rows)` when the caller already has it (computed here otherwise).
 
   Returns:
     the (closed) Figure written to `path`, or None when no row has a predictor.
   """
-  table = [r for r in depth_rows(rows) if r["moment"] == moment]
+  table = [r for r in (depth_rows(rows) if table is None else table) if r["moment"] == moment]
   names = [n for n in PREDICTORS if any(r["predictor"] == n for r in table)]
   if not names:
     return None
