@@ -130,7 +130,9 @@ def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
   thread.start()
   log = tmp_path / "depth3.log"
   deadline = time.time() + 30
-  while time.time() < deadline and not (log.exists() and "ready" in log.read_text()):
+  # The log's header line repeats the command (which contains 'ready'): wait for the child's own
+  # output line, printed only once its SIGTERM handler is installed.
+  while time.time() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
     time.sleep(0.1)
   runner.stop(signal.SIGTERM)
   thread.join(timeout=30)
