@@ -112,6 +112,18 @@ def test_grok_cpu_preset_cools_down_at_its_last_step(load_config):
     assert float(lr(steps)) == 0.0
 
 
+def test_tense_grok_cpu_is_question_formations_recipe_at_4_layers_with_fewer_eval_lines(load_config):
+  question, tense = load_config("question", "grok_cpu"), load_config("tense", "grok_cpu")
+  config_checks.validate(tense)
+  assert tense.task == "tense" and tense.model.num_layers == 4 and tense.eval.max_lines == 1_000
+  assert load_config("tense").eval.max_lines == 2_000  # the preset, not the file, lowers it
+  for section in ("optim", "train", "checkpoint", "data"):
+    assert tense[section].to_dict() == question[section].to_dict(), section
+  same_model = {k: v for k, v in tense.model.items() if k != "num_layers"}
+  assert same_model == {k: v for k, v in question.model.items() if k != "num_layers"}
+  assert load_config("tense", "grok_cpu,depth=6").model.num_layers == 6  # as the sweep sets it
+
+
 def test_unknown_fields_name_the_nearest_valid_ones(load_config):
   c = load_config("question")
   assert configlib.nearest_fields(c, "train.eval_every")[0] == "eval.every"
