@@ -344,7 +344,8 @@ class TransformerLM(nn.Module):
     logits [batch, length, vocab_size] (float32).
 
   Raises:
-    ValueError: a sequence longer than `max_len`; `attention_mask` with `lines`; `decode` with
+    ValueError: a sequence longer than `max_len` (a packed row with `positions_BxL` may be
+      longer: its lines must each fit); `attention_mask` with `lines`; `decode` with
       dropout on, without `positions_BxL`, or with `attention_mask` / `lines`; an intervention
       array of the wrong shape, or means without their mask.
   """
@@ -361,7 +362,9 @@ class TransformerLM(nn.Module):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     _, length = tokens_BxL.shape
-    if length > cfg.max_len:
+    # A packed row (positions_BxL given, each line's restarting at 0) may be longer than max_len:
+    # only its lines must fit the position table, which the input pipeline guarantees.
+    if length > cfg.max_len and (positions_BxL is None or decode):
       raise ValueError(f"sequence length {length} exceeds model max_len {cfg.max_len}")
     if decode and (not deterministic or positions_BxL is None or attention_mask is not None
                    or lines is not None or cfg.attention != "causal"):

@@ -98,6 +98,23 @@ def test_packed_row_with_line_indices_equals_the_padded_batch():
     model.apply({"params": params}, tokens, attention_mask=jnp.ones((1, 16, 16), bool), **rows)
 
 
+def test_a_packed_row_may_be_longer_than_max_len_when_its_lines_fit():
+  """Dyck's packed rows (up to ~800 positions) exceed max_len 512 while every line fits: the
+  row of three lines (16 positions) through a model with max_len 8 equals the padded batch."""
+  model, params = _model(dropout=0.3, max_len=8)
+  lengths, inputs, tokens, rows = _three_packed_lines(seed=2)
+  key = {"dropout": jax.random.key(4)}
+  for deterministic in (True, False):
+    padded = model.apply({"params": params}, inputs, deterministic=deterministic, rngs=key)
+    packed = model.apply({"params": params}, tokens, deterministic=deterministic, rngs=key, **rows)
+    for j, start in enumerate([0, 5, 8]):
+      n = int(lengths[j])
+      np.testing.assert_allclose(np.asarray(packed[0, start:start + n]),
+                                 np.asarray(padded[j, :n]), atol=1e-5)
+  with pytest.raises(ValueError, match="sequence length 16 exceeds model max_len 8"):
+    model.apply({"params": params}, tokens)  # unpacked, the same row is too long
+
+
 def test_unpack_and_repack_lines_are_inverse_on_line_tokens():
   x = jnp.arange(2 * 7 * 3, dtype=jnp.float32).reshape(2, 7, 3)
   unpack = jnp.asarray([[[0, 1, 2], [3, 4, 4]], [[2, 3, 4], [5, 6, 6]]])  # [B=2, N=2, M=3]
