@@ -35,29 +35,8 @@ grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and 
 
 from sg_jax import configlib
 
-GROK_CPU = {
-    # Structural grokking at laptop scale (the module docstring gives the differences from the
-    # paper and why): a 6-layer post-LN LM (the paper's best depth for question
-    # formation) with d_model 128 on 100k question-formation lines; AdamW 3e-4, 2k warm-up,
-    # constant, then a linear cool-down to 0 over the last 10k of 30k steps. Evaluated and
-    # checkpointed every 1k steps (2,000 lines per split). About 50 minutes for 4 seeds on 2 cores.
-    "num_seeds": 4,
-    "data.num_train": 100_000,
-    "model.num_layers": 6,
-    "model.d_model": 128,
-    "model.num_heads": 4,
-    "model.d_ff": 512,
-    "optim.learning_rate": 3e-4,
-    "optim.warmup_steps": 2_000,
-    "optim.schedule": "wsd",
-    "optim.decay_steps": 0,  # = train.num_steps: the cool-down always ends at the last step
-    "optim.cooldown_steps": 10_000,
-    "train.num_steps": 30_000,
-    "train.log_every": 500,
-    "eval.every": 1_000,
-    "eval.max_lines": 2_000,
-    "checkpoint.every": 1_000,
-}
+GROK_CPU = configlib.GROK_CPU  # the recipe lives in configlib, shared with configs/tense.py
+
 
 
 # The shared presets and this task's own (grok_cpu is tuned for question formation only).

@@ -27,25 +27,12 @@ from sg_jax import configlib
 
 GROK_CPU = {
     # The start of structural grokking on tense at laptop scale (the module docstring gives the
-    # measured figures and what was tried): a 4-layer post-LN LM with d_model 128 on 100k tense
-    # lines; AdamW 3e-4, 2k warm-up, constant, then a linear cool-down to 0 over the last 10k of
-    # 30k steps. Evaluated (1,000 lines per split) and checkpointed every 1k steps.
-    "num_seeds": 4,
-    "data.num_train": 100_000,
+    # measured figures and what was tried): question formation's recipe (configlib.GROK_CPU:
+    # d_model 128, 100k lines, AdamW 3e-4 with 2k warm-up and a 10k cool-down over 30k steps) at
+    # 4 layers, evaluated on 1,000 lines per split.
+    **configlib.GROK_CPU,
     "model.num_layers": 4,
-    "model.d_model": 128,
-    "model.num_heads": 4,
-    "model.d_ff": 512,
-    "optim.learning_rate": 3e-4,
-    "optim.warmup_steps": 2_000,
-    "optim.schedule": "wsd",
-    "optim.decay_steps": 0,  # = train.num_steps: the cool-down always ends at the last step
-    "optim.cooldown_steps": 10_000,
-    "train.num_steps": 30_000,
-    "train.log_every": 500,
-    "eval.every": 1_000,
     "eval.max_lines": 1_000,
-    "checkpoint.every": 1_000,
 }
 
 # The shared presets and this task's own (question formation's grok_cpu is another recipe).
