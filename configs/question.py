@@ -37,9 +37,7 @@ from sg_jax import configlib
 
 GROK_CPU = configlib.GROK_CPU  # the recipe lives in configlib, shared with configs/tense.py
 
-
-
-# The shared presets and this task's own (grok_cpu is tuned for question formation only).
+# The shared presets and this task's own (tuned for question formation; tense has its own).
 PRESETS = {**configlib.PRESETS, "grok_cpu": GROK_CPU}
 
 

@@ -11,7 +11,7 @@ Run:
 
 grok_cpu (tense's own preset; about 30 minutes for 4 seeds on a 2-core CPU; docs/grok_cpu.md,
 "Tense reinflection"): in-domain accuracy saturates at 7k steps with generalisation at 0.19 (seed
-mean), which then rises to 0.37 at 30k (peaks of 0.5-0.6 in between): grokking begins within 30k
+mean), which then rises to 0.37 at 30k (seed peaks of 0.40-0.84 in between): grokking begins within 30k
 steps but is far from the paper's 0.85 after 300k. It is question formation's grok_cpu recipe
 (configs/question.py gives the differences from the paper and why) with these changes:
 * 4 layers, the released tense curves' depth (the paper's best for tense).
