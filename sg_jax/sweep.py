@@ -26,7 +26,8 @@ is rewritten atomically after every change, so it can be read while the sweep ru
 output goes to `root/logs/depth<D>.log` (`.analyze.log` for the analysis).
 
 Exit code: 0 when every depth finished, 75 (like `sg_jax.main`) when the sweep was interrupted by
-SIGTERM/SIGINT (rerun the same command to resume), 1 when a job failed.
+SIGTERM/SIGINT (rerun the same command to resume; an analysis stopped midway is redone), 1 when a
+job failed.
 """
 
 from __future__ import annotations
@@ -229,13 +230,16 @@ class Runner:
     if status in ("finished", "skipped") and job["analyze_command"] and not self.stopping:
       self.index.update(depth, analysis="running")
       rc = self._run(job["analyze_command"], os.path.join(self.root, job["analyze_log"]))
-      self.index.update(depth, analysis="finished" if rc == 0 else f"failed (exit code {rc})",
-                        analysis_ended=_now())
-      print(f"[sweep] depth {depth}: analysis exit code {rc} -> {job['analyze_log']}", flush=True)
-      if rc != 0 and status == "skipped":
-        status = "failed"
-      elif rc not in (0, EXIT_PREEMPTED):
-        status = "failed"
+      if rc != 0 and self.stopping:
+        # Stopped by the sweep's own signal (the analysis dies of it or raises
+        # KeyboardInterrupt): an interruption, redone by the rerun, not a failure.
+        analysis, status = f"interrupted (exit code {rc}; rerun to redo)", "preempted"
+      elif rc != 0:
+        analysis, status = f"failed (exit code {rc})", "failed"
+      else:
+        analysis = "finished"
+      self.index.update(depth, analysis=analysis, analysis_ended=_now())
+      print(f"[sweep] depth {depth}: analysis {analysis} -> {job['analyze_log']}", flush=True)
     return status
 
   def run(self, jobs: list[dict]) -> list[str]:

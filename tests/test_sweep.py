@@ -140,6 +140,41 @@ def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
   assert not (tmp_path / "depth4.log").exists()
 
 
+def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_failed(tmp_path):
+  """SIGINT reaching a running analysis (which dies of it with a KeyboardInterrupt) marks the
+  depth preempted (sweep exit 75, the rerun redoes the analysis), not failed; an analysis that
+  fails on its own still marks the depth failed."""
+  import signal
+  import threading
+  import time
+
+  index = sweep.SweepIndex(str(tmp_path), {"config": "x"})
+  crash = _fake_job(tmp_path, 1, "pass")
+  crash["analyze_command"] = [sys.executable, "-c", "import sys; sys.exit(2)"]
+  assert sweep.Runner(index, str(tmp_path), parallel=1).run([crash]) == ["failed"]
+  assert json.load(open(tmp_path / "sweep.json"))["jobs"]["1"]["analysis"] == (
+      "failed (exit code 2)")
+
+  job = _fake_job(tmp_path, 2, "pass")
+  job["analyze_command"] = [sys.executable, "-c",
+                            "import time; print('ready', flush=True); time.sleep(60)"]
+  runner = sweep.Runner(index, str(tmp_path), parallel=1)
+  result = {}
+  thread = threading.Thread(target=lambda: result.update(s=runner.run([job])))
+  thread.start()
+  log = tmp_path / "depth2.analyze.log"
+  deadline = time.time() + 30
+  while time.time() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
+    time.sleep(0.1)
+  runner.stop(signal.SIGINT)
+  thread.join(timeout=30)
+  assert result["s"] == ["preempted"]
+  saved = json.load(open(tmp_path / "sweep.json"))["jobs"]["2"]
+  assert saved["status"] == "finished"  # its training
+  # Python exits a KeyboardInterrupt by re-raising SIGINT: -2.
+  assert saved["analysis"].startswith("interrupted (exit code -2;")
+
+
 @pytest.mark.slow
 def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path, tiny_data):
   """SIGTERM while depth 2 trains (depth 1 done): the sweep exits 75 and its index says
