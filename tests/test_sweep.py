@@ -105,9 +105,26 @@ def _fake_job(tmp_path, depth, code):
           "initial_status": "pending"}
 
 
+def _stop_once_ready(runner, jobs, log, signum):
+  """Runs `jobs` in a thread, sends `signum` to the sweep once `log` has the child's own 'ready'
+  line, and returns the statuses. (The log's header line repeats the command, which contains
+  'ready': wait for the child's output line, printed only once its handlers are installed.)"""
+  import threading
+  import time
+
+  result = {}
+  thread = threading.Thread(target=lambda: result.update(s=runner.run(jobs)))
+  thread.start()
+  deadline = time.time() + 30
+  while time.time() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
+    time.sleep(0.1)
+  runner.stop(signum)
+  thread.join(timeout=30)
+  return result["s"]
+
+
 def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
   import signal
-  import threading
   import time
 
   index = sweep.SweepIndex(str(tmp_path), {"config": "x"})
@@ -124,19 +141,9 @@ def test_runner_parallel_statuses_and_signal_forwarding(tmp_path):
   slow = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); "
           "print('ready', flush=True); time.sleep(60)")
   runner = sweep.Runner(index, str(tmp_path), parallel=1)
-  result = {}
-  thread = threading.Thread(target=lambda: result.update(
-      s=runner.run([_fake_job(tmp_path, 3, slow), _fake_job(tmp_path, 4, "pass")])))
-  thread.start()
-  log = tmp_path / "depth3.log"
-  deadline = time.time() + 30
-  # The log's header line repeats the command (which contains 'ready'): wait for the child's own
-  # output line, printed only once its SIGTERM handler is installed.
-  while time.time() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
-    time.sleep(0.1)
-  runner.stop(signal.SIGTERM)
-  thread.join(timeout=30)
-  assert result["s"] == ["preempted", "pending"]
+  jobs = [_fake_job(tmp_path, 3, slow), _fake_job(tmp_path, 4, "pass")]
+  assert _stop_once_ready(runner, jobs, tmp_path / "depth3.log", signal.SIGTERM) == [
+      "preempted", "pending"]
   assert not (tmp_path / "depth4.log").exists()
 
 
@@ -145,8 +152,6 @@ def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_fail
   depth preempted (sweep exit 75, the rerun redoes the analysis), not failed; an analysis that
   fails on its own still marks the depth failed."""
   import signal
-  import threading
-  import time
 
   index = sweep.SweepIndex(str(tmp_path), {"config": "x"})
   crash = _fake_job(tmp_path, 1, "pass")
@@ -159,16 +164,8 @@ def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_fail
   job["analyze_command"] = [sys.executable, "-c",
                             "import time; print('ready', flush=True); time.sleep(60)"]
   runner = sweep.Runner(index, str(tmp_path), parallel=1)
-  result = {}
-  thread = threading.Thread(target=lambda: result.update(s=runner.run([job])))
-  thread.start()
-  log = tmp_path / "depth2.analyze.log"
-  deadline = time.time() + 30
-  while time.time() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
-    time.sleep(0.1)
-  runner.stop(signal.SIGINT)
-  thread.join(timeout=30)
-  assert result["s"] == ["preempted"]
+  assert _stop_once_ready(runner, [job], tmp_path / "depth2.analyze.log", signal.SIGINT) == [
+      "preempted"]
   saved = json.load(open(tmp_path / "sweep.json"))["jobs"]["2"]
   assert saved["status"] == "finished"  # its training
   # Python exits a KeyboardInterrupt by re-raising SIGINT: -2.
