@@ -19,9 +19,10 @@ job already uses every local device through its seed axis); `--parallel=N` runs 
 `--analyze` runs `python -m sg_jax.analyze --workdir=<root>/depth<D>` after each finished depth
 (extra analysis flags through `--analyze_flag`).
 
-The sweep index `root/sweep.json` records the config, depths, seeds, overrides and, per depth, the
-workdir (relative to the root), the exact command, its status (pending, running, finished,
-skipped, failed, preempted), return code, latest checkpoint step, log file and UTC timestamps. It
+The sweep index `root/sweep.json` records the config, depths, seeds, overrides, analysis flags
+and, per depth, the workdir (relative to the root), the exact command, its status (pending,
+running, finished, skipped, failed, preempted), return code, latest checkpoint step, log file,
+analysis status (finished, failed, interrupted) and UTC timestamps. It
 is rewritten atomically after every change, so it can be read while the sweep runs. Each job's
 output goes to `root/logs/depth<D>.log` (`.analyze.log` for the analysis).
 
@@ -299,7 +300,7 @@ def run_sweep(config_arg: str, depths: Sequence[int], seeds: int, root: str, *,
   index = SweepIndex(root, {
       "config": config_arg, "depths": list(depths), "seeds": seeds,
       "overrides": list(overrides), "extra_flags": list(extra), "parallel": parallel,
-      "analyze": analyze})
+      "analyze": analyze, "analyze_flags": list(analyze_flags)})
   for job in jobs:
     index.update(job["depth"], workdir=job["workdir"], num_steps=job["num_steps"],
                  command=shlex.join(job["command"]), log=job["log"],

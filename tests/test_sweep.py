@@ -90,9 +90,12 @@ def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
   assert os.path.exists(os.path.join(root, "logs", "depth1.log"))
 
   # Rerun: nothing to do (no subprocess); the index says skipped.
+  assert index["analyze_flags"] == []
   statuses = sweep.run_sweep(TINY, [1], 2, root, overrides=_tiny_overrides(tiny_data, 10),
-                             extra=["--notensorboard"])
+                             extra=["--notensorboard"], analyze_flags=["--num_sentences=3"])
   assert statuses == {1: "skipped"}
+  assert json.load(open(os.path.join(root, "sweep.json")))["analyze_flags"] == [
+      "--num_sentences=3"]
   # A longer run is not finished: dry run plans to run it again (it would resume at step 10).
   jobs = sweep.plan(TINY, [1], 2, root, _tiny_overrides(tiny_data, 20))
   assert jobs[0]["initial_status"] == "pending"
