@@ -127,6 +127,10 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   s = next(r for r in seeds if r["depth"] == "4" and r["seed"] == "1")
   assert (s["final_step"], float(s["final_generalisation"])) == ("300", pytest.approx(0.3))
   assert float(rows[2]["final_tscore_mean"]) == pytest.approx(0.4)
+  # The main table's weight norm is the global one (10 + 400 / 100 at the last step), named so
+  # beside the predictor tables' per-layer norm.
+  assert float(rows[2]["final_weight_norm_mean"]) == pytest.approx(14.0)
+  assert "global weight norm (final)" in md
   assert rows[4]["final_tscore_mean"] == ""
   assert float(rows[2]["final_tparseval_f1_right_branching_mean"]) == pytest.approx(0.6)
   # Depth 2's finals are 0.9 and 0.5: resampled means 0.5 / 0.7 / 0.9, 95% interval [0.5, 0.9].

@@ -119,6 +119,6 @@ registry.register_quantity(registry.Quantity(
     compute=_compute,
     dynamics=(registry.Dynamic(
         "weight_norm", axis="weight norm (global L2 norm of sg_jax's parameters)",
-        title="Weight norm (the model sg_jax trains; no unused decoder)", label="weight norm",
+        title="Weight norm (the model sg_jax trains; no unused decoder)", label="global weight norm",
         in_summary=True),),
 ))
