@@ -354,6 +354,35 @@ def test_uas_dynamics_of_a_fresh_run_read_its_logged_uas(tmp_path, uas_quantity_
   assert depth_figures.plot_dynamics({2: [run]}, "uas", path + "2", "") is None
 
 
+def test_objectives_of_a_depth_sweep_are_not_pooled_across_depths(tmp_path):
+  """The runs of one objective at depths 2 and 4: one row per depth, each its own seeds' final
+  preference (0.9 and 0.5, not their pooled 0.7), and a depth column; one depth: no column."""
+  from sg_jax.report import objectives, reading
+  runs = []
+  for depth, final in ((4, 0.5), (2, 0.9)):
+    workdir = tmp_path / f"depth{depth}"
+    os.makedirs(workdir)
+    with open(workdir / "config.json", "w") as f:
+      json.dump({"task": "question", "model": {"num_layers": depth}, "num_seeds": 2}, f)
+    _write(str(workdir / "metrics.csv"),
+           [(step, seed, name, value) for seed in (0, 1) for step in STEPS
+            for name, value in (("out_of_domain/preference", final * step / STEPS[-1]),
+                                ("in_domain/preference", 1.0))])
+    runs.append(reading.load_run(str(workdir)))
+  rows = objectives.objective_rows(runs)
+  assert [(r["objective"], r["depth"], r["seeds"]) for r in rows] == [("lm", 2, 2), ("lm", 4, 2)]
+  assert [r["out_of_domain/preference"] for r in rows] == [pytest.approx(0.9), pytest.approx(0.5)]
+  lines = objectives.markdown_lines(rows)
+  assert lines[3].startswith("| objective | depth | seeds |")
+  assert any(l.startswith("| lm | 4 | 2 | 1.000") for l in lines)
+  single = objectives.objective_rows(runs[:1])
+  assert [(r["depth"], r["seeds"]) for r in single] == [(None, 2)]
+  assert objectives.markdown_lines(single)[3].startswith("| objective | seeds |")
+  fig = objectives.plot_objectives(runs, str(tmp_path / "o.png"))
+  assert {t.get_text() for t in fig.axes[-1].get_legend().get_texts()} == {
+      "lm, depth 2 (1 run(s))", "lm, depth 4 (1 run(s))"}
+
+
 def test_objectives_side_by_side(tmp_path):
   """Two runs of different objectives: one row each with the seed mean of the final preference
   and its CI, the median onsets; a masked LM's accuracy series are its preference; a run's

@@ -72,7 +72,8 @@ figures 1-5 for one's own runs):
                              (onsets per seed, order, lags with CIs), summary_phases.csv its
                              rows (`phases`).
   objectives.png             (n) where runs logged the minimal-pair preference: per objective
-                             (lm, mlm, prefix_lm; seeds of its runs pooled) the out- and
+                             (lm, mlm, prefix_lm; seeds of its runs pooled, per depth in a
+                             depth sweep) the out- and
                              in-domain preference, UAS and training loss over training with 95%
                              bootstrap bands and the seeds' onsets; summary_objectives.csv and
                              an "Objectives" table in summary.md (`objectives`). A masked LM's

@@ -5,7 +5,8 @@ comparison reads it (in- and out-of-domain, per construction), beside the syntac
 structure (`in_domain/uas`), the training loss and the onsets of each seed
 (`analysis.onsets`: the sharpest rise of UAS, the steepest fall of the loss, the sharpest rise of
 out-of-domain preference). The unregularised seeds of every run of one objective are pooled
-(`unregularised_seeds`: a run of SAS regimes contributes its lambda-0 group only); means come with
+(`unregularised_seeds`: a run of SAS regimes contributes its lambda-0 group only), within one depth
+where the runs have several (a depth sweep: `by_objective`); means come with
 95% bootstrap CIs over seeds (`seed_stats.bootstrap_ci`).
 
 A masked LM logs no teacher-forced accuracy: `reading.load_run` gives such runs the preference
@@ -56,15 +57,25 @@ def unregularised_seeds(run: Run) -> list[int]:
           if all(strength(lambdas, s - first) == 0.0 for lambdas in per_term)]
 
 
-def by_objective(runs: Sequence[Run]) -> dict[str, list[Run]]:
-  """{objective: runs} of the runs with unregularised seeds that logged the preference, in a
-  fixed order."""
+def by_objective(runs: Sequence[Run]) -> dict[tuple[str, int | None], list[Run]]:
+  """{(objective, depth): runs} of the runs with unregularised seeds that logged the preference,
+  objectives in a fixed order, then depths. The depth is None (one group per objective) when
+  these runs all have one depth; a depth sweep gets one group per objective and depth, so that
+  depths are never pooled."""
   out = collections.defaultdict(list)
-  for run in runs:
-    if unregularised_seeds(run):
-      out[objective_of(run)].append(run)
+  kept = [run for run in runs if unregularised_seeds(run)]
+  several_depths = len({run.depth for run in kept}) > 1
+  for run in kept:
+    out[(objective_of(run), run.depth if several_depths else None)].append(run)
   order = {name: k for k, name in enumerate(OBJECTIVE_COLORS)}
-  return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
+  return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0],
+                                                  -1 if kv[0][1] is None else kv[0][1])))
+
+
+def group_label(key: tuple[str, int | None]) -> str:
+  """'lm', or 'lm, depth 6' for a group of a depth sweep (`by_objective`)."""
+  objective, depth = key
+  return objective if depth is None else f"{objective}, depth {depth}"
 
 
 def _final(run: Run, name: str, seed: int) -> float:
@@ -88,15 +99,17 @@ def seed_onsets(run: Run, seed: int) -> dict[str, float]:
 
 
 def objective_rows(runs: Sequence[Run]) -> list[dict]:
-  """One row per objective: seeds, final in- and out-of-domain preference and per construction
+  """One row per objective (per objective and depth when the runs have several depths; `depth`:
+  None otherwise): seeds, final in- and out-of-domain preference and per construction
   (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`: seed mean and 95% bootstrap CI), final
   UAS, the median onset of each `ONSETS` signal and the fraction of seeds whose structure onset
   lies within `coincide` steps of their loss drop (`structure_with_loss_drop`; Chen et al.'s
   claim is that they coincide), with `coincide` = 2 x the median gap between evaluations."""
   rows = []
-  for objective, group in by_objective(runs).items():
+  for (objective, depth), group in by_objective(runs).items():
     seeds = [(run, s) for run in group for s in unregularised_seeds(run)]
-    row = {"objective": objective, "runs": " ".join(r.name for r in group), "seeds": len(seeds)}
+    row = {"objective": objective, "depth": depth, "runs": " ".join(r.name for r in group),
+           "seeds": len(seeds)}
     names = ["in_domain/preference", "out_of_domain/preference", "in_domain/uas"]
     names += sorted({n for run in group for n in run.series
                      if n.startswith("out_of_domain/preference/")})
@@ -118,8 +131,9 @@ def objective_rows(runs: Sequence[Run]) -> list[dict]:
 
 
 def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
-  """`PANELS` over training: per objective the seed mean with a 95% bootstrap band, and each
-  seed's onsets (`ONSETS`) as ticks at the bottom of its panel.
+  """`PANELS` over training: per objective (and depth, in line styles, when the runs have several:
+  `by_objective`) the seed mean with a 95% bootstrap band, and each seed's onsets (`ONSETS`) as
+  ticks at the bottom of its panel.
 
   Returns:
     the (closed) Figure written to `path`, or None (nothing written) when no run logged the
@@ -132,9 +146,12 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
   panels = [(n, t) for n, t in PANELS if any(r.series.get(n) for g in groups.values() for r in g)]
   fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.5, 4), squeeze=False)
   onset_of_panel = {metric: signal for signal, metric, _ in ONSETS}
+  depths = sorted({d for _, d in groups if d is not None})
+  styles = ("-", "--", ":", "-.")
   for ax, (name, title) in zip(axes[0], panels):
-    for objective, group in groups.items():
+    for (objective, depth), group in groups.items():
       color = OBJECTIVE_COLORS.get(objective, "#7f7f7f")
+      style = styles[depths.index(depth) % len(styles)] if depth is not None else "-"
       per_step = collections.defaultdict(list)
       for run in group:
         curves = run.series.get(name, {})
@@ -145,7 +162,8 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
       if not per_step:
         continue
       xs = sorted(per_step)
-      mean_band(ax, xs, per_step, color, lw=1.8, label=f"{objective} ({len(group)} run(s))")
+      mean_band(ax, xs, per_step, color, lw=1.8, ls=style,
+                label=f"{group_label((objective, depth))} ({len(group)} run(s))")
       signal = onset_of_panel.get(name)
       if signal is not None:
         ticks = [seed_onsets(run, s)[signal] for run in group for s in unregularised_seeds(run)
@@ -183,14 +201,17 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
   tags = sorted({n.rsplit("/", 1)[1] for r in rows for n in r
                  if n.startswith("out_of_domain/preference/") and not n.endswith(("_low",
                                                                                    "_high"))})
-  head = (["objective", "seeds", "in-domain pref.", "out-of-domain pref."]
+  with_depth = any(r.get("depth") is not None for r in rows)
+  head = (["objective"] + (["depth"] if with_depth else []) + ["seeds", "in-domain pref.",
+                                                               "out-of-domain pref."]
           + [f"pref. {t}" for t in tags]
           + ["UAS (final)", "structure onset", "loss-drop onset", "preference onset",
              "structure within 2 evals of loss drop"])
   lines = ["", "## Objectives", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   fmt = lambda v: "" if not math.isfinite(v) else f"{v:.0f}"
   for r in rows:
-    cells = [r["objective"], str(r["seeds"]), _cell(r, "in_domain/preference"),
+    depth = [] if not with_depth else ["" if r.get("depth") is None else str(r["depth"])]
+    cells = [r["objective"], *depth, str(r["seeds"]), _cell(r, "in_domain/preference"),
              _cell(r, "out_of_domain/preference")]
     cells += [_cell(r, f"out_of_domain/preference/{t}") for t in tags]
     cells += [_cell(r, "in_domain/uas"), fmt(r["structure_onset_median"]),
