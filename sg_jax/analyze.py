@@ -9,7 +9,8 @@ for every selected seed (vmapped over seeds; Murty et al., ACL 2023, §5; defini
 `sg_jax.analysis`) on the first `--num_sentences` lines of the sentence set (`--sentence_set`) of
 `--split`, and appends rows `step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What
 the file already holds is skipped, so the command can run beside a training run (it only sees
-committed checkpoints) and be rerun after a crash. The options that change values (split,
+committed checkpoints) and be rerun after a crash or a stop (SIGINT/SIGTERM: exit 75, one
+line; each checkpoint's rows are written whole). The options that change values (split,
 sentence set, entropy input, number of sentences, projection method, normalisation, random seed)
 are recorded in `<output>.options.json`, with the number of sentences actually used; rerunning
 with other options into the same file is refused (choose another `--output`).
@@ -45,7 +46,6 @@ written like these (docs/analysis.md, "Adding a quantity").
 
 from __future__ import annotations
 
-import csv
 import json
 import logging as py_logging
 import os
@@ -53,6 +53,12 @@ import sys
 import time
 from typing import Sequence
 
+from sg_jax import early_stop
+
+if __name__ == "__main__":
+  early_stop.install()  # a stop signal during the imports below: one line, exit 75
+
+# pylint: disable=wrong-import-position
 import jax
 import numpy as np
 from absl import app
@@ -67,6 +73,7 @@ from sg_jax import long_csv
 from sg_jax import metric_logging
 from sg_jax import objectives
 from sg_jax import tasks
+from sg_jax import workdir as workdir_lib
 from sg_jax.analysis import pipeline, references, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
@@ -74,7 +81,7 @@ from sg_jax.cli_options import parse_list  # noqa: F401  (the CLI's --steps/--se
 from sg_jax.model import ModelConfig
 from sg_jax.tasks import vocab as vocab_lib
 
-HEADER = ("step", "seed", "name", "value")
+STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
 # options files written before an option existed used these values.
 LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line",
                   "dynamics_lines": registry.Options.dynamics_lines}
@@ -154,34 +161,6 @@ def record_sentences(path: str, data: dict) -> None:
     json.dump(options, f, indent=1)
 
 
-class CsvAppender:
-  """Appends rows to the analysis CSV (header when new), flushing after every write."""
-
-  def __init__(self, path: str):
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
-    if not new:
-      with open(path, "rb") as f:  # repair a line cut by a crash
-        f.seek(-1, os.SEEK_END)
-        needs_newline = f.read(1) != b"\n"
-    self._f = open(path, "a", newline="")
-    if not new and needs_newline:
-      self._f.write("\n")
-    self._w = csv.writer(self._f)
-    if new:
-      self._w.writerow(HEADER)
-      self._f.flush()
-
-  def write(self, rows: Sequence[tuple[int, int, str, float]]) -> None:
-    for step, seed, name, value in rows:
-      self._w.writerow((int(step), int(seed), name, repr(float(value))))
-    self._f.flush()
-    os.fsync(self._f.fileno())
-
-  def close(self):
-    self._f.close()
-
-
-
 def _select_seeds(restored_seeds: list[int], wanted: list[int] | None) -> list[int]:
   if wanted is None:
     return list(restored_seeds)
@@ -254,18 +233,26 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
             normalisation: str = "random_split", rng_seed: int = 0, batch_size: int = 8,
             entropy_batch_size: int = 64, seeds_per_call: int = 0,
             strict_groups: bool = False, uas_min_count: int = 100,
-            dynamics_lines: int = registry.Options.dynamics_lines) -> dict[str, int]:
+            dynamics_lines: int = registry.Options.dynamics_lines,
+            signal_exit_seconds: float = 0.0) -> dict[str, int]:
   """Computes the missing metrics of every selected checkpoint and seed (see module docstring).
 
   Args: as the command-line flags; `groups` names metric groups of `registry.group_names()`
   (None: every registered group); `strict_groups` makes a group the task cannot compute
   (tparseval on dyck: no gold trees) an error instead of a warning (the CLI sets it when
-  --metrics is given).
+  --metrics is given); `signal_exit_seconds`: the command line's bound on stopping at once
+  (`workdir.StopSignal`).
+
+  SIGTERM/SIGINT stop the analysis at once: the checkpoints before are in the file, each written
+  whole (`long_csv.LongCsv`), and a rerun computes the rest. A signal whose exception Python
+  dropped inside a callback (`workdir.quiet_stop_in_callbacks`) stops it before the next
+  checkpoint.
 
   Returns:
     {'rows_written': n, 'checkpoints_analysed': m}.
 
   Raises:
+    workdir.Preempted: a stop signal (exit 75 on the command line).
     checkpointing.CheckpointError: no checkpoints, a requested step is missing, or a checkpoint
       is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
     ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
@@ -305,91 +292,97 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
                              seeds_per_call=seeds_per_call or None, uas_min_count=uas_min_count,
                              dynamics_lines=dynamics_lines)
   done = long_csv.read_keys(path)
-  writer = CsvAppender(path)
+  writer = long_csv.LongCsv(path)
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   data = None
   rows_written = analysed = 0
   unreadable = []  # (step, why): reported after the other checkpoints are analysed
   t_start = time.time()
-  try:
-    for n_step, step in enumerate(todo_steps):
-      try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
-        meta = checkpointing.read_meta(manager, step)
-        run_seeds = [int(s) for s in meta["seeds"]]
-      except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-        log.warning("skipping step %d: unreadable metadata: %s", step,
-                    checkpointing.error_cause(e))
-        unreadable.append((step, f"unreadable metadata: {checkpointing.error_cause(e)}"))
-        continue
-      chosen = _select_seeds(run_seeds, seeds)
-      pending = {g.name: [s for s in chosen if (step, s, g.marker) not in done]
-                 for g in requested}
-      if not any(pending.values()):
-        continue
-      try:
-        restored = checkpointing.restore(workdir, step, params_only=True)
-      except checkpointing.CheckpointError as e:
-        log.warning("skipping step %d: %s", step, e)
-        unreadable.append((step, checkpointing.error_cause(e.__cause__ or e)))
-        continue
-      vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
-      config = restored.config
-      if data is None and _reads(requested) & _SENTENCE_READS:
-        treeless = [g for g in requested if "gold_trees" in g.inputs]
-        if treeless and not tasks.task_class(config.task).has_gold_trees:
-          if strict_groups:
-            raise ValueError(f"{treeless[0].name} needs gold trees; the {config.task} task has "
-                             "none")
-          for g in treeless:
-            log.warning("%s has no gold trees: skipping %s", config.task, g.name)
-            pending.pop(g.name, None)
-          requested = [g for g in requested if g not in treeless]
-        arcless = [g for g in requested if "dependency_lines" in g.inputs]
-        if arcless and not tasks.from_config(config).has_gold_dependencies:
-          if strict_groups:
-            raise ValueError(f"{arcless[0].name} needs gold dependencies; the {config.task} task "
-                             "declares none")
-          for g in arcless:
-            log.warning("%s has no gold dependencies: skipping %s", config.task, g.name)
-            pending.pop(g.name, None)
-          requested = [g for g in requested if g not in arcless]
-        data = pipeline.load_sentences(config, workdir, split, num_sentences,
-                                       "gold_trees" in _reads(requested), vocab,
-                                       sentence_set=sentence_set,
-                                       entropy_input=entropy_input,
-                                       need_dependencies="dependency_lines" in _reads(requested))
-        if not data["declaratives"] and "declaratives" in _reads(requested):
-          raise ValueError(f"no sentence of {split} has a declarative part")
-        record_sentences(path, data)
-      longest = max((len(s) for s in data["entropy_inputs"] + (data.get("lines") or [])),
-                    default=0) + 1 if data else 0
-      # the run's model: its objective sets the attention and the extra rows ([MASK])
-      model_config = objectives.model_config(config, vocab.size, max_len=max(512, longest))
-      params_all = restored.state["params"]
-      index = {s: restored.seeds.index(s) for s in chosen}
+  with workdir_lib.StopSignal(exit_after=signal_exit_seconds) as stop:
+    try:
+      for n_step, step in enumerate(todo_steps):
+        stop.set_immediate(True, f"at step {step} ({rows_written} new rows for the checkpoints "
+                                 f"before it in {path}; the rerun computes the rest)")
+        if stop.received:  # its StopNow was dropped in a callback: stop here
+          raise workdir_lib.StopNow(stop.received, stop.where)
+        try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
+          meta = checkpointing.read_meta(manager, step)
+          run_seeds = [int(s) for s in meta["seeds"]]
+        except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
+          log.warning("skipping step %d: unreadable metadata: %s", step,
+                      checkpointing.error_cause(e))
+          unreadable.append((step, f"unreadable metadata: {checkpointing.error_cause(e)}"))
+          continue
+        chosen = _select_seeds(run_seeds, seeds)
+        pending = {g.name: [s for s in chosen if (step, s, g.marker) not in done]
+                   for g in requested}
+        if not any(pending.values()):
+          continue
+        try:
+          restored = checkpointing.restore(workdir, step, params_only=True)
+        except checkpointing.CheckpointError as e:
+          log.warning("skipping step %d: %s", step, e)
+          unreadable.append((step, checkpointing.error_cause(e.__cause__ or e)))
+          continue
+        vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
+        config = restored.config
+        if data is None and _reads(requested) & _SENTENCE_READS:
+          treeless = [g for g in requested if "gold_trees" in g.inputs]
+          if treeless and not tasks.task_class(config.task).has_gold_trees:
+            if strict_groups:
+              raise ValueError(f"{treeless[0].name} needs gold trees; the {config.task} task has "
+                               "none")
+            for g in treeless:
+              log.warning("%s has no gold trees: skipping %s", config.task, g.name)
+              pending.pop(g.name, None)
+            requested = [g for g in requested if g not in treeless]
+          arcless = [g for g in requested if "dependency_lines" in g.inputs]
+          if arcless and not tasks.from_config(config).has_gold_dependencies:
+            if strict_groups:
+              raise ValueError(f"{arcless[0].name} needs gold dependencies; the {config.task} task "
+                               "declares none")
+            for g in arcless:
+              log.warning("%s has no gold dependencies: skipping %s", config.task, g.name)
+              pending.pop(g.name, None)
+            requested = [g for g in requested if g not in arcless]
+          data = pipeline.load_sentences(config, workdir, split, num_sentences,
+                                         "gold_trees" in _reads(requested), vocab,
+                                         sentence_set=sentence_set,
+                                         entropy_input=entropy_input,
+                                         need_dependencies="dependency_lines" in _reads(requested))
+          if not data["declaratives"] and "declaratives" in _reads(requested):
+            raise ValueError(f"no sentence of {split} has a declarative part")
+          record_sentences(path, data)
+        longest = max((len(s) for s in data["entropy_inputs"] + (data.get("lines") or [])),
+                      default=0) + 1 if data else 0
+        # the run's model: its objective sets the attention and the extra rows ([MASK])
+        model_config = objectives.model_config(config, vocab.size, max_len=max(512, longest))
+        params_all = restored.state["params"]
+        index = {s: restored.seeds.index(s) for s in chosen}
 
-      def params_of(seed_ids):
-        idx = np.array([index[s] for s in seed_ids])
-        return jax.tree_util.tree_map(lambda x: np.asarray(x)[idx], params_all)
+        def params_of(seed_ids):
+          idx = np.array([index[s] for s in seed_ids])
+          return jax.tree_util.tree_map(lambda x: np.asarray(x)[idx], params_all)
 
-      if compared is not None:
-        compared.keep(step, restored.seeds, params_all)
-      t0 = time.time()
-      rows = _compute_rows(step, chosen, pending, params_of, data, meta, config=model_config,
-                           sos_id=vocab.sos_id, options=options,
-                           references_of=lambda ids: compared.references(step, ids),
-                           objective=objectives.from_config(config))
-      writer.write(rows)
-      done.update((r[0], r[1], r[2]) for r in rows)
-      rows_written += len(rows)
-      analysed += 1
-      markers = {g.marker for g in requested}
-      summary = {r[2]: round(float(r[3]), 4) for r in rows if r[2] in markers}
-      log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
-               len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
-  finally:
-    writer.close()
-    manager.close()
+        if compared is not None:
+          compared.keep(step, restored.seeds, params_all)
+        t0 = time.time()
+        rows = _compute_rows(step, chosen, pending, params_of, data, meta, config=model_config,
+                             sos_id=vocab.sos_id, options=options,
+                             references_of=lambda ids: compared.references(step, ids),
+                             objective=objectives.from_config(config))
+        writer.append(rows)
+        done.update((r[0], r[1], r[2]) for r in rows)
+        rows_written += len(rows)
+        analysed += 1
+        markers = {g.marker for g in requested}
+        summary = {r[2]: round(float(r[3]), 4) for r in rows if r[2] in markers}
+        log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
+                 len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
+    except workdir_lib.StopNow as e:
+      raise workdir_lib.Preempted(f"stopped by signal {e.signum} {e.where}") from None
+    finally:
+      manager.close()
   log.info("done: %d rows for %d checkpoints in %.1fs -> %s", rows_written, analysed,
            time.time() - t_start, path)
   if unreadable:
@@ -416,7 +409,12 @@ def main(argv):
         method=_METHOD.value, normalisation=_NORMALISATION.value, rng_seed=_RNG_SEED.value,
         batch_size=_BATCH_SIZE.value, entropy_batch_size=_ENTROPY_BATCH_SIZE.value,
         seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present,
-        uas_min_count=_UAS_MIN_COUNT.value, dynamics_lines=_DYNAMICS_LINES.value)
+        uas_min_count=_UAS_MIN_COUNT.value, dynamics_lines=_DYNAMICS_LINES.value,
+        signal_exit_seconds=STOP_EXIT_SECONDS)
+  except workdir_lib.Preempted as e:
+    log.warning("%s; rerun the same command to resume", e)
+    sys.stderr.flush()
+    os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
   except (ValueError, checkpointing.CheckpointError) as e:
     sys.exit(f"error: {e}")
   print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "

@@ -8,8 +8,10 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from sg_jax import analyze, checkpointing, configlib
+from sg_jax import workdir as workdir_lib
 from sg_jax.analysis import weight_norm
 from sg_jax.model import ModelConfig, init_params
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
@@ -74,7 +77,8 @@ def test_writes_every_metric_then_nothing_new(workdir):
                          groups=["tscore"])["rows_written"] == 0
   assert len(_rows(os.path.join(workdir, "analysis.csv"))) == len(rows)  # cut line ignored
   with open(os.path.join(workdir, "analysis.csv")) as f:
-    assert f.read().endswith("10,5,tsco\n")  # repaired, so later rows start on a new line
+    text = f.read()  # the cut line is cut off, so later rows start on a line of their own
+  assert not any(line == "10,5,tsco" for line in text.split("\n")) and text.endswith("\n")
 
   # the command line, same options: nothing new.
   out = subprocess.run(
@@ -83,6 +87,48 @@ def test_writes_every_metric_then_nothing_new(workdir):
       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert out.returncode == 0, out.stderr
   assert "0 new rows" in out.stdout
+
+
+def _signal_while_computing(monkeypatch, at_step, dropped=False):
+  """Sends SIGINT to this process while `analyze` computes the rows of `at_step`; `dropped`: the
+  handler's exception is swallowed, as when the signal lands in a callback (JAX's GC callback)."""
+  original = analyze._compute_rows  # pylint: disable=protected-access
+
+  def computing(step, *args, **kwargs):
+    rows = original(step, *args, **kwargs)
+    if step == at_step:
+      try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here
+      except workdir_lib.StopNow:
+        if not dropped:
+          raise
+    return rows
+
+  monkeypatch.setattr(analyze, "_compute_rows", computing)
+
+
+@pytest.mark.parametrize("dropped", [False, True])
+def test_a_stopped_analysis_keeps_the_checkpoints_before_and_the_rerun_completes_it(
+    workdir, tmp_path, monkeypatch, dropped):
+  """SIGINT at step 10 stops at once (step 0's rows are in the file, step 10's are not); one
+  dropped in a callback at step 0 stops before step 10; either way the rerun's file equals an
+  uninterrupted analysis's, row for row."""
+  options = dict(num_sentences=12, groups=["weight_norm", "tscore"], batch_size=4)
+  copy = shutil.copytree(workdir, str(tmp_path / "run"))
+  straight = analyze.analyze(copy, output="straight.csv", **options)
+  expected = _rows(os.path.join(copy, "straight.csv"))
+  _signal_while_computing(monkeypatch, at_step=0 if dropped else 10, dropped=dropped)
+  with pytest.raises(workdir_lib.Preempted, match=r"stopped by signal 2 at step 10 \("):
+    analyze.analyze(copy, output="stopped.csv", **options)
+  monkeypatch.undo()
+  kept = _rows(os.path.join(copy, "stopped.csv"))
+  assert kept and kept == [r for r in expected if r[0] == "0"]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+  rerun = analyze.analyze(copy, output="stopped.csv", **options)
+  assert rerun["checkpoints_analysed"] == 1
+  assert _rows(os.path.join(copy, "stopped.csv")) == expected
+  assert len(expected) == straight["rows_written"]
 
 
 def test_refuses_other_options_and_bad_arguments(workdir):
