@@ -232,8 +232,8 @@ class Runner:
       self.index.update(depth, analysis="running")
       rc = self._run(job["analyze_command"], os.path.join(self.root, job["analyze_log"]))
       if rc != 0 and self.stopping:
-        # Stopped by the sweep's own signal (the analysis dies of it or raises
-        # KeyboardInterrupt): an interruption, redone by the rerun, not a failure.
+        # Stopped by the sweep's own signal (sg_jax.analyze exits 75; another command may die
+        # of it): an interruption, redone by the rerun, not a failure.
         analysis, status = f"interrupted (exit code {rc}; rerun to redo)", "preempted"
       elif rc != 0:
         analysis, status = f"failed (exit code {rc})", "failed"
