@@ -186,6 +186,26 @@ _SENTENCE_READS = frozenset(registry.SENTENCE_INPUTS) | {"gold_trees", "dependen
                                                           "lines"}
 
 
+def _drop_unsupported(requested: list[registry.Group], pending: dict[str, list[int]],
+                      needs: str, what: str, supported: bool, task: str,
+                      strict: bool) -> list[registry.Group]:
+  """`requested` without the groups that read `needs` (an input the task lacks: `supported`
+  False), each dropped from `pending` with a warning.
+
+  Raises:
+    ValueError: `strict` (the groups were named by --metrics) and a group needs the input.
+  """
+  lacking = [g for g in requested if needs in g.inputs]
+  if not lacking or supported:
+    return requested
+  if strict:
+    raise ValueError(f"{lacking[0].name} needs {what}; the {task} task has none")
+  for g in lacking:
+    log.warning("%s has no %s: skipping %s", task, what, g.name)
+    pending.pop(g.name, None)
+  return [g for g in requested if g not in lacking]
+
+
 def _reads(groups: Sequence[registry.Group]) -> set[str]:
   return {i for g in groups for i in g.inputs}
 
@@ -327,24 +347,12 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
         vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
         config = restored.config
         if data is None and _reads(requested) & _SENTENCE_READS:
-          treeless = [g for g in requested if "gold_trees" in g.inputs]
-          if treeless and not tasks.task_class(config.task).has_gold_trees:
-            if strict_groups:
-              raise ValueError(f"{treeless[0].name} needs gold trees; the {config.task} task has "
-                               "none")
-            for g in treeless:
-              log.warning("%s has no gold trees: skipping %s", config.task, g.name)
-              pending.pop(g.name, None)
-            requested = [g for g in requested if g not in treeless]
-          arcless = [g for g in requested if "dependency_lines" in g.inputs]
-          if arcless and not tasks.from_config(config).has_gold_dependencies:
-            if strict_groups:
-              raise ValueError(f"{arcless[0].name} needs gold dependencies; the {config.task} task "
-                               "declares none")
-            for g in arcless:
-              log.warning("%s has no gold dependencies: skipping %s", config.task, g.name)
-              pending.pop(g.name, None)
-            requested = [g for g in requested if g not in arcless]
+          requested = _drop_unsupported(
+              requested, pending, "gold_trees", "gold trees",
+              tasks.task_class(config.task).has_gold_trees, config.task, strict_groups)
+          requested = _drop_unsupported(
+              requested, pending, "dependency_lines", "gold dependencies",
+              tasks.from_config(config).has_gold_dependencies, config.task, strict_groups)
           data = pipeline.load_sentences(config, workdir, split, num_sentences,
                                          "gold_trees" in _reads(requested), vocab,
                                          sentence_set=sentence_set,

@@ -131,6 +131,23 @@ def test_a_stopped_analysis_keeps_the_checkpoints_before_and_the_rerun_completes
   assert len(expected) == straight["rows_written"]
 
 
+def test_groups_needing_what_the_task_lacks_are_dropped_or_refused(caplog):
+  from sg_jax.analysis import registry
+  tscore = registry.Group("tscore", ("tscore",), inputs=("declaratives",))
+  tparseval = registry.Group("tparseval", ("tparseval_f1",), inputs=("declaratives", "gold_trees"))
+  pending = {"tscore": [0, 1], "tparseval": [0, 1]}
+  drop = analyze._drop_unsupported  # pylint: disable=protected-access
+  # the task has gold trees: nothing dropped
+  assert drop([tscore, tparseval], pending, "gold_trees", "gold trees", True, "question",
+              False) == [tscore, tparseval]
+  assert list(pending) == ["tscore", "tparseval"]
+  with pytest.raises(ValueError, match="tparseval needs gold trees; the dyck task has none"):
+    drop([tscore, tparseval], pending, "gold_trees", "gold trees", False, "dyck", True)
+  assert drop([tscore, tparseval], pending, "gold_trees", "gold trees", False, "dyck",
+              False) == [tscore]
+  assert list(pending) == ["tscore"] and "dyck has no gold trees: skipping tparseval" in caplog.text
+
+
 def test_refuses_other_options_and_bad_arguments(workdir):
   # the file's options are recorded by a first (cheap) call; other options are then refused.
   analyze.analyze(workdir, num_sentences=12, steps=[0], seeds=[3], groups=["weight_norm"])
