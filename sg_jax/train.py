@@ -279,6 +279,8 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
                workdir)
     sizer = CallSizer(config.train.steps_per_call, config.train.get("max_call_seconds", 0.0),
                       _guess_seconds_per_step(num_params, config, host_data, per_device))
+    if step < config.train.num_steps:  # a complete run trains nothing: no call size to give
+      sizer.log_first_size()
     loop.start_time, loop.start_step = time.time(), step
     state, step, last_eval = _run_calls(loop, fns, sizer, state, train_data, step, last_eval,
                                         state_hook)

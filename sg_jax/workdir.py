@@ -375,10 +375,13 @@ class CallSizer:
     self.compiled: set[int] = set()
     self.current = self._fit(guess_seconds_per_step) if self.max_seconds > 0 else self.max_steps
     self.wanted = self.current
+    self._guess = float(guess_seconds_per_step)
+
+  def log_first_size(self) -> None:
+    """Logs the first call size when the time limit made it smaller than steps_per_call."""
     if self.current != self.max_steps:
       log.info("steps per compiled call: %d at first (about %.2f s per step estimated; "
-               "train.max_call_seconds %g)", self.current, guess_seconds_per_step,
-               self.max_seconds)
+               "train.max_call_seconds %g)", self.current, self._guess, self.max_seconds)
 
   def _fit(self, seconds_per_step: float) -> int:
     fits = [d for d in self.sizes if d * seconds_per_step <= self.max_seconds]

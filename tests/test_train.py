@@ -131,15 +131,19 @@ def test_run_writes_metrics_and_checkpoints_and_round_trips(tiny_config, tmp_pat
                                 result["eval"]["in_domain/accuracy"])
 
 
-def test_rerun_of_a_finished_run_says_it_is_complete(tiny_config, tmp_path, caplog):
+def test_rerun_of_a_finished_run_says_it_is_complete(tiny_config, tmp_path, caplog,
+                                                     monkeypatch):
   config = tiny_config(**{"train.num_steps": 10})
   train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
+  # A slow guess would size calls below steps_per_call; with nothing to train, no size is logged.
+  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 1e3)
   with caplog.at_level(logging.INFO, logger="sg_jax"):
     out = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
   messages = [r.getMessage() for r in caplog.records if r.name == "sg_jax"]
   assert out["trained_steps"] == 0
   assert any("is complete" in m and "nothing to train" in m for m in messages), messages
   assert not any(m.startswith("training 2 seeds") for m in messages), messages
+  assert not any(m.startswith("steps per compiled call") for m in messages), messages
 
 
 def test_config_changes_on_resume_free_flag_and_never(tiny_config, tmp_path, snapshot):
