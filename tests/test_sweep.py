@@ -164,8 +164,12 @@ def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_fail
       "failed (exit code 2)")
 
   job = _fake_job(tmp_path, 2, "pass")
+  # Like sg_jax.analyze, the child installs its own SIGINT handler (a shell's background job
+  # inherits SIGINT ignored).
   job["analyze_command"] = [sys.executable, "-c",
-                            "import time; print('ready', flush=True); time.sleep(60)"]
+                            "import signal, time; signal.signal(signal.SIGINT, "
+                            "signal.default_int_handler); print('ready', flush=True); "
+                            "time.sleep(60)"]
   runner = sweep.Runner(index, str(tmp_path), parallel=1)
   assert _stop_once_ready(runner, [job], tmp_path / "depth2.analyze.log", signal.SIGINT) == [
       "preempted"]
