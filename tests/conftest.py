@@ -22,10 +22,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # program is compiled once per session, and nothing is written into the user's cache
 # (sg_jax.compile_cache.default_dir reads this variable first). The tests' programs are small
 # (most compile in well under JAX's default 1 s minimum), so every program is written.
-JAX_CACHE_DIR = tempfile.mkdtemp(prefix="sg_jax_test_jax_cache_")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE_DIR
+# With pytest-xdist the workers inherit the controller's environment, so they share its folder
+# (a program one worker compiled, the other loads); the process that made it removes it at exit.
+_OWNER = "SG_JAX_TEST_JAX_CACHE_OWNER"
+if os.environ.get(_OWNER) and os.path.isdir(os.environ.get("JAX_COMPILATION_CACHE_DIR", "")):
+  JAX_CACHE_DIR = os.environ["JAX_COMPILATION_CACHE_DIR"]
+else:
+  JAX_CACHE_DIR = tempfile.mkdtemp(prefix="sg_jax_test_jax_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE_DIR
+  os.environ[_OWNER] = str(os.getpid())
+  atexit.register(shutil.rmtree, JAX_CACHE_DIR, ignore_errors=True)
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-atexit.register(shutil.rmtree, JAX_CACHE_DIR, ignore_errors=True)
 
 TINY_DATA = {"seed": 0, "num_train": 400,  # num_train as configlib.TINY
              "sizes": {"dev": 100, "test": 100, "gen": 100}}
@@ -53,6 +60,8 @@ def load_config():
 # less), no minimal-pair preference. The tests of packing, UAS and preference set these fields
 # themselves.
 TEST_SIZED = {"train.packing": False, "eval.uas_lines": 0, "eval.preference_lines": 0}
+# The same as `--config.<field>=<value>` flags of an `sg_jax.main` subprocess.
+TEST_SIZED_FLAGS = [f"--config.{k}={v}" for k, v in TEST_SIZED.items()]
 
 
 def make_tiny_config(data_dir, task="question", **fields):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import JAX_CACHE_DIR, ROOT
+from conftest import JAX_CACHE_DIR, ROOT, TEST_SIZED_FLAGS
 from sg_jax import compile_cache
 
 
@@ -19,7 +19,7 @@ def run_main(workdir, data_dir, cache, num_steps):
   cmd = [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:tiny",
          f"--workdir={workdir}", f"--config.data.dir={data_dir}",
          f"--config.train.num_steps={num_steps}", f"--compilation_cache_dir={cache}",
-         "--notensorboard"]
+         "--notensorboard", *TEST_SIZED_FLAGS]
   done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   return done.stderr

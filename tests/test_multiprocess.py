@@ -14,6 +14,7 @@ import pytest
 
 from sg_jax import checkpointing
 from sg_jax import tasks
+from conftest import TEST_SIZED_FLAGS  # pylint: disable=wrong-import-order
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
@@ -56,7 +57,7 @@ def main_cmd(data_dir, workdir, *extra):
           f"--config.train.num_steps={STEPS}", "--config.train.steps_per_call=10",
           "--config.train.log_every=10", "--config.eval.every=20",
           "--config.eval.max_lines=16", "--config.checkpoint.every=20", "--notensorboard",
-          *extra]
+          *TEST_SIZED_FLAGS, *extra]
 
 
 def free_port():

@@ -19,7 +19,8 @@ from sg_jax.analysis import uas
 from sg_jax.model import ModelConfig, TransformerLM, INTERMEDIATES, init_params
 from sg_jax.terms import sas
 
-import toy_config
+import toy_config  # pylint: disable=wrong-import-order  (tests/ is on the path)
+from conftest import TEST_SIZED_FLAGS  # pylint: disable=wrong-import-order
 import toy_training
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -118,7 +119,7 @@ def test_toy_objective_through_main(tiny_data, tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "sg_jax.main", f"--config=tests/toy_config.py:{tiny_data}",
        f"--workdir={workdir}", "--config.train.num_steps=10", "--config.eval.every=10",
-       "--config.checkpoint.every=10"], cwd=ROOT, env=env, capture_output=True, text=True,
+       "--config.checkpoint.every=10", *TEST_SIZED_FLAGS], cwd=ROOT, env=env, capture_output=True, text=True,
       timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   rows = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))

@@ -15,6 +15,7 @@ import pytest
 
 from sg_jax import sweep
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
+from conftest import TEST_SIZED  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
 pytestmark = pytest.mark.slow
@@ -67,9 +68,11 @@ TINY = f"{CONFIG}:tiny"
 
 
 def _tiny_overrides(data_dir, steps):
-  """The tiny preset (conftest's `tiny_data`), smaller still, evaluated every 10 steps."""
+  """The tiny preset (conftest's `tiny_data`), smaller still and test-sized
+  (`conftest.TEST_SIZED`), evaluated every 10 steps."""
   return [f"data.dir={data_dir}", "model.d_model=16", "model.d_ff=32", f"train.num_steps={steps}",
-          "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2"]
+          "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2"] + [
+              f"{k}={v}" for k, v in TEST_SIZED.items()]
 
 
 def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
@@ -182,21 +185,21 @@ def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_fail
 @pytest.mark.slow
 def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path, tiny_data):
   """SIGTERM while depth 2 trains (depth 1 done): the sweep exits 75 and its index says
-  preempted; the rerun skips depth 1, resumes depth 2, and both depths' metrics and parameters
-  equal those of a sweep that was never stopped."""
+  preempted; the rerun skips depth 1 (its files untouched), resumes depth 2, and depth 2's
+  metrics and parameters equal those of a sweep of depth 2 that was never stopped."""
   import signal
   import time
 
   overrides = [f"--override={o}" for o in _tiny_overrides(tiny_data, 40)]
   overrides += ["--override=train.steps_per_call=5", "--override=train.max_call_seconds=0"]
 
-  def sweep_args(root):
-    return [sys.executable, "-m", "sg_jax.sweep", f"--config={TINY}", "--depths=1,2",
+  def sweep_args(root, depths="1,2"):
+    return [sys.executable, "-m", "sg_jax.sweep", f"--config={TINY}", f"--depths={depths}",
             "--seeds=2", f"--root={root}"] + overrides + ["--", "--notensorboard"]
 
   straight = str(tmp_path / "straight")
-  done = subprocess.run(sweep_args(straight), cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
+  done = subprocess.run(sweep_args(straight, depths="2"), cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
   assert done.returncode == 0, done.stdout + done.stderr
 
   stopped = str(tmp_path / "stopped")
@@ -214,12 +217,15 @@ def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path
   index = json.load(open(os.path.join(stopped, "sweep.json")))
   assert index["jobs"]["1"]["status"] == "finished"
   assert index["jobs"]["2"]["status"] == "preempted" and index["jobs"]["2"]["latest_step"] < 40
+  depth1 = os.path.join(stopped, "depth1")
+  depth1_before = (run_files.rows(depth1), run_files.params(depth1))
   again = subprocess.run(sweep_args(stopped), cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
   assert again.returncode == 0, again.stdout + again.stderr
   index = json.load(open(os.path.join(stopped, "sweep.json")))
   assert index["jobs"]["1"]["status"] == "skipped" and index["jobs"]["2"]["status"] == "finished"
-  for depth in ("depth1", "depth2"):
-    a, b = os.path.join(straight, depth), os.path.join(stopped, depth)
-    assert run_files.rows(a) == run_files.rows(b), depth
-    np.testing.assert_array_equal(run_files.params(a), run_files.params(b))
+  assert run_files.rows(depth1) == depth1_before[0]
+  np.testing.assert_array_equal(run_files.params(depth1), depth1_before[1])
+  a, b = os.path.join(straight, "depth2"), os.path.join(stopped, "depth2")
+  assert run_files.rows(a) == run_files.rows(b)
+  np.testing.assert_array_equal(run_files.params(a), run_files.params(b))
