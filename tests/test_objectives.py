@@ -119,8 +119,8 @@ def test_toy_objective_through_main(tiny_data, tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "sg_jax.main", f"--config=tests/toy_config.py:{tiny_data}",
        f"--workdir={workdir}", "--config.train.num_steps=10", "--config.eval.every=10",
-       "--config.checkpoint.every=10", *TEST_SIZED_FLAGS], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=600, check=False)
+       "--config.checkpoint.every=10", *TEST_SIZED_FLAGS], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   rows = metric_logging.read_table(os.path.join(workdir, "metrics.csv"))
   l2 = {r["seed"]: r["value"] for r in rows if r["name"] == "train/l2_loss"}
