@@ -60,8 +60,10 @@ def load_config():
 # less), no minimal-pair preference. The tests of packing, UAS and preference set these fields
 # themselves.
 TEST_SIZED = {"train.packing": False, "eval.uas_lines": 0, "eval.preference_lines": 0}
-# The same as `--config.<field>=<value>` flags of an `sg_jax.main` subprocess.
-TEST_SIZED_FLAGS = [f"--config.{k}={v}" for k, v in TEST_SIZED.items()]
+# The same as `<field>=<value>` overrides (sg_jax.sweep's --override, a config string) and as
+# `--config.<field>=<value>` flags of an `sg_jax.main` subprocess.
+TEST_SIZED_OVERRIDES = [f"{k}={v}" for k, v in TEST_SIZED.items()]
+TEST_SIZED_FLAGS = [f"--config.{o}" for o in TEST_SIZED_OVERRIDES]
 
 
 def make_tiny_config(data_dir, task="question", **fields):

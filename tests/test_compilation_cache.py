@@ -71,12 +71,15 @@ def test_enable_off_and_unwritable(tmp_path, caplog):
 
 def test_compile_watch_records_compilations_only():
   f = jax.jit(lambda x: jnp.sin(x) * 3.0)
+  # Made outside the watch: its fill program is common, and the xdist workers share one
+  # persistent cache, so it may be loaded from there (the watch would then say "loaded").
+  x = jnp.ones(7)
   with compile_cache.CompileWatch() as watch:
-    f(jnp.ones(7)).block_until_ready()
+    f(x).block_until_ready()
   mine = [c for c in watch.compilations if "<lambda>" in c.name]
   assert len(mine) == 1 and mine[0].seconds > 0
   with compile_cache.CompileWatch() as again:  # in jit's memory: nothing compiled
-    f(jnp.ones(7)).block_until_ready()
+    f(x).block_until_ready()
   assert again.compilations == [] and again.describe("f") is None
   assert watch.describe("f").startswith("f: compiled")
 

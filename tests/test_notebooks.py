@@ -22,7 +22,7 @@ from importlib import metadata
 
 import pytest
 
-from conftest import TEST_SIZED  # pylint: disable=wrong-import-order
+from conftest import TEST_SIZED_OVERRIDES  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_notebooks_run_top_to_bottom(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   config = ("configs/question.py:quick,depth=1,d_model=32,heads=2,d_ff=64,seeds=2,steps=40,"
             "eval_every=20,checkpoint_every=20,warmup=5,num_train=60,train.log_every=20,"
-            + "".join(f"{k}={v}," for k, v in TEST_SIZED.items()) + f"data.dir={data_dir}")
+            + ",".join([*TEST_SIZED_OVERRIDES, f"data.dir={data_dir}"]))
   monkeypatch.setenv("SG_JAX_NOTEBOOK_CONFIG", config)
   monkeypatch.setenv("SG_JAX_NOTEBOOK_WORKDIR", workdir)
   monkeypatch.setenv("SG_JAX_NOTEBOOK_ROOT", workdir)

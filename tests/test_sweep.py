@@ -15,7 +15,7 @@ import pytest
 
 from sg_jax import sweep
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
-from conftest import TEST_SIZED  # pylint: disable=wrong-import-order
+from conftest import TEST_SIZED_OVERRIDES  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
 pytestmark = pytest.mark.slow
@@ -71,8 +71,7 @@ def _tiny_overrides(data_dir, steps):
   """The tiny preset (conftest's `tiny_data`), smaller still and test-sized
   (`conftest.TEST_SIZED`), evaluated every 10 steps."""
   return [f"data.dir={data_dir}", "model.d_model=16", "model.d_ff=32", f"train.num_steps={steps}",
-          "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2"] + [
-              f"{k}={v}" for k, v in TEST_SIZED.items()]
+          "eval.every=10", "checkpoint.every=10", "optim.warmup_steps=2", *TEST_SIZED_OVERRIDES]
 
 
 def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
