@@ -65,9 +65,9 @@ def test_workdir_onsets_per_seed(tmp_path):
   logged in_domain/uas); out_of_domain/accuracy flat for seed 1 (never generalises)."""
   steps = np.arange(0, 6_001, 100)
   truth = {0: {"structure": 1_000, "loss_drop": 1_000, "in_domain": 1_800,
-               "out_of_domain": 3_500},
+               "out_of_domain": 3_500, "later_loss_drop": None},
            1: {"structure": 2_000, "loss_drop": 2_100, "in_domain": 2_600,
-               "out_of_domain": None}}
+               "out_of_domain": None, "later_loss_drop": None}}
   rng = np.random.default_rng(1)
   rows = []
   for seed, t in truth.items():
@@ -92,7 +92,7 @@ def test_workdir_onsets_per_seed(tmp_path):
   path = os.path.join(tmp_path, "onsets.csv")
   onsets.write_onsets(path, got)
   lines = open(path).read().splitlines()
-  assert lines[0] == "seed,signal,step,slope,change,noise" and len(lines) == 1 + 8
+  assert lines[0] == "seed,signal,step,slope,change,noise,resolution" and len(lines) == 1 + 10
   assert lines[1].startswith("0,structure,")
 
 
@@ -104,7 +104,7 @@ def test_cli_prints_and_writes(tmp_path, capsys):
     f.write(long_csv.HEADER + long_csv.format_rows(rows))
   onsets.main([f"--workdir={tmp_path}"])
   out = capsys.readouterr().out.splitlines()
-  assert out[1].split() == ["0", "-", "1200", "-", "-"]
+  assert out[1].split() == ["0", "-", "1200", "-", "-", "-"]
   assert out[-1] == f"wrote {os.path.join(tmp_path, 'onsets.csv')}"
   assert os.path.exists(os.path.join(tmp_path, "onsets.csv"))
   with pytest.raises(SystemExit, match="error: "):
@@ -128,3 +128,83 @@ def test_cli_refuses_a_curve_of_too_few_points(tmp_path, capsys):
   lenient = onsets.workdir_onsets(str(tmp_path))
   assert math.isnan(lenient[0]["loss_drop"].step)
   assert lenient[0]["in_domain"].step == pytest.approx(400, abs=100)
+
+
+# --- the drop after the initial descent (`later_fall`) and the resolution of an onset ---
+
+DENSE = np.arange(0, 3_001, 100)  # the dense measurement's grid: every 100 steps to 3k
+
+
+def descent(t, tau=150.0):
+  """An initial descent from 4.6 to a plateau at 1.6 (no later drop)."""
+  return 1.6 + 3.0 * np.exp(-np.asarray(t, np.float64) / tau)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_later_fall_finds_a_second_drop_after_the_plateau(seed):
+  """An initial descent, a plateau and a second sigmoid drop (1.6 -> 1.0) at t2: the steepest
+  fall is the initial descent, the later fall the second drop's midpoint (multiplicative noise
+  of 2%)."""
+  rng = np.random.default_rng(seed)
+  t2 = rng.uniform(1_200, 2_500)
+  loss = (descent(DENSE) - sigmoid(DENSE, t2, 80, 0.0, 0.6)) * np.exp(rng.normal(0, 0.02,
+                                                                                DENSE.size))
+  later = onsets.onset(DENSE, loss, "later_fall")
+  assert abs(later.step - t2) <= 100
+  assert later.change < -3 * later.noise and later.slope < 0
+  assert later.resolution == 200  # sigma = 2 gaps of 100 steps
+  assert onsets.onset(DENSE, loss, "fall").step <= 200
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_later_fall_is_none_when_the_loss_only_decelerates(seed):
+  """Exponential, power-law and two-timescale decays and a descent onto a flat plateau: the
+  steepness only falls (up to noise), so there is no later drop."""
+  noise = np.exp(np.random.default_rng(seed).normal(0, 0.02, DENSE.size))
+  t = DENSE.astype(np.float64)
+  for name, loss in {"exponential": 1.0 + 3.0 * np.exp(-t / 300),
+                     "power law": 5.0 * (t + 100) ** -0.5,
+                     "two timescales": 0.3 + 4.0 * np.exp(-t / 150) + np.exp(-t / 1_500),
+                     "plateau": descent(t)}.items():
+    got = onsets.onset(DENSE, loss * noise, "later_fall")
+    assert math.isnan(got.step), name
+    assert onsets.onset(DENSE, loss * noise, "fall").step <= 300, name  # the initial descent
+
+
+def test_later_fall_takes_the_larger_of_two_later_drops_and_refuses_a_nonpositive_loss():
+  t = DENSE.astype(np.float64)
+  small_then_large = descent(t) - sigmoid(t, 1_200, 80, 0, 0.2) - sigmoid(t, 2_300, 80, 0, 0.5)
+  assert onsets.onset(DENSE, small_then_large, "later_fall").step == 2_300
+  large_then_small = descent(t) - sigmoid(t, 1_200, 80, 0, 0.5) - sigmoid(t, 2_300, 80, 0, 0.2)
+  assert onsets.onset(DENSE, large_then_small, "later_fall").step == 1_200
+  with pytest.raises(ValueError, match="must be > 0"):
+    onsets.onset(DENSE, descent(t) - 1.7, "later_fall")
+
+
+def test_resolution_is_the_local_gap_or_sigma():
+  steps = np.array([0, 100, 200, 400, 800])
+  assert onsets.resolution_at(steps, 200, 50) == 200  # gaps 100 before, 200 after
+  assert onsets.resolution_at(steps, 300, 50) == 200  # inside the gap 200-400
+  assert onsets.resolution_at(steps, 0, 50) == 100 and onsets.resolution_at(steps, 800, 0) == 400
+  assert onsets.resolution_at(steps, 200, 500) == 500  # the smoothing is coarser
+  assert math.isnan(onsets.resolution_at(steps, math.nan, 50))
+  # in an onset: 2 gaps on an even grid, 1 without smoothing, the local gap of a sparse stretch.
+  rise = sigmoid(DENSE, 1_500, 100)
+  assert onsets.onset(DENSE, rise).resolution == 200
+  assert onsets.onset(DENSE, rise, sigma=0).resolution == 100
+  mixed = np.concatenate([np.arange(0, 2_000, 100), np.arange(2_000, 10_001, 1_000)])
+  got = onsets.onset(mixed, sigmoid(mixed, 6_000, 300))  # median gap 100: sigma 200
+  assert got.resolution == 1_000 and abs(got.step - 6_000) <= 1_000
+
+
+def test_compare_orders_only_beyond_the_coarser_resolution():
+  def at(step, res):
+    return onsets.Onset(step, math.nan, math.nan, math.nan, res)
+
+  loss, tscore = at(300, 200), at(1_000, 2_000)  # loss every 100 steps, tscore every 1k
+  assert onsets.compare(loss, tscore) == 0 and onsets.compare(tscore, loss) == 0
+  assert onsets.compare(loss, at(2_500, 2_000)) == -1  # 2,200 apart > 2,000
+  assert onsets.compare(at(2_301, 2_000), loss) == 1
+  assert onsets.compare(at(2_300, 2_000), loss) == 0  # exactly the resolution: tied
+  assert onsets.compare(loss, at(501, 200)) == -1 and onsets.compare(loss, at(500, 200)) == 0
+  assert onsets.compare(loss, onsets.NO_ONSET) is None

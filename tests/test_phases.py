@@ -98,22 +98,27 @@ def test_order_lags_table_figures_and_summary(tmp_path):
   run = _run(synthetic_series())
   found = phases.phase_onsets(run.series)
   ranked = report_phases.order(found)
+  # the sigmoid loss has no drop after its (only) descent: no later_loss_drop onset, last.
   assert [r[0] for r in ranked] == ["loss", "tvd", "uas", "intrinsic_dimension", "cka_final",
-                                    "tscore", "generalisation"]
+                                    "tscore", "generalisation", "later_loss_drop"]
+  assert ranked[-1][4] == 0 and all(r[5] == 400 for r in ranked[:-1])  # 2 gaps of 200
   lag = report_phases.lag(found, "cka_final", "generalisation")
   want = np.mean([found[s]["cka_final"].step - found[s]["generalisation"].step for s in TRUE])
-  assert lag["mean"] == pytest.approx(want) and lag["seeds"] == 3 and lag["first"] == 3
+  assert lag["mean"] == pytest.approx(want) and lag["seeds"] == 3
+  assert (lag["before"], lag["tied"], lag["after"]) == (3, 0, 0)
   assert lag["low"] <= lag["mean"] <= lag["high"] < 0
   rows = report_phases.table_rows(run, found)
   assert [r["signal"] for r in rows] == [r[0] for r in ranked]
   by_signal = {r["signal"]: r for r in rows}
   assert by_signal["cka_final"]["lag_to_generalisation"] == pytest.approx(want)
   assert by_signal["tvd"]["metric"] == "tvd_previous" and by_signal["tvd"]["event"] == "peak"
+  assert by_signal["cka_final"]["before_generalisation"] == 3
+  assert by_signal["cka_final"]["resolution"] == 400
   assert "lag_to_loss" not in by_signal["loss"]
   lines = "\n".join(report_phases.markdown_lines([(run, found)]))
   assert "## Phase transitions" in lines and "### `synthetic`" in lines
-  assert "Order of the mean onsets: loss (" in lines
-  assert "| cka_final | rise | 3/3 |" in lines
+  assert "'≈' = tied at this resolution): loss (" in lines
+  assert "| cka_final | rise | 3/3 | 400 |" in lines
 
   written = []
 
@@ -126,9 +131,47 @@ def test_order_lags_table_figures_and_summary(tmp_path):
   assert written == ["phases_synthetic.png", "onset_order_synthetic.png"]
   assert all(os.path.getsize(os.path.join(tmp_path, n)) > 0 for n in written)
   fig = report_phases.plot_phases(run, found, str(tmp_path / "p.png"))
-  assert len([ax for ax in fig.axes if ax.get_title()]) == len(phases.SIGNALS)
+  # one panel per metric: the loss's two events share one.
+  titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+  assert len(titles) == len(phases.SIGNALS) - 1
+  assert "fall (--), resolution 400; later_fall (:)" in titles[0]
   # a run without the training-dynamics columns gets neither figure.
   plain = _run({k: v for k, v in run.series.items() if k in ("train/loss",
                                                              "out_of_domain/accuracy")})
   written.clear()
   assert report_phases.draw(plain, optional) is None and not written
+
+
+def _hand_made(steps_by_signal, resolution_by_signal):
+  """{seed: {signal: Onset}} with the given steps (per seed) and resolutions (per signal)."""
+  seeds = range(len(next(iter(steps_by_signal.values()))))
+  return {s: {sig: onsets.Onset(float(steps[s]), math.nan, math.nan, math.nan,
+                                float(resolution_by_signal[sig]))
+              for sig, steps in steps_by_signal.items()} for s in seeds}
+
+
+def test_order_and_lags_at_the_resolution_of_hand_made_grids():
+  """The loss and UAS every 100 steps (resolution 200 = sigma), tscore every 1,000 (2,000),
+  generalisation every 100: UAS and tscore are tied at tscore's resolution though their means
+  differ by 1,000 steps; the loss comes first and generalisation last."""
+  found = _hand_made({"loss": [300, 300, 300], "uas": [1_000, 1_100, 900],
+                      "tscore": [1_000, 2_000, 3_000], "generalisation": [4_000, 4_500, 3_800]},
+                     {"loss": 200, "uas": 200, "tscore": 2_000, "generalisation": 200})
+  ranked = report_phases.order(found)
+  assert [(r[0], r[1], r[5]) for r in ranked] == [
+      ("loss", 300, 200), ("uas", 1_000, 200), ("tscore", 2_000, 2_000),
+      ("generalisation", 4_100, 200)]
+  assert report_phases.relations(ranked) == ["<", "≈", "<"]
+  assert report_phases.tie_groups(ranked) == [0, 1, 1, 2]
+  # per seed: tscore - uas = 0, 900, 2,100 against a resolution of 2,000.
+  got = report_phases.lag(found, "tscore", "uas")
+  assert (got["before"], got["tied"], got["after"]) == (0, 2, 1) and got["mean"] == 1_000
+  got = report_phases.lag(found, "uas", "loss")
+  assert (got["before"], got["tied"], got["after"]) == (0, 0, 3)
+  run = _run({})
+  lines = "\n".join(report_phases.markdown_lines([(run, found)]))
+  assert "loss (300) < uas (1000) ≈ tscore (2000) < generalisation (4100)." in lines
+  assert "| resolution | 200 | 200 | 2000 | 200 |" in lines
+  # tscore - loss = 700, 1,700, 2,700 steps: tied, tied, after at tscore's resolution.
+  row = next(line for line in lines.splitlines() if line.startswith("| tscore |"))
+  assert row.startswith("| tscore | rise | 3/3 | 2000 | 1700 [") and "| 0 / 2 / 1 |" in row

@@ -8,7 +8,8 @@ transition:
 
 | signal | curve (first one present) | event |
 | --- | --- | --- |
-| loss | `train/loss` | steepest fall |
+| loss | `train/loss` | steepest fall (in practice the initial descent) |
+| later_loss_drop | `train/loss` | the largest drop after the initial descent (`later_fall`) |
 | uas | `in_domain/uas` (metrics.csv), else `uas` (analysis.csv) | sharpest rise |
 | cka_final | `cka_final` (CKA with the final checkpoint) | sharpest rise |
 | tvd | `tvd_previous` (TVD between consecutive checkpoints) | peak |
@@ -20,7 +21,10 @@ TVD between consecutive checkpoints is itself a rate of change of the function, 
 its peak: the step where the function changes fastest. A row of a consecutive quantity (written
 at the later checkpoint, `training_dynamics`) is placed at the midpoint between that checkpoint
 and the one before it among the analysed steps (`CONSECUTIVE`), where the change it measures
-happened. Curves with fewer than `onsets.MIN_POINTS` finite points have no onset.
+happened. Curves with fewer than `onsets.MIN_POINTS` finite points have no onset. Every onset
+carries its resolution (`onsets.Onset.resolution`: max(the gap between the curve's points
+around it, the smoothing sigma)); two onsets closer than the coarser resolution are tied at
+this resolution (`onsets.compare`).
 
 `sg_jax.report.phases` tabulates the onsets, their order and the lags between them with
 bootstrap confidence intervals over seeds, and draws them.
@@ -36,7 +40,9 @@ from sg_jax.analysis import onsets as onsets_lib
 
 # signal -> (metric names, the first one present is used; event (`onsets.DIRECTIONS`); label)
 SIGNALS = {
-    "loss": (("train/loss",), "fall", "training loss"),
+    "loss": (("train/loss",), "fall", "training loss (steepest fall)"),
+    "later_loss_drop": (("train/loss",), "later_fall",
+                        "training loss (drop after the initial descent)"),
     "uas": (("in_domain/uas", "uas"), "rise", "UAS (best head)"),
     "cka_final": (("cka_final",), "rise", "CKA to final"),
     "tvd": (("tvd_previous",), "peak", "TVD to previous"),

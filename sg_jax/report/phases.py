@@ -12,10 +12,18 @@ For a workdir whose analysis.csv has the training-dynamics columns (`cka_final`,
 * `onset_order_<run>.png`: the signals sorted by their mean onset (earliest on top), each seed's
   onset a dot, the seed mean with its 95% bootstrap CI a bar;
 * summary.md, "Phase transitions": the onset of every signal per seed with the seed mean and
-  CI, then per signal, in the order of the mean onsets, its lag to the loss drop and to the
-  generalisation rise (onset minus the reference's onset per seed; mean over the seeds that
-  have both, 95% bootstrap CI) and in how many seeds it comes first; summary_phases.csv has
-  the same rows.
+  CI, the order of the mean onsets at their resolution, then per signal, in the order of the
+  mean onsets, its resolution and its lag to the initial loss descent, to the later loss drop
+  and to the generalisation rise (onset minus the reference's onset per seed; mean over the
+  seeds that have both, 95% bootstrap CI) with the seeds in which it comes before the
+  reference, is tied with it, or comes after it; summary_phases.csv has the same rows.
+
+Resolution (docs/dynamics.md, "Onset order at a resolution"): an onset is located no finer than
+max(the gap between its curve's points around it, the smoothing sigma) steps
+(`onsets.Onset.resolution`). Two onsets are ordered only when they differ by more than the
+coarser of the two resolutions (`onsets.compare`, per seed), and two mean onsets only when their
+means differ by more than the coarser of the two signals' resolutions (the median over seeds);
+otherwise they are "tied at this resolution" (`≈` in the order, one letter in the order figure).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.analysis import phases as phases_lib
 from sg_jax.analysis.onsets import NO_ONSET, Onset
 from sg_jax.report import seed_stats
@@ -33,7 +42,8 @@ from sg_jax.report.plotting import legend_outside, mean_band, pyplot
 from sg_jax.report.reading import Run
 
 # Signals the lags are measured from: (signal, how summary.md names its event).
-REFERENCES = (("loss", "loss drop"), ("generalisation", "generalisation rise"))
+REFERENCES = (("loss", "initial loss descent"), ("later_loss_drop", "later loss drop"),
+              ("generalisation", "generalisation rise"))
 # A run gets the phase figures when its analysis.csv has one of these.
 DYNAMICS_COLUMNS = ("cka_final", "tvd_previous", "twonn_dimension")
 
@@ -46,16 +56,49 @@ def _steps(found: Onsets, signal: str, seeds: Sequence[int] | None = None) -> li
           for s in (seeds if seeds is not None else sorted(found))]
 
 
-def order(found: Onsets) -> list[tuple[str, float, float, float, int]]:
-  """The signals by mean onset step: (signal, mean, CI low, CI high, seeds with an onset);
-  signals without any onset last."""
+def resolution(found: Onsets, signal: str) -> float:
+  """The median over seeds of the resolution (steps) of `signal`'s onsets (NaN: none)."""
+  values = [by[signal].resolution for by in found.values()
+            if signal in by and math.isfinite(by[signal].step)]
+  values = [v for v in values if math.isfinite(v)]
+  return float(np.median(values)) if values else math.nan
+
+
+def order(found: Onsets) -> list[tuple[str, float, float, float, int, float]]:
+  """The signals by mean onset step: (signal, mean, CI low, CI high, seeds with an onset,
+  resolution (`resolution`)); signals without any onset last."""
   signals = list(dict.fromkeys(k for by in found.values() for k in by))
   rows = []
   for signal in signals:
     steps = _steps(found, signal)
     mean, low, high = seed_stats.bootstrap_ci(steps)
-    rows.append((signal, mean, low, high, int(np.sum(np.isfinite(steps)))))
+    rows.append((signal, mean, low, high, int(np.sum(np.isfinite(steps))),
+                 resolution(found, signal)))
   return sorted(rows, key=lambda r: (math.isnan(r[1]), r[1]))
+
+
+def relations(ranked: Sequence[tuple]) -> list[str]:
+  """Between each two neighbours of `order`'s rows with an onset: '<' when their means differ
+  by more than the coarser of their resolutions, '≈' (tied at this resolution) otherwise.
+
+  Returns:
+    [len(rows with a finite mean) - 1] strings.
+  """
+  rows = [r for r in ranked if math.isfinite(r[1])]
+  out = []
+  for a, b in zip(rows, rows[1:]):
+    r = max(np.nan_to_num(a[5]), np.nan_to_num(b[5]))
+    out.append("<" if b[1] - a[1] > r else "≈")
+  return out
+
+
+def tie_groups(ranked: Sequence[tuple]) -> list[int]:
+  """A group number (0, 1, ...) per row of `order` with a finite mean: neighbours joined by '≈'
+  (`relations`) share a group."""
+  groups = [0] if any(math.isfinite(r[1]) for r in ranked) else []
+  for rel in relations(ranked):
+    groups.append(groups[-1] + (rel == "<"))
+  return groups
 
 
 def lag(found: Onsets, signal: str, reference: str) -> dict[str, float]:
@@ -63,26 +106,30 @@ def lag(found: Onsets, signal: str, reference: str) -> dict[str, float]:
 
   Returns:
     {'mean', 'low', 'high': the seed mean of onset(signal) - onset(reference) in steps and its
-    95% bootstrap CI; 'seeds': seeds with both; 'first': seeds where `signal` comes strictly
-    first} (NaN mean without such seeds).
+    95% bootstrap CI; 'seeds': seeds with both; 'before', 'tied', 'after': seeds where
+    `signal` comes before `reference` by more than the coarser resolution, within it, or after
+    it (`onsets.compare`)} (NaN mean without such seeds).
   """
-  a, b = np.array(_steps(found, signal)), np.array(_steps(found, reference))
+  seeds = sorted(found)
+  a, b = np.array(_steps(found, signal, seeds)), np.array(_steps(found, reference, seeds))
   both = np.isfinite(a) & np.isfinite(b)
   mean, low, high = seed_stats.bootstrap_ci(a[both] - b[both])
+  verdicts = [onsets_lib.compare(found[s][signal], found[s][reference])
+              for s, ok in zip(seeds, both) if ok]
   return {"mean": mean, "low": low, "high": high, "seeds": int(both.sum()),
-          "first": int(np.sum(a[both] < b[both]))}
+          "before": verdicts.count(-1), "tied": verdicts.count(0), "after": verdicts.count(1)}
 
 
 def table_rows(run: Run, found: Onsets) -> list[dict]:
   """summary_phases.csv rows of one run: one per signal in the order of its mean onset, with
-  its metric, event, each seed's onset (`onset_seed<s>`), the mean and CI, and the lags to the
-  `REFERENCES`."""
+  its metric, event, each seed's onset (`onset_seed<s>`), the mean and CI, its resolution, and
+  the lags to the `REFERENCES` with the seeds before / tied / after at the resolution."""
   metrics = {signal: name for signal, (name, _) in phases_lib.curves(run.series).items()}
   rows = []
-  for signal, mean, low, high, n in order(found):
+  for signal, mean, low, high, n, res in order(found):
     row = {"run": run.name, "signal": signal, "metric": metrics.get(signal, ""),
            "event": phases_lib.SIGNALS[signal][1], "seeds_with_onset": n,
-           "onset_mean": mean, "onset_ci_low": low, "onset_ci_high": high}
+           "onset_mean": mean, "onset_ci_low": low, "onset_ci_high": high, "resolution": res}
     row.update({f"onset_seed{s}": found[s][signal].step for s in sorted(found)})
     for reference, _ in REFERENCES:
       if reference != signal and any(reference in by for by in found.values()):
@@ -90,7 +137,8 @@ def table_rows(run: Run, found: Onsets) -> list[dict]:
         row.update({f"lag_to_{reference}": got["mean"], f"lag_to_{reference}_ci_low": got["low"],
                     f"lag_to_{reference}_ci_high": got["high"],
                     f"lag_to_{reference}_seeds": got["seeds"],
-                    f"first_before_{reference}": got["first"]})
+                    f"before_{reference}": got["before"], f"tied_{reference}": got["tied"],
+                    f"after_{reference}": got["after"]})
     rows.append(row)
   return rows
 
@@ -111,9 +159,13 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
     return []
   lines = ["", "## Phase transitions", "",
            "Onset step of each curve per seed (`sg_jax.analysis.phases`: the smoothed curve's "
-           "steepest fall / rise / change or its peak, kept when it stands 3 x above the noise; "
-           "'-' = none), seed mean with a 95% bootstrap CI over seeds; lags = onset minus the "
-           "reference's onset, per seed, over the seeds with both (docs/dynamics.md)."]
+           "steepest fall / rise / change, its peak, or the largest loss drop after the initial "
+           "descent, kept when it stands 3 x above the noise; '-' = none), seed mean with a 95% "
+           "bootstrap CI over seeds; lags = onset minus the reference's onset, per seed, over "
+           "the seeds with both. Resolution = max(the gap between the curve's points around "
+           "the onset, the smoothing sigma), median over seeds; two onsets closer than the "
+           "coarser resolution are tied at this resolution (≈), and 'before / tied / after' "
+           "counts the seeds at that resolution (docs/dynamics.md)."]
   for run, found in results:
     ranked = order(found)
     signals = [r[0] for r in ranked]
@@ -123,24 +175,30 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
       lines.append(f"| {seed} | " + " | ".join(_fmt(found[seed][s].step) for s in signals)
                    + " |")
     lines.append("| mean [95% CI] | " + " | ".join(_ci(*r[1:4]) for r in ranked) + " |")
+    lines.append("| resolution | " + " | ".join(_fmt(r[5]) for r in ranked) + " |")
     refs = [(ref, label) for ref, label in REFERENCES if ref in signals]
-    found_order = [f"{r[0]} ({_fmt(r[1])})" for r in ranked if math.isfinite(r[1])]
-    lines += ["", "Order of the mean onsets: " + (" < ".join(found_order) if found_order else
-                                                  "none found (a curve needs at least "
-                                                  f"{phases_lib.onsets_lib.MIN_POINTS} points "
-                                                  "and a transition above its noise)") + ".", "",
-              "| signal | event | seeds with an onset | "
-              + " | ".join(f"lag to {label} [95% CI] | first (seeds)" for _, label in refs)
-              + " |", "|" + "---|" * (3 + 2 * len(refs))]
-    for signal, _, _, _, n in ranked:
-      cells = [signal, phases_lib.SIGNALS[signal][1], f"{n}/{len(found)}"]
+    finite = [r for r in ranked if math.isfinite(r[1])]
+    chain = ""
+    for k, r in enumerate(finite):
+      chain += (f" {relations(ranked)[k - 1]} " if k else "") + f"{r[0]} ({_fmt(r[1])})"
+    lines += ["", "Order of the mean onsets at their resolution (neighbours: '<' = apart by "
+              "more than the coarser resolution, '≈' = tied at this resolution): "
+              + (chain if finite else "none found (a curve needs at least "
+                 f"{phases_lib.onsets_lib.MIN_POINTS} points and a transition above its noise)")
+              + ".", "",
+              "| signal | event | seeds with an onset | resolution | "
+              + " | ".join(f"lag to {label} [95% CI] | before / tied / after (seeds)"
+                           for _, label in refs)
+              + " |", "|" + "---|" * (4 + 2 * len(refs))]
+    for signal, _, _, _, n, res in ranked:
+      cells = [signal, phases_lib.SIGNALS[signal][1], f"{n}/{len(found)}", _fmt(res)]
       for ref, _ in refs:
         if ref == signal:
           cells += ["", ""]
           continue
         got = lag(found, signal, ref)
         cells += [_ci(got["mean"], got["low"], got["high"]),
-                  f"{got['first']}/{got['seeds']}" if got["seeds"] else "-"]
+                  f"{got['before']} / {got['tied']} / {got['after']}" if got["seeds"] else "-"]
       lines.append("| " + " | ".join(cells) + " |")
   return lines
 
@@ -151,7 +209,9 @@ def _seed_colors(seeds: Sequence[int]) -> dict[int, tuple]:
 
 
 def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
-  """All the run's curves on one step axis (module docstring).
+  """All the run's curves on one step axis (module docstring). Signals read from one metric
+  (the loss's steepest fall and its later drop) share a panel: the first signal's onsets are
+  dashed, the next one's dotted. Each panel's title gives its onsets' resolution.
 
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run
@@ -160,12 +220,17 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
   if not any(run.series.get(c) for c in DYNAMICS_COLUMNS):
     return None
   found_curves = phases_lib.curves(run.series)
+  panels: dict[str, list[str]] = {}  # metric -> its signals
+  for signal, (name, _) in found_curves.items():
+    panels.setdefault(name, []).append(signal)
   plt = pyplot()
   seeds = sorted(found)
   colors = _seed_colors(seeds)
-  fig, axes = plt.subplots(len(found_curves), 1, figsize=(9, 2.1 * len(found_curves) + 0.8),
+  styles = ("--", ":", "-.")
+  fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.1 * len(panels) + 0.8),
                            sharex=True, squeeze=False)
-  for ax, (signal, (name, by_seed)) in zip(axes[:, 0], found_curves.items()):
+  for ax, (name, signals) in zip(axes[:, 0], panels.items()):
+    by_seed = found_curves[signals[0]][1]
     per_step = collections.defaultdict(list)
     for seed, (steps, values) in sorted(by_seed.items()):
       ok = np.isfinite(values)
@@ -175,14 +240,20 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
     xs = np.array(sorted(per_step))
     if xs.size:
       mean_band(ax, xs, per_step, "black", alpha=0.2, lw=1.8)
-    for seed in seeds:
-      step = found[seed].get(signal, NO_ONSET).step
-      if math.isfinite(step):
-        ax.axvline(step, color=colors[seed], ls="--", lw=1.1)
+    events = []
+    for signal, style in zip(signals, styles):
+      for seed in seeds:
+        step = found[seed].get(signal, NO_ONSET).step
+        if math.isfinite(step):
+          ax.axvline(step, color=colors[seed], ls=style, lw=1.1)
+      res = resolution(found, signal)
+      events.append(f"{phases_lib.SIGNALS[signal][1]}"
+                    + (f" ({style})" if len(signals) > 1 else "")
+                    + (f", resolution {res:.0f}" if math.isfinite(res) else ""))
     if name == "train/loss":
       ax.set_yscale("log")
-    ax.set_title(f"{phases_lib.SIGNALS[signal][2]} ({name}; onset: "
-                 f"{phases_lib.SIGNALS[signal][1]})", fontsize=9)
+    label = phases_lib.SIGNALS[signals[0]][2].split(" (")[0]
+    ax.set_title(f"{label} ({name}; onset: {'; '.join(events)})", fontsize=9)
     ax.grid(alpha=0.3)
   axes[-1, 0].set_xlabel("training step")
   handles = [plt.Line2D([], [], color="black", lw=1.8, label="seed mean (95% bootstrap band)")]
@@ -197,7 +268,9 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
 
 
 def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = ""):
-  """The onset order (module docstring).
+  """The onset order (module docstring): per signal its seeds' onsets as dots, the seed mean
+  with its 95% bootstrap CI, a grey bar of +- half its resolution around the mean, and a
+  letter per tie group (`tie_groups`: signals with one letter are tied at this resolution).
 
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run
@@ -206,11 +279,15 @@ def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = "")
   ranked = [r for r in order(found) if r[4]]
   if not any(run.series.get(c) for c in DYNAMICS_COLUMNS) or not ranked:
     return None
+  groups = tie_groups(ranked)
   plt = pyplot()
   seeds = sorted(found)
   colors = _seed_colors(seeds)
   fig, ax = plt.subplots(figsize=(8, 0.55 * len(ranked) + 1.6))
-  for y, (signal, mean, low, high, _) in enumerate(ranked):
+  for y, (signal, mean, low, high, _, res) in enumerate(ranked):
+    if math.isfinite(res):
+      ax.barh(y, res, left=mean - res / 2, height=0.6, color="0.85", zorder=0,
+              label="+- half the resolution" if y == 0 else None)
     for i, seed in enumerate(seeds):
       step = found[seed][signal].step
       if math.isfinite(step):
@@ -218,9 +295,11 @@ def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = "")
                 color=colors[seed], label=f"seed {seed}" if y == 0 else None)
     ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="D", color="black", ms=6,
                 capsize=4, label="seed mean, 95% bootstrap CI" if y == 0 else None)
-  ax.set_yticks(range(len(ranked)), [phases_lib.SIGNALS[r[0]][2] for r in ranked])
+  ax.set_yticks(range(len(ranked)),
+                [f"({chr(ord('A') + g % 26)}) {phases_lib.SIGNALS[r[0]][2]}"
+                 for g, r in zip(groups, ranked)])
   ax.invert_yaxis()
-  ax.set_xlabel("onset step")
+  ax.set_xlabel("onset step (same letter: tied at this resolution)")
   ax.grid(alpha=0.3)
   handles, labels = ax.get_legend_handles_labels()
   legend_outside(ax, handles, labels)
