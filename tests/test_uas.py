@@ -162,6 +162,19 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
   weights = [r["value"] for r in table if r["name"] == "in_domain/uas_weight"]
   assert len(weights) == 8 and all(0.0 < v < 1.0 for v in weights)
   assert not [r for r in table if r["name"].startswith("out_of_domain/uas")]
+  # the positional baselines (uas.positional_baselines) of the same lines, at every evaluation
+  # and seed, one value each
+  eval_lines = uas.eval_batches(config, tasks.from_config(config), tasks.get_task(
+      "question").vocab(), workdir)[uas.EVAL_KEY]
+  want = uas.positional_baselines(uas.positional_uas_stats(
+      [{k: v[i] for k, v in eval_lines.items()} for i in range(eval_lines["inputs"].shape[0])],
+      uas.special_ids_of(tasks.get_task("question").vocab())), min_count=1)
+  for name in uas.EVAL_BASELINES:
+    logged = {(r["step"], r["seed"]): r["value"] for r in table
+              if r["name"] == f"in_domain/uas_{name}"}
+    assert sorted(logged) == sorted(rows)
+    np.testing.assert_allclose(list(logged.values()), want[name], rtol=1e-6)
+  assert 0 < want["prev_token"] <= want["best_offset"] < 1
   # the training loss is logged at every evaluation too (log_every is 10): the dense schedule
   # densifies the loss curve that onsets read
   loss_steps = sorted({r["step"] for r in table if r["name"] == "train/loss"})
@@ -181,6 +194,11 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
     heads = [cols[f"uas_l0_h{h}"] for h in range(2)]
     assert cols["uas"] == pytest.approx(max(heads))
     assert {c for c in cols if c.startswith("uas_rel_")} == frequent
+    assert {c[len("uas_best_offset_rel_"):] for c in cols
+            if c.startswith("uas_best_offset_rel_")} == {f[len("uas_rel_"):] for f in frequent}
+  for name in ("uas_prev_token", "uas_next_token", "uas_best_offset"):
+    assert got[0][name] == got[1][name]  # a constant of the sentence set
+  assert 0 < got[0]["uas_prev_token"] <= got[0]["uas_best_offset"] < 1
 
 
 def test_eval_batches_skip_tasks_without_dependencies(tiny_config):
