@@ -11,6 +11,7 @@ old file is left as it was.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
 import pathlib
 import tempfile
@@ -112,3 +113,40 @@ def write_atomic(path: os.PathLike | str, data: str | bytes) -> pathlib.Path:
     except OSError as err:
       raise _named_error(err, pathlib.Path(path)) from err
   return pathlib.Path(path)
+
+
+# Suffix of a table kept gzip-compressed (a run exported by `python -m sg_jax.results export`).
+GZIP_SUFFIX = ".gz"
+
+
+def stored_path(path: os.PathLike | str) -> str | None:
+  """`path` if it exists, else its compressed copy `path + '.gz'` if that exists, else None.
+
+  Readers of a workdir's tables (`metrics.csv`, `analysis.csv`, `pruning.csv`, ...) go through
+  this, so an exported run (`sg_jax.results`: the same tables gzip-compressed) reads exactly as
+  the workdir it came from.
+  """
+  path = os.fspath(path)
+  if os.path.exists(path):
+    return path
+  if os.path.exists(path + GZIP_SUFFIX):
+    return path + GZIP_SUFFIX
+  return None
+
+
+def read_text(path: os.PathLike | str) -> str:
+  """The UTF-8 text of `path`, or of `path + '.gz'` decompressed when `path` is absent
+  (`stored_path`). Newlines are kept as stored (no universal-newline translation).
+
+  Raises:
+    FileNotFoundError: neither exists (naming `path`).
+    OSError: the file cannot be read or is not valid gzip.
+  """
+  found = stored_path(path)
+  if found is None:
+    raise FileNotFoundError(f"no such file: {os.fspath(path)} (nor {os.fspath(path)}.gz)")
+  if found.endswith(GZIP_SUFFIX) and found != os.fspath(path):
+    with gzip.open(found, "rb") as f:
+      return f.read().decode("utf-8")
+  with open(found, newline="", encoding="utf-8") as f:
+    return f.read()

@@ -52,12 +52,12 @@ def read_rows(path: str, missing_ok: bool = False) -> list[Row]:
     [(step, seed, name, value)], step and seed as int, value as float (nan kept).
 
   Raises:
-    FileNotFoundError: `path` does not exist and not `missing_ok`.
+    FileNotFoundError: neither `path` nor `path.gz` (an exported run's copy, read the same)
+      exists, and not `missing_ok`.
   """
-  if missing_ok and not os.path.exists(path):
+  if missing_ok and fileio.stored_path(path) is None:
     return []
-  with open(path, newline="") as f:
-    text = f.read()
+  text = fileio.read_text(path)  # `path`, or its exported copy `path.gz`
   lines = text.split("\n")
   lines.pop()  # "" after the last newline, else a line cut by a crash (its value may be cut)
   return _parse(lines)

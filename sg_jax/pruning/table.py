@@ -37,10 +37,9 @@ def read_parsed_rows(path: str, num_fields: int, parse) -> list:
   """`parse(fields)` of each row of a long CSV with `num_fields` columns, in file order ([] when
   the file is missing); the header, malformed lines (wrong width, `parse` raising ValueError)
   and an unterminated last line are skipped."""
-  if not os.path.exists(path):
+  if fileio.stored_path(path) is None:  # `path`, or its exported copy `path.gz`
     return []
-  with open(path, newline="") as f:
-    lines = f.read().split("\n")
+  lines = fileio.read_text(path).split("\n")
   lines.pop()  # "" after the last newline, else a cut line
   rows = []
   for r in csv.reader(lines):

@@ -8,8 +8,10 @@ Reads `metrics.csv` (training and evaluation, `step,seed,name,value`) and, where
 `analysis.csv` (`sg_jax.analyze`) of every run below `--root`: the root itself when it holds a
 `metrics.csv`, else the workdirs listed in `root/sweep.json`, else every direct subfolder holding
 a `metrics.csv`. Runs are grouped by depth (`model.num_layers` of each workdir's `config.json`).
-Writes into `--out_dir` (default `<root>/report`), one figure per PNG file (Murty et al., ACL 2023,
-figures 1-5 for one's own runs):
+Writes into `--out_dir` (default `<root>/report`; for runs exported into `results/` by
+`sg_jax.results`, which it reads as workdirs, `runs/results_reports/<study>`:
+`reading.default_out_dir`), one figure per PNG file (Murty et al., ACL 2023, figures 1-5 for
+one's own runs):
 
   grokking_depth<D>.png      (a) in-domain and generalisation (out-of-domain) accuracy vs step,
                              one line per seed; a dotted line marks the first step where a seed's
@@ -129,7 +131,7 @@ from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_construction
                                    plot_losses, plot_rules, plot_trajectories, trajectory_rows)
 from sg_jax.report.plotting import task_prefix
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
-                                   find_runs, load_run, log)
+                                   default_out_dir, find_runs, load_run, log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
                                   saturation_step, seed_summary, write_csv, write_markdown)
 
@@ -155,7 +157,8 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
 
   Args:
     root: a workdir or a sweep root.
-    out_dir: output folder (created); default `<root>/report`.
+    out_dir: output folder (created); default `<root>/report`, or outside `results/` for
+      exported runs (`reading.default_out_dir`).
     threshold: final generalisation accuracy above which a seed "generalises" (c).
     saturation: in-domain accuracy level whose first step is marked in (a).
     tie_tolerance: in-domain accuracies within this of the best count as tied (b).
@@ -169,7 +172,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   Raises:
     ReportError: no run under `root` (of `objective`), or no accuracy metrics in any run.
   """
-  out_dir = out_dir or os.path.join(root, "report")
+  out_dir = out_dir or default_out_dir(root)
   runs = [load_run(w) for w in find_runs(root)]
   if objective is not None:
     runs = [run for run in runs if objectives_lib.objective_of(run) == objective]

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax.analysis import registry
 
@@ -72,16 +73,19 @@ def _to_series(rows: Iterable[tuple[int, int, str, float]]):
 def load_run(workdir: str) -> Run:
   """Reads one workdir's metrics.csv, analysis.csv (optional) and config.json (optional).
 
+  A run exported by `python -m sg_jax.results export` (the tables as `metrics.csv.gz`,
+  `analysis.csv.gz`, beside config.json and run.json) reads exactly as its workdir.
+
   Raises:
-    ReportError: no metrics.csv in `workdir`.
+    ReportError: no metrics.csv (nor metrics.csv.gz) in `workdir`.
   """
   path = os.path.join(workdir, "metrics.csv")
-  if not os.path.exists(path):
-    raise ReportError(f"no metrics.csv in {workdir}")
+  if fileio.stored_path(path) is None:
+    raise ReportError(f"no metrics.csv (or metrics.csv.gz) in {workdir}")
   rows = long_csv.read_rows(path)
   analysis = os.path.join(workdir, "analysis.csv")
   analysis_options = {}
-  if os.path.exists(analysis):
+  if fileio.stored_path(analysis) is not None:
     rows += long_csv.read_rows(analysis)
     if os.path.exists(analysis + ".options.json"):
       try:
@@ -112,15 +116,54 @@ def load_run(workdir: str) -> Run:
              accuracy_from=accuracy_from)
 
 
+def _has_metrics(folder: str) -> bool:
+  """Whether `folder` holds a run: metrics.csv, or metrics.csv.gz (an exported run)."""
+  return fileio.stored_path(os.path.join(folder, "metrics.csv")) is not None
+
+
+# The manifest `python -m sg_jax.results export` writes into every exported run.
+EXPORT_MANIFEST = "run.json"
+# Where a report of exported runs goes by default, relative to the folder above `results/`.
+EXPORT_REPORTS = os.path.join("runs", "results_reports")
+
+
+def is_export(folder: str) -> bool:
+  """Whether `folder` is a run exported by `sg_jax.results` (it holds `run.json`)."""
+  return os.path.exists(os.path.join(folder, EXPORT_MANIFEST))
+
+
+def default_out_dir(root: str) -> str:
+  """The report's output folder when none is given.
+
+  `<root>/report` for workdirs. A root of exported runs (`is_export`) is committed data, so
+  nothing is written into it: under a folder named `results` the report goes to
+  `<folder above results>/runs/results_reports/<path below results>` (`runs/` is not tracked),
+  elsewhere to the sibling `<root>_report`.
+
+  Raises:
+    ReportError: as `find_runs`.
+  """
+  if not any(is_export(w) for w in find_runs(root)):
+    return os.path.join(root, "report")
+  parts = os.path.normpath(os.path.abspath(root)).split(os.sep)
+  if "results" in parts:
+    k = len(parts) - 1 - parts[::-1].index("results")
+    above = os.sep.join(parts[:k]) or os.sep
+    out = os.path.join(above, EXPORT_REPORTS, *parts[k + 1:])
+    return os.path.relpath(out) if not os.path.isabs(root) else out
+  return os.path.normpath(root) + "_report"
+
+
 def find_runs(root: str) -> list[str]:
-  """Workdirs to report on (see module docstring), sorted.
+  """Workdirs to report on (see module docstring), sorted. A run folder holds `metrics.csv`
+  or, exported by `sg_jax.results`, `metrics.csv.gz`.
 
   Raises:
     ReportError: `root` does not exist or holds no metrics.csv (naming the folder).
   """
   if not os.path.isdir(root):
     raise ReportError(f"--root {root} is not a folder")
-  if os.path.exists(os.path.join(root, "metrics.csv")):
+  if _has_metrics(root):
     return [root]
   sweep = os.path.join(root, "sweep.json")
   found = []
@@ -129,12 +172,12 @@ def find_runs(root: str) -> list[str]:
       jobs = json.load(f).get("jobs", {})
     for job in jobs.values():
       workdir = os.path.join(root, job.get("workdir", ""))
-      if os.path.exists(os.path.join(workdir, "metrics.csv")):
+      if _has_metrics(workdir):
         found.append(workdir)
   if not found:
     for entry in sorted(os.listdir(root)):
       workdir = os.path.join(root, entry)
-      if os.path.isdir(workdir) and os.path.exists(os.path.join(workdir, "metrics.csv")):
+      if os.path.isdir(workdir) and _has_metrics(workdir):
         found.append(workdir)
   if not found:
     raise ReportError(f"no metrics.csv in {root} or its subfolders (expected a sg_jax workdir "
