@@ -74,6 +74,7 @@ from sg_jax import metric_logging
 from sg_jax import objectives
 from sg_jax import tasks
 from sg_jax import workdir as workdir_lib
+from sg_jax import workdir_lock
 from sg_jax.analysis import pipeline, references, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
@@ -277,11 +278,31 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
       is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
     ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
       from the file.
+    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+      was written.
   """
   if num_sentences < 1 or dynamics_lines < 1:
     raise ValueError(f"--num_sentences and --dynamics_lines must be >= 1, got {num_sentences} "
                      f"and {dynamics_lines}")
   requested = _check_groups(groups)
+  if not os.path.isdir(workdir):
+    raise checkpointing.CheckpointError(
+        f"no checkpoint in {checkpointing.checkpoint_dir(workdir)} (no such workdir)")
+  # One writer per workdir: refused (nothing written) while another command holds it.
+  with workdir_lock.locked(workdir, "sg_jax.analyze", read_only_ok=True):
+    return _analyze(workdir, requested, steps=steps, seeds=seeds, num_sentences=num_sentences,
+                    split=split, sentence_set=sentence_set, entropy_input=entropy_input,
+                    output=output, method=method, normalisation=normalisation,
+                    rng_seed=rng_seed, batch_size=batch_size,
+                    entropy_batch_size=entropy_batch_size, seeds_per_call=seeds_per_call,
+                    strict_groups=strict_groups, uas_min_count=uas_min_count,
+                    dynamics_lines=dynamics_lines, signal_exit_seconds=signal_exit_seconds)
+
+
+def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num_sentences,
+             split, sentence_set, entropy_input, output, method, normalisation, rng_seed,
+             batch_size, entropy_batch_size, seeds_per_call, strict_groups, uas_min_count,
+             dynamics_lines, signal_exit_seconds) -> dict[str, int]:
   available = checkpointing.all_steps(workdir)
   if not available:
     raise checkpointing.CheckpointError(
@@ -423,7 +444,7 @@ def main(argv):
     log.warning("%s; rerun the same command to resume", e)
     sys.stderr.flush()
     os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
-  except (ValueError, checkpointing.CheckpointError) as e:
+  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
     sys.exit(f"error: {e}")
   print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "
         "checkpoints")

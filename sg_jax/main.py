@@ -57,6 +57,7 @@ from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
 from sg_jax import workdir as workdir_lib
+from sg_jax import workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file with an optional config string, e.g. configs/question.py:quick.",
@@ -118,7 +119,8 @@ def main(argv):
   except workdir_lib.Preempted as e:
     sg_log.warning("%s; rerun the same command to resume", e)
     _exit_at_once(workdir_lib.EXIT_PREEMPTED)
-  except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError) as e:
+  except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError,
+          workdir_lock.LockHeld) as e:
     if watchdog is not None:
       watchdog.check_now()  # e.g. a checkpoint save failed because another process died
     sys.exit(f"error: {e}")

@@ -53,6 +53,7 @@ from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import workdir as workdir_lib
+from sg_jax import workdir_lock
 from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import hard_concrete
@@ -158,6 +159,8 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
   Raises:
     checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
     ValueError: bad options, unknown seeds, options differing from the CSV's.
+    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+      was written.
     workdir.Preempted: a SIGTERM/SIGINT stopped the command: the rows of every checkpoint step
       finished before it are written, and the runs it was training are saved
       (`pruning.partial`) for a rerun to resume.
@@ -186,6 +189,22 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
       warmup_type=warmup_type, lr_warmup_steps=lr_warmup_steps, sparsity_from=sparsity_from,
       weight_by_params=weight_by_params, objective=goal.kind, ablation=ablation)
   todo_steps = _select_steps(workdir, steps, last_only)
+  # One writer per workdir: refused (nothing written) while another command holds it.
+  with workdir_lock.locked(workdir, "sg_jax.prune", read_only_ok=True):
+    return _prune(workdir, todo_steps, sparsities=sparsities, seeds=seeds,
+                  pruning_seeds=pruning_seeds, goal=goal, settings=settings,
+                  warmup_type=warmup_type, lr_warmup_steps=lr_warmup_steps, ablation=ablation,
+                  sparsity_from=sparsity_from, weight_by_params=weight_by_params,
+                  binarise=binarise, num_lines=num_lines, batch_size=batch_size,
+                  eval_lines=eval_lines, steps_per_call=steps_per_call,
+                  num_devices=num_devices, output=output,
+                  signal_exit_seconds=signal_exit_seconds)
+
+
+def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, settings, warmup_type,
+           lr_warmup_steps, ablation, sparsity_from, weight_by_params, binarise, num_lines,
+           batch_size, eval_lines, steps_per_call, num_devices, output,
+           signal_exit_seconds) -> dict[str, object]:
   path = os.path.join(workdir, output)
   options = {"objective": str(goal), "ablation": ablation, "num_steps": settings.num_steps,
              "sparsity_warmup_steps": settings.sparsity_warmup_steps, "warmup_type": warmup_type,
@@ -401,7 +420,7 @@ def main(argv):
     log.warning("%s; rerun the same command to resume", e)
     sys.stderr.flush()
     os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
-  except (ValueError, checkpointing.CheckpointError) as e:
+  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
     sys.exit(f"error: {e}")
   print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "
         f"({result['seconds']:.1f} s of pruning) in {f.output}")

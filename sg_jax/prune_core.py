@@ -50,6 +50,7 @@ from absl import flags
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import prune as prune_lib
+from sg_jax import workdir_lock
 from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import core
 from sg_jax.pruning import core_table
@@ -147,6 +148,8 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
       without masks, num_draws < 0, an unknown `ablate_units`, options differing from the
       output's.
     checkpointing.CheckpointError: the checkpoint of a step to ablate cannot be restored.
+    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+      was written.
   """
   if num_draws < 0 or eval_lines < 0:
     raise ValueError("--num_draws and --eval_lines must be >= 0")
@@ -155,6 +158,16 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
                      f"{ablate_units!r}")
   if not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist")
+  # One writer per workdir: refused (nothing written) while another command holds it.
+  with workdir_lock.locked(workdir, "sg_jax.prune_core", read_only_ok=True):
+    return _prune_core(workdir, input_name=input_name, output=output, sparsities=sparsities,
+                       steps=steps, last_only=last_only, seeds=seeds, num_draws=num_draws,
+                       eval_lines=eval_lines, ablation=ablation, ablate_units=ablate_units,
+                       compare=compare)
+
+
+def _prune_core(workdir, *, input_name, output, sparsities, steps, last_only, seeds, num_draws,
+                eval_lines, ablation, ablate_units, compare) -> dict:
   in_path, out_path = os.path.join(workdir, input_name), os.path.join(workdir, output)
   if not os.path.exists(in_path):
     raise ValueError(f"no pruning table {in_path}; run python -m sg_jax.prune first")
@@ -393,7 +406,7 @@ def main(argv):
         **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
         num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation,
         ablate_units=f.ablate_units, compare=parse_names(f.compare))
-  except (ValueError, checkpointing.CheckpointError) as e:
+  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
     sys.exit(f"error: {e}")
   print(result["table"])
   print(f"core analyses: {len(result['groups'])} groups, {len(result['evaluated'])} ablated, "

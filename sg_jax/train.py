@@ -37,6 +37,7 @@ from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
+from sg_jax import workdir_lock
 from sg_jax.analysis import uas
 from sg_jax.evaluator import make_eval_fn
 from sg_jax.input_pipeline import load_data, make_train_data, prepare_eval_batches
@@ -111,6 +112,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       checkpoint save stops the run at once); the checkpoints before it are intact and
       metrics.csv ends at the last of them.
     Preempted: a SIGTERM/SIGINT arrived (`Preempted.step`: the checkpoint to resume from).
+    workdir_lock.LockHeld: another command holds the workdir's lock (`sg_jax.workdir_lock`);
+      nothing in the workdir was changed.
   """
   with StopSignal(exit_after=signal_exit_seconds) as stop:
     try:
@@ -194,6 +197,22 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
                         tensorboard) -> dict:
   config_checks.validate(config)
   created = check_writable(workdir)
+  # One writer per workdir (process 0 of a multi-process run holds it for all): a second run
+  # is refused here, before anything in the workdir changes.
+  lock = workdir_lock.lock_path(workdir)
+  writer = sharding.is_writer()
+  if writer:
+    workdir_lock.acquire(lock, "sg_jax.main")
+  try:
+    return _train_locked(config, workdir, stop, created, allow_config_change=allow_config_change,
+                         state_hook=state_hook, tensorboard=tensorboard)
+  finally:
+    if writer:
+      workdir_lock.release(lock)
+
+
+def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allow_config_change,
+                  state_hook, tensorboard) -> dict:
   try:
     check_workdir_config(workdir, config, allow_config_change)
     task, vocab, splits = load_data(config, workdir)

@@ -23,6 +23,8 @@ from sg_jax.tasks import vocab as vocab_lib
 from sg_jax import workdir as workdir_lib
 from sg_jax import step as step_lib
 from sg_jax import input_pipeline
+from sg_jax import long_csv
+from sg_jax import workdir_lock
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
@@ -339,3 +341,68 @@ def test_data_error_leaves_no_workdir_behind(data_dir, tmp_path):
     train.train_and_evaluate(config, str(existing), tensorboard=False)
   assert sorted(os.listdir(existing)) == ["notes.txt"]
   assert (existing / "notes.txt").read_text() == "mine"
+
+
+def analyze_cmd(workdir, *extra):
+  return [sys.executable, "-m", "sg_jax.analyze", f"--workdir={workdir}", "--num_sentences=12",
+          "--metrics=weight_norm,tscore", *extra]
+
+
+def _keys_unique(path):
+  keys = [tuple(r[:-1]) for r in long_csv.read_rows(path)]
+  return len(keys) == len(set(keys)), len(keys)
+
+
+def test_a_workdir_in_use_refuses_main_and_analyze_then_kill_9_and_rerun_takes_over(
+    data_dir, env, reference, tmp_path):
+  """Issue 50, item 1: a second `main` (and an `analyze`) on a workdir `main` is training are
+  refused in one line naming the holder; after kill -9 of the holder, a rerun takes the lock
+  over with one warning and resumes (metric keys unique)."""
+  workdir = str(tmp_path / "run")
+  proc = subprocess.Popen(main_cmd(data_dir, workdir, steps=100_000), cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    wait_for_checkpoint(proc, workdir, 20)
+    for cmd in (main_cmd(data_dir, workdir), analyze_cmd(workdir)):
+      second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+      assert second.returncode == 1, second.stderr[-3000:]
+      last = second.stderr.strip().splitlines()[-1]
+      assert last.startswith(f"error: {workdir} is in use by sg_jax.main (pid {proc.pid} on "
+                             "host "), second.stderr[-3000:]
+      assert "Traceback" not in second.stderr
+    assert proc.poll() is None  # the first run was not disturbed
+    assert not os.path.exists(os.path.join(workdir, "analysis.csv"))
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert os.path.exists(os.path.join(workdir, workdir_lock.LOCK_NAME))  # left by kill -9
+  end = checkpointing.all_steps(workdir)[-1] + 20
+  rerun = subprocess.run(main_cmd(data_dir, workdir, steps=end), cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert f"taking over the lock of {workdir} from sg_jax.main (pid {proc.pid}" in rerun.stderr
+  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_NAME))
+  assert checkpointing.all_steps(workdir)[-1] == end
+  unique, _ = _keys_unique(os.path.join(workdir, "metrics.csv"))
+  assert unique and max(r[0] for r in rows(workdir)) == end
+  assert [r for r in rows(workdir) if r[0] <= STEPS] == [r for r in reference[1] if r[0] <= STEPS]
+
+
+def test_two_analyze_at_once_one_is_refused_and_no_row_is_doubled(env, reference, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference[0], workdir)
+  procs = [subprocess.Popen(analyze_cmd(workdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for _ in range(2)]
+  results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+  codes = sorted(code for code, _ in results)
+  assert codes == [0, 1], [err[-2000:] for _, err in results]
+  refused = next(err for code, err in results if code == 1)
+  assert refused.strip().splitlines()[-1].startswith(f"error: {workdir} is in use by "
+                                                     "sg_jax.analyze (pid "), refused[-2000:]
+  unique, count = _keys_unique(os.path.join(workdir, "analysis.csv"))
+  assert unique and count > 0
+  # A rerun finds every row done: nothing new, the table unchanged.
+  before = open(os.path.join(workdir, "analysis.csv")).read()
+  again = subprocess.run(analyze_cmd(workdir), cwd=ROOT, env=env, capture_output=True, text=True)
+  assert again.returncode == 0 and "analysis: 0 new rows" in again.stdout, again.stderr[-2000:]
+  assert open(os.path.join(workdir, "analysis.csv")).read() == before

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging as py_logging
+import os
+import shutil
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
+from sg_jax import workdir_lock
 from sg_jax.analysis import registry
-from sg_jax.report import build_report, log
+from sg_jax.report import build_report, find_runs, log
 from sg_jax.report.tables import _fmt
 
 FLAGS = flags.FLAGS
@@ -46,10 +49,12 @@ def main(argv):
   log.propagate = False
   try:
     registry.load_modules(FLAGS.modules)
-    result = build_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
+    result = write_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
                           saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance,
                           pruning_all_steps=FLAGS.pruning_all_steps)
-  except ValueError as e:  # ReportError, or a --modules entry that cannot be imported
+  except (ValueError, OSError, workdir_lock.LockHeld) as e:
+    # ReportError, a --modules entry that cannot be imported, an unreadable file (named), a
+    # full disk or read-only output folder, a workdir another command writes into
     sys.exit(f"error: {e}")
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
         f"{result['out_dir']}")
@@ -60,6 +65,68 @@ def main(argv):
           "threshold, early stop (first/last best) "
           f"{_fmt(row['early_stop_first_generalisation_mean'])}"
           f"/{_fmt(row['early_stop_last_generalisation_mean'])}")
+
+
+def _lock_file(root: str, out_dir: str) -> str:
+  """The lock the report takes: that of the workdir `out_dir` lies in (a single run's
+  `<root>/report`: one writer per workdir, `sg_jax.workdir_lock`), else `.<name>.lock` beside
+  `out_dir` (two reports into one folder)."""
+  target = os.path.realpath(out_dir)
+  for workdir in find_runs(root):
+    real = os.path.realpath(workdir)
+    if target == real or target.startswith(real + os.sep):
+      return workdir_lock.lock_path(workdir)
+  parent, name = os.path.split(target)
+  return os.path.join(parent, f".{name}.lock")
+
+
+def write_report(root: str, out_dir: str | None = None, **options) -> dict:
+  """`build_report` into a temporary folder beside `out_dir`, moved into place when complete:
+  a failed report (a full disk, an unreadable table) leaves the previous report as it was and
+  no partial folder. Holds the lock of the workdir it writes into (`_lock_file`).
+
+  Returns:
+    `build_report`'s result, its paths in `out_dir`.
+
+  Raises:
+    ReportError (a ValueError): no run, no accuracy rows, an unreadable file (named).
+    OSError: `out_dir` cannot be written (named).
+    workdir_lock.LockHeld: another command writes into the workdir `out_dir` lies in.
+  """
+  out_dir = os.path.normpath(out_dir or os.path.join(root, "report"))
+  lock = _lock_file(root, out_dir)
+  parent, name = os.path.split(os.path.abspath(out_dir))
+  try:
+    os.makedirs(parent, exist_ok=True)
+    workdir_lock.acquire(lock, "sg_jax.report")
+  except workdir_lock.LockHeld as e:
+    if os.path.basename(lock) != workdir_lock.LOCK_NAME:
+      raise
+    raise workdir_lock.LockHeld(f"{e}; or pass an --out_dir outside the workdir (a report "
+                                "there marks the run in progress)") from None
+  except OSError as e:
+    raise OSError(e.errno, f"cannot write the report into {out_dir}: "
+                           f"{e.strerror or e}") from e
+  temporary = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+  old = os.path.join(parent, f".{name}.old-{os.getpid()}")
+  try:
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+      result = build_report(root, temporary, **options)
+    except OSError as e:
+      where = e.filename or temporary
+      raise OSError(e.errno, f"cannot write the report into {out_dir} ({where}): "
+                             f"{e.strerror or e}; the previous report is unchanged") from e
+    if os.path.isdir(out_dir):
+      os.replace(out_dir, old)
+    os.replace(temporary, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+  finally:
+    shutil.rmtree(temporary, ignore_errors=True)
+    workdir_lock.release(lock)
+  moved = lambda p: os.path.join(out_dir, os.path.relpath(p, temporary))
+  result = dict(result, out_dir=out_dir, figures=[moved(p) for p in result["figures"]])
+  return result
 
 
 if __name__ == "__main__":
