@@ -314,7 +314,7 @@ def make_sequential_step(fns, batch_size: int, capacities):
 
     need = jnp.sum(data["lengths"][idx])
     bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-    (loss, _), grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
+    (loss, _, _), grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
                                       state.key)
     return step_lib.apply_gradients(state, loss, grads, step, tx)
 

@@ -169,3 +169,17 @@ def test_memory_fit_and_seeds_per_accelerator_on_hand_built_sizes():
   assert memory.fit([2], [1e9]) == (0.0, 5e8)  # one seed count: proportional
   args = memory.parse_args(["--layer_impl=both", "--depths=2,6,10"])
   assert args.layer_impls == ["tuned", "plain"] and args.depths == [2, 6, 10]
+
+
+@pytest.mark.slow
+def test_quick_mode_runs_end_to_end_with_its_sequential_baseline():
+  """`train_throughput.py --quick` (shrunk further: 1 seed, 1 timed call, 1 sequential step)
+  runs both layouts through the vmapped and the sequential paths and returns a positive rate for
+  each. The packed sequential baseline once failed on the loss's extra return value (issue 53
+  item 10), so both layouts are exercised."""
+  results = train_throughput.main([
+      "--quick", "--seeds=1", "--packing=both", "--min_time=0", "--min_calls=1",
+      "--seq_steps=1", "--num_train=200", "--peak_size=32"])
+  assert {key[2] for key in results} == {False, True}  # padded and packed
+  for key, row in results.items():
+    assert row["rate"] > 0 and row["seq"] > 0, (key, row)
