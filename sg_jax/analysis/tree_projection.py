@@ -96,6 +96,9 @@ def chart_stats(chart_BxNxN: Array, num_words_B: Array, gold_spans_BxNxN: Array 
   real_B = num_words_B > 0
   out = {"tscore_sum": jnp.sum(jnp.where(real_B, score_B, 0.0)),
          "num_sentences": jnp.sum(real_B).astype(jnp.float32)}
+  for name, baseline_B in baseline_tscores(chart, num_words_B, uniform,
+                                           normalisation=normalisation).items():
+    out[f"{name}_sum"] = jnp.sum(jnp.where(real_B, baseline_B, 0.0))
   if gold_spans_BxNxN is not None:
     pred = jax.vmap(lambda nd: parseval.node_span_matrix(nd, n_max))(nodes)
     gold = gold_spans_BxNxN & real_B[:, None, None]
@@ -104,6 +107,64 @@ def chart_stats(chart_BxNxN: Array, num_words_B: Array, gold_spans_BxNxN: Array 
   if details:
     out.update(chart=chart, nodes=nodes, tscore=score_B)
   return out
+
+
+def branching_nodes(num_words: Array, n_max: int, *, right: bool) -> Array:
+  """int32 [n_max - 1, 3] nodes (i, k, j) of the right-branching (w0 (w1 (w2 ...))) or
+  left-branching (((w0 w1) w2) ...) tree over `num_words` words, pre-order, -1 padded."""
+  t = jnp.arange(max(n_max - 1, 0))
+  n = jnp.asarray(num_words, jnp.int32)
+  last = n - 1
+  nodes = (jnp.stack([t, t, jnp.broadcast_to(last, t.shape)], -1) if right else
+           jnp.stack([jnp.zeros_like(t), last - 1 - t, last - t], -1))
+  return jnp.where((t < last)[:, None], nodes, -1).astype(jnp.int32)
+
+
+# The trees whose tscore is written beside the projected tree's (`baseline_tscores`).
+TSCORE_BASELINES = ("tscore_random_tree", "tscore_right_branching", "tscore_left_branching")
+
+
+def baseline_tscores(chart_BxNxN: Array, num_words_B: Array, uniform_BxNxN: Array, *,
+                     normalisation: str = "random_split") -> dict[str, Array]:
+  """tscore of trivial trees under the same chart, normalisation and random draws as the
+  projected tree's (`tree_score`), per sentence (float32 [B] each; 0 for n <= 1).
+
+  * 'tscore_random_tree': the exact expectation over random binary trees grown by uniform
+    splits (`parseval.random_tree_span_probabilities`), E_T[SCI(T)] minus the expected
+    normalisation at T's nodes. It is 0 by construction for 'split_mean' and 'random_tree'
+    (the normalisation is that expectation: Murty et al., ICLR 2023, §3.2 define tscore as the
+    projected tree's score relative to random trees), 0 in expectation over the draws for
+    'random_split' (the given draws leave a small remainder), and E_T[SCI(T)] for 'none'.
+  * 'tscore_right_branching', 'tscore_left_branching': the score of the right- / left-branching
+    tree, the shape a causal LM's chart can favour without any constituency.
+  """
+  n_max = chart_BxNxN.shape[-1]
+  prob = jnp.asarray(np.stack([np.pad(parseval.random_tree_span_probabilities(max(n, 1)),
+                                      ((0, n_max - max(n, 1)), (0, n_max - max(n, 1))))
+                               for n in range(n_max + 1)]), jnp.float32)  # [N + 1, N, N]
+
+  def one(chart, n, uniform):
+    scores, valid = split_scores(chart)
+    mean = jnp.sum(jnp.where(valid, scores, 0.0), -1) / jnp.maximum(
+        jnp.sum(valid, -1), 1).astype(jnp.float32)
+    p = prob[jnp.clip(n, 0, n_max)]
+    expected_sci = jnp.sum(p * mean)  # E_T[SCI(T)]: a node's split is uniform given the node
+    if normalisation == "random_split":
+      r = jnp.arange(n_max)
+      i, j = r[:, None], r[None, :]
+      kr = jnp.clip(i + jnp.floor(uniform * (j - i)).astype(jnp.int32), i, jnp.maximum(j - 1, i))
+      drawn = jnp.take_along_axis(scores, kr[..., None], axis=-1)[..., 0]
+      random_tree = expected_sci - jnp.sum(p * drawn)
+    elif normalisation == "none":
+      random_tree = expected_sci
+    else:  # split_mean, random_tree: the normalisation is E_T[SCI(T)] itself
+      random_tree = jnp.zeros((), jnp.float32)
+    score = lambda right: tree_score(chart, n, branching_nodes(n, n_max, right=right),
+                                     normalisation=normalisation, uniform_NxN=uniform)
+    return {"tscore_random_tree": jnp.where(n >= 2, random_tree, 0.0),
+            "tscore_right_branching": score(True), "tscore_left_branching": score(False)}
+
+  return jax.vmap(one)(chart_BxNxN, num_words_B, uniform_BxNxN)
 
 
 def tree_projection_stats(params: PyTree, tokens_BxL: Array, num_words_B: Array,
@@ -164,6 +225,9 @@ def finalize_stats(stats: dict[str, Array]) -> dict[str, Array]:
   ([..., parseval.LENGTH_BINS]: the corpus F1 of the sentences of each length) and
   'tparseval_gold_by_length' (their gold bracket counts; 0 = no sentence of that length)."""
   out = {"tscore": stats["tscore_sum"] / jnp.maximum(stats["num_sentences"], 1.0)}
+  for name in TSCORE_BASELINES:
+    if f"{name}_sum" in stats:
+      out[name] = stats[f"{name}_sum"] / jnp.maximum(stats["num_sentences"], 1.0)
   if "bracket_matched" in stats:
     p, r, f1 = parseval.precision_recall_f1(
         stats["bracket_matched"], stats["bracket_predicted"], stats["bracket_gold"])
@@ -318,8 +382,10 @@ def tree_projection_metrics(params_S: PyTree, sentences: Sequence[Sequence[int]]
 
 
 def _compute(inputs: registry.Inputs) -> dict[str, Any]:
-  """tscore and, when tparseval is asked for, tparseval_{f1,precision,recall} [S], the parse
-  baselines' F1 on the same gold trees (`parseval.baseline_parseval`, the same for every seed)
+  """tscore with the tscore of random (expected), right- and left-branching trees under the same
+  chart (`baseline_tscores`) and, when tparseval is asked for, tparseval_{f1,precision,recall}
+  [S], the parse baselines' F1 on the same gold trees (`parseval.baseline_parseval`, the same
+  for every seed)
   and tparseval F1 per sentence length (`tparseval_f1_length<n>`, n words)."""
   options = inputs.options
   out = tree_projection_metrics(
@@ -327,11 +393,11 @@ def _compute(inputs: registry.Inputs) -> dict[str, Any]:
       key=jax.random.PRNGKey(options.rng_seed), gold_trees=inputs.gold_trees,
       batch_size=options.batch_size, method=options.method,
       normalisation=options.normalisation, seeds_per_call=options.seeds_per_call)
-  columns = {k: out[k] for k in ("tscore", "tparseval_f1", "tparseval_precision",
-                                 "tparseval_recall") if k in out}
+  columns = {k: out[k] for k in ("tscore", *TSCORE_BASELINES, "tparseval_f1",
+                                 "tparseval_precision", "tparseval_recall") if k in out}
   if "tparseval_f1" in out:
     num_seeds = len(columns["tparseval_f1"])
-    baselines = parseval.baseline_parseval(inputs.gold_trees, seed=options.rng_seed)
+    baselines = parseval.baseline_parseval(inputs.gold_trees)
     for name in parseval.BASELINES:
       columns[f"tparseval_f1_{name}"] = np.full(num_seeds, baselines[name], np.float32)
     f1_by_length = np.asarray(out["tparseval_f1_by_length"])
@@ -342,7 +408,7 @@ def _compute(inputs: registry.Inputs) -> dict[str, Any]:
 
 registry.register_quantity(registry.Quantity(
     name="tree_projection",
-    groups=(registry.Group("tscore", ("tscore",), inputs=("declaratives",)),
+    groups=(registry.Group("tscore", ("tscore", *TSCORE_BASELINES), inputs=("declaratives",)),
             registry.Group("tparseval", ("tparseval_f1", "tparseval_precision",
                                          "tparseval_recall", "tparseval_f1_right_branching",
                                          "tparseval_f1_left_branching", "tparseval_f1_random",
@@ -353,6 +419,8 @@ registry.register_quantity(registry.Quantity(
         registry.Dynamic("tscore", axis="tscore (tree-structuredness, unitless)",
                          title="Tree-structuredness (tscore)", label="tscore", trajectory_row=1,
                          trajectory_axis="tscore / tparseval F1", in_summary=True),
+        # The tscore baselines change with the checkpoint (no constant level to draw): the
+        # report's "Baselines" section quotes them (sg_jax/report/baselines.py).
         registry.Dynamic("tparseval_f1",
                          axis="tparseval (bracketing F1 vs gold trees, fraction)",
                          title="Projected trees vs gold trees (tparseval F1)",
