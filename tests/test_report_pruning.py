@@ -98,14 +98,19 @@ def test_figures_and_summary(tmp_path):
   assert "## Pruning" in lines
   # seed 0, level 0.25: achieved (1/3 + 1/6) / 2, KL (0.1 + 0.3) / 2, in-domain [0.95, 0.99],
   # gen [0.5, 0.7], core = units kept by both masks: heads l0_h0, l1_h0 and both MLPs.
-  assert _table_row(lines, "| run | 200 | 0 | 0.25 |")[4:] == [
+  assert _table_row(lines, "| run | 200 | 0 | 0.25 | 2 | 0.25 |")[4:] == [
       "2", "0.25", "0.2", "[0.95, 0.99]", "[0.5, 0.7]", "2", "2", "1 / 0.3 / 0.9",
       "0.8 / 0.1 / 0.6"]
   # seed 0, level 0.5: core = l0_h0 only, no MLP; no ablation rows.
-  assert _table_row(lines, "| run | 200 | 0 | 0.5 |")[4:] == [
+  assert _table_row(lines, "| run | 200 | 0 | 0.5 | 2 | 0.5 |")[4:] == [
       "2", "0.5", "0.5", "[0.9, 0.98]", "[0.2, 0.79]", "1", "0", "", ""]
   # seed 1, level 0.5: head l0_h1 and MLP l1 kept by both.
-  assert _table_row(lines, "| run | 200 | 1 | 0.5 |")[9:11] == ["1", "1"]
+  assert _table_row(lines, "| run | 200 | 1 | 0.5 | 2 | 0.5 |")[9:11] == ["1", "1"]
+  # Beside random masks (seed 0, level 0.25): two masks of 3 of the 4 heads share 2 or 3 heads
+  # (hypergeometric: 3 with probability 1/4), so E[core] = 4 (3/4)^2 = 2.25, P(>= 2) = 1; the
+  # observed head Jaccard {0,1,2} vs {0,2,3} is 2/4, the random one 1/4 * 1 + 3/4 * 2/4.
+  assert _table_row(lines, "| run | 200 | 0 | 0.25 | 2 | 2.25")[4:] == [
+      "2", "2.25 [2, 3]", "1", "0.5", "0.625 [0.5, 1]"]
   # Effective size of seed 0 at step 200 (tolerance 0.03): in-domain, pruning seed 0 keeps
   # 0.98 >= 0.97 at 0.5 (size 0.5), seed 1 none (size 1): mean 0.75, half-width
   # t(0.975, 1) * std([0.5, 1]) / sqrt(2) = 12.706 * 0.25; out-of-domain sizes 1 and 0.5;

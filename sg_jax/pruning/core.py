@@ -156,6 +156,114 @@ def mean_jaccard(a_sets, b_sets=None) -> float:
   return float(np.mean([jaccard(x, y) for x, y in pairs])) if pairs else float("nan")
 
 
+def random_core_size_pmf(num_units: int, sizes: Sequence[int]) -> np.ndarray:
+  """float64 [num_units + 1]: the distribution of the size of the intersection ("core") of
+  len(sizes) independent, uniformly random subsets of `num_units` units, subset p holding
+  sizes[p] units.
+
+  Exact: the intersection of the first p subsets holds x units; the next subset of m units
+  keeps a hypergeometric number of them (population num_units, x marked, m drawn;
+  `scipy.stats.hypergeom`), chained over the subsets.
+
+  Raises:
+    ValueError: no subset, or a size outside [0, num_units].
+  """
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  sizes = [int(m) for m in sizes]
+  if not sizes or any(not 0 <= m <= num_units for m in sizes):
+    raise ValueError(f"need >= 1 subset sizes in [0, {num_units}], got {sizes}")
+  pmf = np.zeros(num_units + 1)
+  pmf[sizes[0]] = 1.0
+  support = np.arange(num_units + 1)
+  for m in sizes[1:]:
+    nxt = np.zeros_like(pmf)
+    for x in np.flatnonzero(pmf):
+      nxt += pmf[x] * stats.hypergeom(num_units, x, m).pmf(support)
+    pmf = nxt
+  return pmf
+
+
+def expected_random_jaccard(num_units: int, a: int, b: int) -> float:
+  """E[|A & B| / |A | B|] of two independent uniformly random subsets of sizes a and b out of
+  `num_units` units (1 when both are empty, as `jaccard`): |A & B| is hypergeometric.
+
+  Raises:
+    ValueError: a size outside [0, num_units].
+  """
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  if not (0 <= a <= num_units and 0 <= b <= num_units):
+    raise ValueError(f"subset sizes must lie in [0, {num_units}], got {a} and {b}")
+  if a == 0 and b == 0:
+    return 1.0
+  x = np.arange(min(a, b) + 1)
+  return float(np.sum(stats.hypergeom(num_units, a, b).pmf(x) * x / (a + b - x)))
+
+
+RANDOM_MASK_DRAWS = 10_000  # simulated sets of random masks behind the intervals
+
+
+def random_mask_baseline(num_units: int, sizes: Sequence[int], observed_core: int | None = None,
+                         num_draws: int = RANDOM_MASK_DRAWS, seed: int = 0
+                         ) -> dict[str, float]:
+  """What random masks of the same sparsity give: the baseline of the heuristic core and of the
+  overlap of subnetworks (Bhaskar et al. 2024 §5 compare the core with random heads in the
+  ablation only; this is the baseline of its size).
+
+  Random masks: len(sizes) independent, uniformly random subsets of the `num_units` units
+  (pass the heads: `num_units` = num_layers * num_heads and each observed mask's head count),
+  mask p keeping sizes[p] of them.
+
+  Args:
+    num_units: how many units a mask chooses from (U).
+    sizes: int [P] units kept by each observed mask.
+    observed_core: the observed core's size, for 'core_p_value' (None: no p-value).
+    num_draws: simulated sets of P random masks for the intervals.
+    seed: numpy seed of the simulation.
+
+  Returns:
+    'core_mean': E[core size], exact (U * prod_p sizes[p] / U; `random_core_size_pmf`);
+    'core_q025', 'core_q975': the 2.5% and 97.5% percentiles of the simulated core sizes (a
+    95% range of random cores, not an interval of a mean); 'core_p_value': the exact one-sided
+    P(random core size >= observed_core) (nan without it); 'jaccard_mean': the exact expected
+    mean pairwise Jaccard of the P masks (nan for P = 1; `expected_random_jaccard`);
+    'jaccard_q025', 'jaccard_q975': its simulated 2.5% / 97.5% percentiles; 'num_draws'.
+
+  Raises:
+    ValueError: as `random_core_size_pmf`, or num_draws < 1.
+  """
+  if num_draws < 1:
+    raise ValueError(f"num_draws must be >= 1, got {num_draws}")
+  sizes = [int(m) for m in sizes]
+  pmf = random_core_size_pmf(num_units, sizes)
+  out = {"core_mean": float(np.dot(np.arange(num_units + 1), pmf)), "num_draws": num_draws,
+         "core_p_value": (float(pmf[int(observed_core):].sum()) if observed_core is not None
+                          else float("nan"))}
+  pairs = [(p, q) for p in range(len(sizes)) for q in range(p + 1, len(sizes))]
+  out["jaccard_mean"] = (float(np.mean([expected_random_jaccard(num_units, sizes[p], sizes[q])
+                                        for p, q in pairs])) if pairs else float("nan"))
+  rng = np.random.default_rng(seed)
+  u = rng.random((num_draws, len(sizes), num_units))
+  kept = np.asarray(sizes)
+  # mask p keeps its sizes[p] units with the smallest draws: [D, P, U]
+  threshold = np.take_along_axis(np.sort(u, -1), np.maximum(kept - 1, 0)[None, :, None], -1)
+  masks = (u <= threshold) & (kept > 0)[None, :, None]
+  cores = masks.all(axis=1).sum(-1)
+  out["core_q025"], out["core_q975"] = (float(q) for q in np.percentile(cores, [2.5, 97.5]))
+  if pairs:
+    as_float = masks.astype(np.float32)
+    inter = np.rint(as_float @ np.swapaxes(as_float, 1, 2))  # [D, P, P] shared units
+    union = kept[:, None] + kept[None, :] - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+      jac = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+    p_idx, q_idx = np.triu_indices(len(sizes), 1)
+    means = jac[:, p_idx, q_idx].mean(-1)
+    out["jaccard_q025"], out["jaccard_q975"] = (float(q) for q in
+                                                np.percentile(means, [2.5, 97.5]))
+  else:
+    out["jaccard_q025"] = out["jaccard_q975"] = float("nan")
+  return out
+
+
 def core_kept(subnetworks, kernel) -> float:
   """Mean over the subnetworks (bool [P, U]) of the fraction of the core's units (bool [U])
   they keep; nan when the core is empty."""

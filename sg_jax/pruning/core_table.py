@@ -163,7 +163,8 @@ def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str],
   Returns:
     `core/num_heads`, `core/num_mlps`, `core/num_units`, `core/jaccard_final`,
     `core/jaccard_seed<b>`, `core/jaccard_within_heads` (mean head-set Jaccard of the pairs of
-    subnetworks; nan for one), then `inclusion/<unit>` and `in_core/<unit>` (0/1) per unit.
+    subnetworks; nan for one), the random-mask baseline `core_random/...`
+    (`random_core_rows`), then `inclusion/<unit>` and `in_core/<unit>` (0/1) per unit.
   """
   kernel = core.heuristic_core(subnetworks)
   inclusion = core.inclusion_frequency(subnetworks)
@@ -174,9 +175,36 @@ def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str],
   rows += [(f"core/jaccard_seed{b}", core.jaccard(kernel, c))
            for b, c in sorted(other_cores.items()) if b != seed]
   rows.append(("core/jaccard_within_heads", core.mean_jaccard(subnetworks[:, :num_heads])))
+  rows += random_core_rows(step, seed, level, subnetworks, num_heads)
   rows += [(f"inclusion/{n}", f) for n, f in zip(names, inclusion)]
   rows += [(f"in_core/{n}", float(k)) for n, k in zip(names, kernel)]
   return [(step, seed, level, name, float(value)) for name, value in rows]
+
+
+RANDOM_CORE = ("num_heads", "num_heads/q025", "num_heads/q975", "num_heads/p_value",
+               "jaccard_within_heads", "jaccard_within_heads/q025",
+               "jaccard_within_heads/q975")
+
+
+def random_core_rows(step: int, seed: int, level: float, subnetworks, num_heads: int
+                     ) -> list[tuple[str, float]]:
+  """The random-mask baseline of one (step, seed, level)'s core heads (`core.random_mask_
+  baseline`): as many random masks as subnetworks, each keeping as many heads as its
+  subnetwork, drawn uniformly from the num_heads heads.
+
+  Returns:
+    (name, value) pairs `core_random/<RANDOM_CORE name>`: the exact expected core size in heads,
+    the 2.5% / 97.5% percentiles of 10,000 simulated cores (numpy seed `draw_seed(step, seed,
+    level)`), the exact P(random core >= the observed core's heads), the exact expected mean
+    pairwise head Jaccard and its simulated percentiles.
+  """
+  heads = np.asarray(subnetworks, bool)[:, :num_heads]
+  base = core.random_mask_baseline(num_heads, heads.sum(-1).tolist(),
+                                   observed_core=int(core.heuristic_core(heads).sum()),
+                                   seed=draw_seed(step, seed, level))
+  keys = ("core_mean", "core_q025", "core_q975", "core_p_value", "jaccard_mean",
+          "jaccard_q025", "jaccard_q975")
+  return [(f"core_random/{name}", base[k]) for name, k in zip(RANDOM_CORE, keys)]
 
 
 def compare_rows(step: int, seed: int, level: float, subnetworks, others, name: str,

@@ -107,6 +107,39 @@ def core_of(data: Pruning, step: int, seed: int, level: float) -> tuple[float, f
   return named.get("core/num_heads", math.nan), named.get("core/num_mlps", math.nan)
 
 
+# summary row key -> pruning_core.csv name (`core_table.random_core_rows`)
+RANDOM_KEYS = {"core_heads_random": "core_random/num_heads",
+               "core_heads_random_q025": "core_random/num_heads/q025",
+               "core_heads_random_q975": "core_random/num_heads/q975",
+               "core_heads_random_p": "core_random/num_heads/p_value",
+               "jaccard_within_heads_random": "core_random/jaccard_within_heads",
+               "jaccard_within_heads_random_q025": "core_random/jaccard_within_heads/q025",
+               "jaccard_within_heads_random_q975": "core_random/jaccard_within_heads/q975"}
+
+
+def random_core_of(data: Pruning, step: int, seed: int, level: float) -> dict[str, float]:
+  """The random-mask baseline of a core's heads (`core_table.random_core_rows`: as many
+  uniformly random head masks as subnetworks, each as large as its subnetwork): from the
+  masks, else from pruning_core.csv's `core_random/...` rows; nan where neither has it.
+
+  Returns:
+    {`RANDOM_KEYS` key: value} plus 'jaccard_within_heads' (the observed mean pairwise head
+    Jaccard of the subnetworks, from the masks where pruning_core.csv lacks it).
+  """
+  subnetworks = data.masks.get(step, {}).get((seed, level))
+  named = data.core_rows.get((step, seed, level), {})
+  if subnetworks is not None and data.shape is not None:
+    heads = data.shape[0] * data.shape[1]
+    pairs = dict(core_table.random_core_rows(step, seed, level, subnetworks, heads))
+    out = {key: pairs[name] for key, name in RANDOM_KEYS.items()}
+    out["jaccard_within_heads"] = named.get("core/jaccard_within_heads",
+                                            core.mean_jaccard(subnetworks[:, :heads]))
+    return out
+  out = {key: named.get(name, math.nan) for key, name in RANDOM_KEYS.items()}
+  out["jaccard_within_heads"] = named.get("core/jaccard_within_heads", math.nan)
+  return out
+
+
 def _values(by_ps: dict, name: str) -> list[float]:
   return [v[name] for v in by_ps.values() if name in v and math.isfinite(v[name])]
 
@@ -118,8 +151,10 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     (one row per (training seed, level): pruning seeds, achieved sparsity and KL (means over
     pruning seeds), min and max of the in- and out-of-domain accuracies, core heads / MLPs, and
     from pruning_core.csv `full_`, `core_ablation_`, `random_ablation_` accuracies (nan when
-    absent), `jaccard_within_heads` and `compare_<table>_<COMPARE name>` from its
-    `compare/<table>/...` rows; one row per training seed: the full model's accuracies and
+    absent), `jaccard_within_heads`, the random-mask baseline (`random_core_of`: expected core
+    heads with the 95% range of simulated cores and the exact P(random core >= observed),
+    expected mean pairwise head Jaccard with its range) and `compare_<table>_<COMPARE name>`
+    from pruning_core.csv's `compare/<table>/...` rows; one row per training seed: the full model's accuracies and
     the effective size of each variant with its 95% interval, clipped to [0, 1], and the
     fraction of pruning seeds at the highest level tried, `_at_highest_level`).
   """
@@ -142,7 +177,7 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
       for prefix in core_table.ABLATION_PREFIXES:
         for name, key in ((IN_ACC, "in_domain"), (GEN_ACC, "out_of_domain")):
           row[f"{prefix[:-1]}_{key}"] = named.get(prefix + name, math.nan)
-      row["jaccard_within_heads"] = named.get("core/jaccard_within_heads", math.nan)
+      row.update(random_core_of(data, step, seed, level))
       for other in sorted({n.split("/")[1] for n in named if n.startswith("compare/")}):
         for m in COMPARE:
           row[f"compare_{other}_{m}"] = named.get(f"compare/{other}/{m}", math.nan)
@@ -223,7 +258,32 @@ def markdown_lines(level_rows: Sequence[dict], seed_rows: Sequence[dict]) -> lis
             "≤ marks a bound, not a value: some pruning seeds' subnetworks were within the "
             "tolerance at the highest level tried, so their effective size is at most "
             "1 - that level (prune at higher levels to measure it)."]
-  return lines + _compare_lines(level_rows)
+  return lines + _random_lines(level_rows) + _compare_lines(level_rows)
+
+
+def _random_lines(level_rows: Sequence[dict]) -> list[str]:
+  """The table of the cores beside random masks of the same sparsity, [] without any."""
+  rows = [r for r in level_rows if math.isfinite(r.get("core_heads_random", math.nan))]
+  if not rows:
+    return []
+  lines = ["", "| run | step | seed | sparsity | core heads | random masks: core heads, "
+           "expected [95% range] | P(random core >= core) | head Jaccard within | random "
+           "masks: head Jaccard, expected [95% range] |", "|" + "---|" * 9]
+  for r in rows:
+    span = lambda key, r=r: (f"{_f(r[key])} [{_f(r[key + '_q025'])}, {_f(r[key + '_q975'])}]"
+                             if math.isfinite(r[key]) else "")
+    cells = [r["run"], str(r["step"]), str(r["seed"]), f"{r['sparsity']:g}",
+             _f(r["core_heads"]), span("core_heads_random"), _f(r["core_heads_random_p"]),
+             _f(r["jaccard_within_heads"]), span("jaccard_within_heads_random")]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "The core beside random masks of the same sparsity (docs/pruning.md, "
+            "\"The random-mask baseline\"): as many uniformly random head masks as pruning "
+            "seeds, each keeping as many heads as its subnetwork. Expected values are exact "
+            "(hypergeometric); the 95% ranges are the 2.5% and 97.5% percentiles of "
+            f"{core.RANDOM_MASK_DRAWS:,} seeded simulated sets of masks (where random cores "
+            "lie, not an interval of a mean); P is the exact one-sided probability that random "
+            "masks share at least as many heads as the core (one test per row, uncorrected)."]
+  return lines
 
 
 def _compare_lines(level_rows: Sequence[dict]) -> list[str]:
