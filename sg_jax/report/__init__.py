@@ -92,6 +92,11 @@ one's own runs):
                              depth with bootstrap CIs (`predictors`; Murty et al. 2023, §5);
                              summary_predictors_by_depth.csv and a "Predictors per depth" table:
                              each per depth and moment, seed mean with its CI.
+  summary_baselines.csv      (q) where the runs have UAS, tparseval or tscore rows: each
+                             beside its trivial baselines on the same sentences (positional
+                             heads; right-, left-branching and random trees), per run at each
+                             seed's last step; the "Baselines" section of summary.md
+                             (`baselines`; docs/analysis.md, "Baselines").
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -119,6 +124,7 @@ import collections
 import os
 
 from sg_jax.analysis import registry
+from sg_jax.report import baselines as baselines_lib
 from sg_jax.report import groups
 from sg_jax.report import objectives as objectives_lib
 from sg_jax.report import phases
@@ -285,6 +291,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   optional("objectives.png", lambda p: objectives_lib.plot_objectives(runs, p, prefix))
   if objective_table:
     write_csv(os.path.join(out_dir, "summary_objectives.csv"), objective_table)
+  baseline_table = baselines_lib.baseline_rows(runs)  # structure measures beside baselines
+  if baseline_table:
+    write_csv(os.path.join(out_dir, "summary_baselines.csv"), baseline_table)
   borrowed = [r.name for r in runs if r.accuracy_from]
   if borrowed:
     skipped.append(f"runs {borrowed} log no accuracy (a masked LM): their accuracy figures and "
@@ -299,6 +308,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)
                  + predictors.depth_markdown_lines(predictor_depths)
+                 + baselines_lib.markdown_lines(baseline_table)
                  + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
   for note in skipped:
     log.warning("%s", note)
