@@ -132,7 +132,7 @@ def baseline_tscores(chart_BxNxN: Array, num_words_B: Array, uniform_BxNxN: Arra
   * 'tscore_random_tree': the exact expectation over random binary trees grown by uniform
     splits (`parseval.random_tree_span_probabilities`), E_T[SCI(T)] minus the expected
     normalisation at T's nodes. It is 0 by construction for 'split_mean' and 'random_tree'
-    (the normalisation is that expectation: Murty et al., ICLR 2023, §3.2 define tscore as the
+    (the normalisation is that expectation: Murty et al., ICLR 2023, §3, define tscore as the
     projected tree's score relative to random trees), 0 in expectation over the draws for
     'random_split' (the given draws leave a small remainder), and E_T[SCI(T)] for 'none'.
   * 'tscore_right_branching', 'tscore_left_branching': the score of the right- / left-branching

@@ -5,7 +5,7 @@
 | --- | --- | --- |
 | UAS of the best head (`uas` of analysis.csv, else `in_domain/uas` of metrics.csv) | previous-token, next-token and best-fixed-offset heads on the same lines and arcs (`uas_prev_token`, `uas_next_token`, `uas_best_offset`; `analysis/uas.py`) | Clark et al. 2019, "What does BERT look at?", §4.2 |
 | tparseval F1 (`tparseval_f1`) | right-branching, left-branching and random binary trees on the same gold trees (random: the exact expectation; `analysis/parseval.py`) | Klein & Manning 2002; Kim et al. 2019, Table 1 |
-| tscore (`tscore`) | the expected tscore of random binary trees, and the tscore of the right- and left-branching trees, under the same chart and normalisation (`tree_projection.baseline_tscores`) | Murty et al., ICLR 2023, §3.2 |
+| tscore (`tscore`) | the expected tscore of random binary trees, and the tscore of the right- and left-branching trees, under the same chart and normalisation (`tree_projection.baseline_tscores`) | Murty et al., ICLR 2023, §3 |
 
 One row per run and measure, read at each seed's last step with the measure; a baseline is
 read at the same step of the same seed (the tscore baselines change with the checkpoint, the
@@ -35,7 +35,7 @@ MEASURES = (
               ("tparseval_f1_right_branching", "", "right-branching"),
               ("tparseval_f1_left_branching", "", "left-branching"),
               ("tparseval_f1_random", "", "random (expected)"))),
-    ("tscore", "tscore (tree-structuredness)", "Murty et al., ICLR 2023, §3.2",
+    ("tscore", "tscore (tree-structuredness)", "Murty et al., ICLR 2023, §3",
      (("tscore", "", "projected trees"),
       ("tscore_random_tree", "", "random (expected)"),
       ("tscore_right_branching", "", "right-branching"),

@@ -154,8 +154,8 @@ def summary_rows(data: Pruning) -> tuple[list[dict], list[dict]]:
     absent), `jaccard_within_heads`, the random-mask baseline (`random_core_of`: expected core
     heads with the 95% range of simulated cores and the exact P(random core >= observed),
     expected mean pairwise head Jaccard with its range) and `compare_<table>_<COMPARE name>`
-    from pruning_core.csv's `compare/<table>/...` rows; one row per training seed: the full model's accuracies and
-    the effective size of each variant with its 95% interval, clipped to [0, 1], and the
+    from pruning_core.csv's `compare/<table>/...` rows; one row per training seed: the full
+    model's accuracies and the effective size of each variant with its 95% interval, clipped to [0, 1], and the
     fraction of pruning seeds at the highest level tried, `_at_highest_level`).
   """
   step = data.steps[-1]
