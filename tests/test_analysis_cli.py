@@ -168,7 +168,12 @@ def test_other_output_with_cky(workdir):
   result = analyze.analyze(workdir, num_sentences=6, output="cky.csv", method="cky",
                            normalisation="split_mean", groups=["tscore"], seeds=[5])
   rows = _rows(os.path.join(workdir, "cky.csv"))
-  assert result["rows_written"] == 2 and {r[2] for r in rows} == {"tscore"}
+  # tscore and its three baselines (tree_projection.TSCORE_BASELINES) at 2 steps
+  names = {"tscore", "tscore_random_tree", "tscore_right_branching", "tscore_left_branching"}
+  assert result["rows_written"] == 8 and {r[2] for r in rows} == names
+  # split_mean subtracts the random-tree expectation itself: random trees score 0
+  assert all(float(r[3]) == pytest.approx(0.0, abs=1e-5) for r in rows
+             if r[2] == "tscore_random_tree")
 
 
 # Hand-built question-formation lines with known declarative lengths (9, 12, 11 words; whole LM
@@ -232,6 +237,9 @@ def test_default_sentences_and_entropy_input_are_the_released_ones(known_workdir
   np.testing.assert_allclose(got["attention_sparsity_paper"],
                              -(_log_factorial(13) + _log_factorial(12)) / 25, rtol=1e-5)
   np.testing.assert_allclose(got["tscore"], (2 * 11 + 2 * 10) / 2, rtol=1e-5)
+  # every tree scores 2 (n - 1) on an all-ones chart: so do the baselines' trees
+  for name in ("tscore_random_tree", "tscore_right_branching", "tscore_left_branching"):
+    np.testing.assert_allclose(got[name], (2 * 11 + 2 * 10) / 2, rtol=1e-5)
   with open(os.path.join(known_workdir, "analysis.csv.options.json")) as f:
     used = json.load(f)["sentences_used"]
   assert used == {"attention_entropy": 2, "tree_projection": 2,
