@@ -113,8 +113,8 @@ sentences the analysis read (from `analysis.csv.options.json`, written by `sg_ja
 
 Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`
 (one depth's seeds over training), `depth_figures` (figures comparing depths), `groups` (seed
-groups), `phases` (phase transitions), `pruning_tables` / `pruning_figures`, and `plotting`
-(the helpers they share); `python -m sg_jax.report` runs `__main__`.
+groups), `phases` (phase transitions), `pruning_tables` / `pruning_figures`, `baselines`
+(structure measures beside their trivial baselines), and `plotting` (the helpers they share); `python -m sg_jax.report` runs `__main__`.
 """
 
 
