@@ -97,6 +97,11 @@ one's own runs):
                              heads; right-, left-branching and random trees), per run at each
                              seed's last step; the "Baselines" section of summary.md
                              (`baselines`; docs/analysis.md, "Baselines").
+  claims.csv                 (p) every registered claim (`sg_jax.claims`: Murty et al.,
+                             Bhaskar et al., Chen et al., sg_jax's own) tested on the runs of
+                             the root: claim | setting | seeds per arm | test | statistic | p or
+                             interval | detectable effect | verdict (+ seeds needed, source,
+                             rule, note); the "Claims" section of summary.md (docs/claims.md).
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
                              CI over seeds, bimodality, mean rule switches); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
@@ -123,6 +128,7 @@ from __future__ import annotations
 import collections
 import os
 
+from sg_jax import claims as claims_lib
 from sg_jax.analysis import registry
 from sg_jax.report import baselines as baselines_lib
 from sg_jax.report import groups
@@ -299,6 +305,8 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     skipped.append(f"runs {borrowed} log no accuracy (a masked LM): their accuracy figures and "
                    "columns show the minimal-pair preference")
 
+  claim_rows = claims_lib.evaluate(runs)
+  write_csv(os.path.join(out_dir, "claims.csv"), claim_rows)
   write_csv(os.path.join(out_dir, "summary.csv"), depth_rows)
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
@@ -309,7 +317,8 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                  + predictors.markdown_lines(correlation_table)
                  + predictors.depth_markdown_lines(predictor_depths)
                  + baselines_lib.markdown_lines(baseline_table)
-                 + pruning_tables.markdown_lines(pruning_levels, pruning_seeds))
+                 + pruning_tables.markdown_lines(pruning_levels, pruning_seeds)
+                 + claims_lib.markdown_lines(claim_rows))
   for note in skipped:
     log.warning("%s", note)
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}
@@ -337,9 +346,12 @@ def _objectives_report(root: str, out_dir: str, runs: list, present: list, **opt
   table = objectives_lib.objective_rows(runs)
   if table:
     write_csv(os.path.join(out_dir, "summary_objectives.csv"), table)
+  claim_rows = claims_lib.evaluate(runs)  # over every objective (one claim compares them)
+  write_csv(os.path.join(out_dir, "claims.csv"), claim_rows)
   lines = [f"# Report for `{os.path.basename(os.path.normpath(root))}`: {len(present)} objectives",
            "", "Each objective's runs have a whole report of their own (seeds are pooled only "
-           "within an objective):", "", *links, *objectives_lib.markdown_lines(table)]
+           "within an objective):", "", *links, *objectives_lib.markdown_lines(table),
+           *claims_lib.markdown_lines(claim_rows)]
   with open(os.path.join(out_dir, "summary.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   return {"out_dir": out_dir, "figures": figures, "skipped": skipped, "depths": depth_rows}

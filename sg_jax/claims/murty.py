@@ -1,0 +1,300 @@
+"""Murty, Sharma, Andreas & Manning, "Grokking of hierarchical structure in vanilla transformers"
+(ACL 2023, arXiv 2305.18741; docs/REFERENCE.md §1): five claims, read from depth sweeps (plain
+`lm` runs, `select.depth_arms`; metrics.csv and, for the predictors, analysis.csv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from sg_jax import stats
+from sg_jax.claims import detect
+from sg_jax.claims import onesample
+from sg_jax.claims import registry
+from sg_jax.claims import select
+from sg_jax.claims.registry import Item, Outcome
+from sg_jax.report.reading import GEN_ACC
+
+# The smallest rise of generalisation after in-domain saturation that counts as grokking
+# (accuracy, fixed before any run was read).
+GROKKING_GAIN = 0.2
+# Murty et al. §4: with early stopping, mean generalisation < 40% (question formation) and
+# < 50% (tense) against > 80-90% after long training. The end must lie above this bound for the
+# early-stopping comparison to say anything (docs/claims.md).
+EARLY_STOP_BOUND = {"question": 0.40, "tense": 0.50}
+DEFAULT_EARLY_STOP_BOUND = 0.5
+# Correlations: the smallest within-depth Spearman rho that matters.
+RHO_OF_INTEREST = 0.4
+# Depth trends: the smallest Kendall-type tau (Jonckheere-Terpstra effect) that matters.
+TAU_OF_INTEREST = 0.3
+# Differences of seed means of generalisation accuracy that matter.
+ACCURACY_OF_INTEREST = 0.15
+PREDICTOR_COLUMNS = {"tscore": "tscore", "weight_norm_per_layer": "weight norm per layer",
+                     "attention_sparsity_paper": "attention sparsity"}
+
+
+def _finals(members) -> np.ndarray:
+  return np.array([select.final(run, GEN_ACC, seed) for run, seed in members])
+
+
+@registry.claim(
+    id="murty.grokking", source="Murty et al. 2023, §4 and fig. 1",
+    statement="generalisation rises long after in-domain accuracy saturates (structural "
+              "grokking)",
+    needs="plain lm runs: in_domain/accuracy and out_of_domain/accuracy over training",
+    test="sign-flip permutation of the per-seed gain (final minus at saturation) against "
+         f"{GROKKING_GAIN}",
+    rule=f"per task and depth: gain = final generalisation - generalisation at the first "
+         f"evaluation with in-domain accuracy >= {select.SATURATION} (seeds that never saturate "
+         f"are left out); supported if the mean gain exceeds {GROKKING_GAIN} (p < 0.05, Holm "
+         "over depths), contradicted if it falls short of it, else not testable",
+    effect_of_interest=0.2)
+def grokking(runs) -> list[Outcome]:
+  items = []
+  for task, by_depth in select.depth_arms(runs).items():
+    for depth, members in by_depth.items():
+      final, at_sat, left_out = [], [], 0
+      for run, seed in members:
+        step = select.saturation(run, seed)
+        if step is None:
+          left_out += 1
+          continue
+        final.append(select.final(run, GEN_ACC, seed))
+        at_sat.append(select.value_at(run, GEN_ACC, seed, step))
+      if len(final) < 2:
+        continue
+      test = onesample.paired_test(final, at_sat, GROKKING_GAIN)
+      note = (f"mean gain {np.nanmean(np.subtract(final, at_sat)):.3f}"
+              + (f"; {left_out} seeds never saturate in-domain" if left_out else ""))
+      items.append(Item(select.depth_setting(task, [depth]), (len(final),), test,
+                        detect.paired(final, at_sat), note))
+  return registry.family(items, +1, 0.2)
+
+
+def _trend(groups) -> stats.Test:
+  return stats.ordered_trend([np.asarray(g, np.float64) for g in groups])
+
+
+@registry.claim(
+    id="murty.inverted_u", source="Murty et al. 2023, §4.2 and fig. 3",
+    statement="final generalisation is an inverted U over depth",
+    needs="plain lm runs at >= 3 depths: final out_of_domain/accuracy",
+    test="Jonckheere-Terpstra on each side of the best depth",
+    rule="best depth = the depth with the highest seed mean of final generalisation. Interior "
+         "best depth: supported if generalisation rises up to it and falls after it (one "
+         "Jonckheere-Terpstra test per side, Holm over the two, both p < 0.05), else not "
+         "testable (the best depth is chosen from the data, so this is lenient towards the "
+         "claim). Best depth at an end of the range: contradicted if the trend over all "
+         "depths is significant (p < 0.05) towards that end (a monotone curve, no U within "
+         "the range), else not testable",
+    effect_of_interest=TAU_OF_INTEREST)
+def inverted_u(runs) -> list[Outcome]:
+  out = []
+  for task, by_depth in select.depth_arms(runs).items():
+    depths = list(by_depth)
+    if len(depths) < 3:
+      continue
+    arms = [_finals(by_depth[d]) for d in depths]
+    arms = [a[np.isfinite(a)] for a in arms]
+    means = [a.mean() if a.size else -math.inf for a in arms]
+    best = int(np.argmax(means))
+    setting = select.depth_setting(task, depths)
+    sizes = tuple(a.size for a in arms)
+    if 0 < best < len(depths) - 1:
+      rise, fall = _trend(arms[:best + 1]), _trend(arms[best:])
+      p_rise, p_fall = (float(q) for q in stats.holm([rise.p, fall.p]))
+      ok = p_rise < registry.ALPHA and p_fall < registry.ALPHA and rise.effect > 0 > fall.effect
+      verdict = registry.SUPPORTED if ok else registry.NOT_TESTABLE
+      needed = None
+      if not ok:
+        sides = [registry.seeds_needed(detect.trend(k), TAU_OF_INTEREST)
+                 for k in (best + 1, len(depths) - best)]
+        needed = -1 if -1 in sides else max(sides)
+      out.append(Outcome(
+          setting=setting, arms=sizes, test=rise.name, statistic=min(rise.effect, -fall.effect),
+          p=max(rise.p, fall.p), p_adjusted=max(p_rise, p_fall), verdict=verdict,
+          effect=min(rise.effect, -fall.effect), detectable=max(rise.detectable,
+                                                                fall.detectable),
+          seeds_needed=needed,
+          note=f"best depth {depths[best]}; rise tau {rise.effect:.2f} (p {rise.p:.3g}), fall "
+               f"tau {fall.effect:.2f} (p {fall.p:.3g}); seed means "
+               + " / ".join(f"{m:.3f}" for m in means)))
+      continue
+    whole = _trend(arms)
+    towards_end = 1 if best == len(depths) - 1 else -1
+    significant = whole.p < registry.ALPHA and math.copysign(1, whole.effect) == towards_end
+    out.append(Outcome(
+        setting=setting, arms=sizes, test=whole.name, statistic=whole.statistic, p=whole.p,
+        p_adjusted=whole.p, verdict=registry.CONTRADICTED if significant else
+        registry.NOT_TESTABLE, effect=whole.effect, detectable=whole.detectable,
+        seeds_needed=None if significant else registry.seeds_needed(detect.trend(len(arms)),
+                                                                    TAU_OF_INTEREST),
+        note=f"best depth {depths[best]} is at the {'deep' if towards_end > 0 else 'shallow'} "
+             "end of the range; seed means " + " / ".join(f"{m:.3f}" for m in means)))
+  return out
+
+
+def _predictor_rows(runs, column: str):
+  """{task: (x, y, strata)} of `column` at the end (last analysed value) against final
+  generalisation, one entry per seed with both values, strata = depth."""
+  out = {}
+  for task, by_depth in select.depth_arms(runs).items():
+    x, y, strata = [], [], []
+    for depth, members in by_depth.items():
+      for run, seed in members:
+        a, b = select.final(run, column, seed), select.final(run, GEN_ACC, seed)
+        if math.isfinite(a) and math.isfinite(b):
+          x.append(a)
+          y.append(b)
+          strata.append(depth)
+    if len(set(strata)) >= 1 and len(x) >= 3:
+      out[task] = (np.array(x), np.array(y), np.array(strata))
+  return out
+
+
+def _association_items(runs, column: str) -> list[Item]:
+  items = []
+  for task, (x, y, strata) in _predictor_rows(runs, column).items():
+    depths = sorted(set(strata.tolist()))
+    arms = tuple(int((strata == d).sum()) for d in depths)
+    test = stats.stratified_association(x, y, strata)
+    items.append(Item(select.depth_setting(task, depths) + " (within depth)", arms, test,
+                      detect.stratified(len(depths)),
+                      note=f"{PREDICTOR_COLUMNS[column]} at the end vs final generalisation, "
+                           "Spearman within depth"))
+  return items
+
+
+@registry.claim(
+    id="murty.tscore_within_depth", source="Murty et al. 2023, §5 (tree-structuredness)",
+    statement="tscore predicts generalisation (tested with depth held fixed: across depths "
+              "every depth-monotone quantity orders a monotone depth curve, issue 49)",
+    needs="plain lm runs with analysis.csv tscore: final tscore and out_of_domain/accuracy",
+    test="stratified permutation test of Spearman's rho (y permuted within depth)",
+    rule="supported if the mean within-depth rho is positive with p < 0.05 (Holm over tasks), "
+         "contradicted if negative with p < 0.05, else not testable",
+    effect_of_interest=RHO_OF_INTEREST)
+def tscore_within_depth(runs) -> list[Outcome]:
+  return registry.family(_association_items(runs, "tscore"), +1, RHO_OF_INTEREST)
+
+
+@registry.claim(
+    id="murty.tscore_best_depth", source="Murty et al. 2023, §5 and table 2",
+    statement="the depth with the highest tscore is the depth that generalises best",
+    needs="plain lm runs at >= 2 depths with analysis.csv tscore",
+    test="permutation test of the difference of means (generalisation, two depths)",
+    rule="pick = the depth with the highest mean final tscore, best = the depth with the "
+         "highest mean final generalisation. Pick != best: contradicted if best generalises "
+         "better than pick (p < 0.05), else not testable. Pick == best at an interior depth: "
+         "supported if it generalises better than the runner-up depth (p < 0.05), else not "
+         "testable. Pick == best at the shallowest or deepest depth: not testable (confounded "
+         "with depth: any quantity monotone in depth picks it too)",
+    effect_of_interest=ACCURACY_OF_INTEREST)
+def tscore_best_depth(runs) -> list[Outcome]:
+  out = []
+  for task, by_depth in select.depth_arms(runs).items():
+    depths = list(by_depth)
+    if len(depths) < 2:
+      continue
+    gen = {d: _finals(m) for d, m in by_depth.items()}
+    score = {d: np.array([select.final(r, "tscore", s) for r, s in m]) for d, m in
+             by_depth.items()}
+    if not any(np.isfinite(v).any() for v in score.values()):
+      continue
+    gen_mean = {d: np.nanmean(v) for d, v in gen.items()}
+    score_mean = {d: np.nanmean(v) if np.isfinite(v).any() else -math.inf
+                  for d, v in score.items()}
+    pick, best = max(depths, key=score_mean.get), max(depths, key=gen_mean.get)
+    setting = select.depth_setting(task, depths)
+    note = f"tscore picks depth {pick}, generalisation is best at depth {best}"
+    if not select.comparable(*gen.values()):
+      continue
+    confounded = False
+    if pick != best:
+      data = (gen[pick], gen[best])
+      test = stats.compare_means(*data)
+      verdict = registry.decide(test, +1)
+      verdict = registry.CONTRADICTED if verdict == registry.SUPPORTED else registry.NOT_TESTABLE
+    else:
+      runner_up = max((d for d in depths if d != best), key=gen_mean.get)
+      data = (gen[runner_up], gen[best])
+      test = stats.compare_means(*data)
+      confounded = best in (depths[0], depths[-1])
+      if confounded:  # more seeds do not help: only a depth range with an interior best does
+        verdict = registry.NOT_TESTABLE
+        note += " (an end of the depth range: confounded with depth)"
+      else:
+        verdict = registry.decide(test, +1)
+        verdict = registry.SUPPORTED if verdict == registry.SUPPORTED else registry.NOT_TESTABLE
+        note += f"; runner-up depth {runner_up}"
+    out.append(Outcome(
+        setting=setting, arms=tuple(len(a) for a in data), test=test.name,
+        statistic=test.statistic, p=test.p, p_adjusted=test.p, verdict=verdict,
+        effect=test.effect, detectable=test.detectable, note=note,
+        seeds_needed=(registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
+                      if verdict == registry.NOT_TESTABLE and not confounded else None)))
+  return out
+
+
+def _no_prediction(column: str):
+  def evaluate(runs) -> list[Outcome]:
+    return registry.family(_association_items(runs, column), 0, RHO_OF_INTEREST)
+  return evaluate
+
+
+for _column, _name in (("weight_norm_per_layer", "weight_norm"),
+                       ("attention_sparsity_paper", "sparsity")):
+  registry.register(registry.Claim(
+      id=f"murty.{_name}_does_not_predict", source="Murty et al. 2023, §5",
+      statement=f"{PREDICTOR_COLUMNS[_column]} does not predict generalisation (depth held "
+                "fixed)",
+      needs=f"plain lm runs with analysis.csv {_column}: final value and out_of_domain/accuracy",
+      test="stratified permutation test of Spearman's rho (y permuted within depth)",
+      rule=f"a claim of no effect: contradicted if the within-depth rho differs from 0 "
+           f"(p < 0.05, Holm over tasks); supported only if p >= 0.05 and the detectable rho "
+           f"at this n (power 0.8) is <= {RHO_OF_INTEREST} (power approach, weaker than an "
+           "equivalence test); else not testable",
+      evaluate=_no_prediction(_column), effect_of_interest=RHO_OF_INTEREST))
+
+
+@registry.claim(
+    id="murty.early_stopping", source="Murty et al. 2023, §4.1 and fig. 2",
+    statement="early stopping on in-domain accuracy underestimates generalisation",
+    needs="plain lm runs: in_domain/accuracy and out_of_domain/accuracy over training",
+    test="sign-flip permutation of final minus early-stop generalisation (paired by seed), and "
+         "the final mean's Student-t interval",
+    rule="per task and depth, early stop = the first evaluation with the best in-domain "
+         "accuracy. Supported if final > early stop (p < 0.05, Holm over depths) AND the final "
+         "mean's 95% t-interval lies above the paper's early-stopping bound (0.40 question "
+         "formation, 0.50 tense): the end is where the paper says early stopping does not get. "
+         "Contradicted if final < early stop (p < 0.05). Otherwise not testable (an end below "
+         "the bound makes the comparison vacuous)",
+    effect_of_interest=ACCURACY_OF_INTEREST)
+def early_stopping(runs) -> list[Outcome]:
+  items, bounds = [], []
+  for task, by_depth in select.depth_arms(runs).items():
+    bound = EARLY_STOP_BOUND.get(task, DEFAULT_EARLY_STOP_BOUND)
+    for depth, members in by_depth.items():
+      final = _finals(members)
+      early = np.array([select.early_stop(r, s) for r, s in members])
+      if np.sum(np.isfinite(final) & np.isfinite(early)) < 2:
+        continue
+      interval = stats.mean_interval(final[np.isfinite(final)])
+      items.append(Item(
+          select.depth_setting(task, [depth]), (int(np.isfinite(final).sum()),),
+          onesample.paired_test(final, early), detect.paired(final, early),
+          note=f"early stop {np.nanmean(early):.3f}, end {np.nanmean(final):.3f}; bound "
+               f"{bound:g}", interval=""))
+      bounds.append((bound, interval))
+  out = registry.family(items, +1, ACCURACY_OF_INTEREST)
+  for k, (o, (bound, interval)) in enumerate(zip(out, bounds)):
+    label = f"end {interval.label()} ({interval.method}, n={interval.n})"
+    if o.verdict == registry.SUPPORTED and not interval.low > bound:
+      o = dataclasses.replace(o, verdict=registry.NOT_TESTABLE,
+                              note=o.note + f"; the end's interval is not above {bound:g}: "
+                                   "vacuous")
+    out[k] = dataclasses.replace(o, interval=f"{registry.p_text(o.p, o.p_adjusted)}; {label}")
+  return out

@@ -1,0 +1,193 @@
+"""Tables in docs/ generated from `results/`: each sits between two markers naming its study and
+table,
+
+    <!-- results: qf_depth/claims -->
+    | claim | setting | ... |
+    <!-- /results -->
+
+and `python -m sg_jax.results render-docs` rewrites every such block from `results/<study>`
+(markers inside fenced code blocks are examples and are left alone)
+(`--check`: only report the blocks that differ, exit 1 if any). tests/test_results_docs.py runs
+the check, so a doc whose table disagrees with its data fails the tests.
+
+Tables (`TABLES`), each computed as the report computes it, from every run in the study folder:
+
+  claims   the Claims table (`sg_jax.claims`; the claims with runs in the study only)
+  depths   per depth: seeds, final generalisation (seed mean, Student-t 95% interval),
+           median, seeds above 0.8, early stopping (first best / last best)
+  seeds    per seed: run, depth, final in-domain and generalisation accuracy, final rule
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Callable, Sequence
+
+import numpy as np
+
+from sg_jax import claims as claims_lib
+from sg_jax import fileio
+from sg_jax import stats
+from sg_jax.report import reading
+from sg_jax.report import tables
+
+MARKER = re.compile(r"<!-- results: (?P<study>[\w.-]+)/(?P<table>[\w-]+) -->\n"
+                    r"(?P<body>.*?)<!-- /results -->", re.S)
+THRESHOLD = 0.8  # generalising seed: final generalisation above this (the report's default)
+
+
+class DocsError(ValueError):
+  """A marker names a study or table that does not exist (named with file and line)."""
+
+
+def _fmt(v, digits: int = 3) -> str:
+  if v is None or (isinstance(v, float) and not math.isfinite(v)):
+    return ""
+  return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+def claims_table(runs: Sequence[reading.Run]) -> list[str]:
+  """The Claims table of `runs` (claims without runs left out)."""
+  rows = [r for r in claims_lib.evaluate(runs) if r["verdict"] != claims_lib.NO_RUNS]
+  return claims_lib.markdown_table(rows)
+
+
+def depths_table(runs: Sequence[reading.Run]) -> list[str]:
+  """Per depth: seeds, final generalisation (mean with Student-t 95% interval, median), seeds
+  above `THRESHOLD`, mean generalisation at early stopping (first / last best)."""
+  seed_rows = tables.seed_summary(runs, THRESHOLD, 0.99, 0.0)
+  lines = ["| depth | seeds | final gen. mean [95% t-interval] | median | "
+           f"seeds > {THRESHOLD:g} | early stop, first best | early stop, last best |",
+           "|---|---|---|---|---|---|---|"]
+  for depth in sorted({r["depth"] for r in seed_rows}, key=lambda d: (d is None, d)):
+    rows = [r for r in seed_rows if r["depth"] == depth]
+    finals = np.array([r["final_generalisation"] for r in rows], np.float64)
+    finals = finals[np.isfinite(finals)]
+    interval = stats.mean_interval(finals) if finals.size > 1 else None
+    mean_cell = (f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+                 if interval else _fmt(float(finals.mean())) if finals.size else "")
+    first = np.nanmean([r["early_stop_first_generalisation"] for r in rows])
+    last = np.nanmean([r["early_stop_last_generalisation"] for r in rows])
+    above = sum(bool(r["generalises"]) for r in rows)
+    lines.append(f"| {depth} | {len(rows)} | {mean_cell} | "
+                 f"{_fmt(float(np.median(finals))) if finals.size else ''} | "
+                 f"{above}/{len(rows)} | {first:.3f} | {last:.3f} |")
+  return lines
+
+
+def seeds_table(runs: Sequence[reading.Run]) -> list[str]:
+  """Per seed: run, depth, seed, final in-domain and generalisation accuracy, final rule."""
+  lines = ["| run | depth | seed | in-domain acc. (final) | gen. acc. (final) | final rule |",
+           "|---|---|---|---|---|---|"]
+  for r in tables.seed_summary(runs, THRESHOLD, 0.99, 0.0):
+    lines.append(f"| {r['run']} | {r['depth']} | {r['seed']} | {_fmt(r['final_in_domain'])} | "
+                 f"{_fmt(r['final_generalisation'])} | {r.get('final_rule') or ''} |")
+  return lines
+
+
+TABLES: dict[str, Callable[[Sequence[reading.Run]], list[str]]] = {
+    "claims": claims_table, "depths": depths_table, "seeds": seeds_table}
+
+
+def render(results: str, study: str, table: str) -> str:
+  """The markdown of `table` for `results/<study>` (lines joined, ending in a newline).
+
+  Raises:
+    DocsError: no such study folder (or no run in it), or no such table.
+  """
+  if table not in TABLES:
+    raise DocsError(f"no table {table!r} (known: {', '.join(TABLES)})")
+  folder = os.path.join(results, study)
+  try:
+    runs = [reading.load_run(w) for w in reading.find_runs(folder)]
+  except reading.ReportError as e:
+    raise DocsError(f"results/{study}: {e}") from e
+  return "\n".join(TABLES[table](runs)) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """A generated block of a doc: where it is, what it holds and what its data give."""
+
+  doc: str
+  line: int
+  study: str
+  table: str
+  current: str
+  expected: str
+
+
+def _fenced(text: str) -> list[tuple[int, int]]:
+  """(start, end) offsets of the fenced code blocks of a markdown text."""
+  spans, start, offset = [], None, 0
+  for line in text.splitlines(keepends=True):
+    if line.lstrip().startswith("```"):
+      if start is None:
+        start = offset
+      else:
+        spans.append((start, offset + len(line)))
+        start = None
+    offset += len(line)
+  return spans
+
+
+def _markers(text: str) -> list[re.Match]:
+  """The generated blocks of a markdown text, leaving out examples inside code fences."""
+  fences = _fenced(text)
+  return [m for m in MARKER.finditer(text) if not any(a <= m.start() < b for a, b in fences)]
+
+
+def blocks(doc: str, results: str) -> list[Block]:
+  """The generated blocks of one markdown file, each with its freshly rendered table.
+
+  Raises:
+    DocsError: a block names a missing study or an unknown table (with the doc and line).
+  """
+  text = fileio.read_text(doc)
+  out = []
+  for m in _markers(text):
+    line = text.count("\n", 0, m.start()) + 1
+    try:
+      expected = render(results, m["study"], m["table"])
+    except DocsError as e:
+      raise DocsError(f"{doc}:{line}: {e}") from e
+    out.append(Block(doc, line, m["study"], m["table"], m["body"], expected))
+  return out
+
+
+def markdown_files(docs: str) -> list[str]:
+  """The .md files below `docs` (a folder) or [docs] (a file), sorted."""
+  if os.path.isfile(docs):
+    return [docs]
+  return sorted(os.path.join(d, n) for d, _, names in os.walk(docs) for n in names
+                if n.endswith(".md"))
+
+
+def stale_blocks(docs: str, results: str) -> list[Block]:
+  """The generated blocks under `docs` whose text differs from what `results` gives."""
+  return [b for path in markdown_files(docs) for b in blocks(path, results)
+          if b.current != b.expected]
+
+
+def render_docs(docs: str, results: str) -> list[Block]:
+  """Rewrites every stale generated block under `docs` in place; returns those rewritten."""
+  stale = stale_blocks(docs, results)
+  for path in sorted({b.doc for b in stale}):
+    text = fileio.read_text(path)
+    pieces, last = [], 0
+    for m in _markers(text):
+      pieces += [text[last:m.start()], f"<!-- results: {m['study']}/{m['table']} -->\n",
+                 render(results, m["study"], m["table"]), "<!-- /results -->"]
+      last = m.end()
+    fileio.write_atomic(path, "".join(pieces) + text[last:])
+  return stale
+
+
+def studies(results: str) -> list[str]:
+  """The study folders directly below `results` ([] when it does not exist)."""
+  if not os.path.isdir(results):
+    return []
+  return sorted(n for n in os.listdir(results) if os.path.isdir(os.path.join(results, n)))

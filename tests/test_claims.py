@@ -1,0 +1,306 @@
+"""`sg_jax.claims`: each decision rule on hand-made runs whose answer is known, the registry
+(a claim registered from outside shows in the table) and the Claims table's columns."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sg_jax import claims
+from sg_jax import stats
+from sg_jax.claims import onesample
+from sg_jax.report import reading
+from sg_jax.report.reading import Run
+
+import results_fixtures  # pylint: disable=wrong-import-order  (tests/ is on the path)
+
+STEPS = np.arange(0, 11000, 1000)
+
+
+def _run(depth, finals, *, at_saturation=0.1, task="question", name=None, config=None,
+         extra=None):
+  """A plain lm run: in-domain saturates at step 2000, generalisation goes from
+  `at_saturation` there linearly to each seed's final value; `extra` {name: per-seed final}
+  adds flat analysis series."""
+  series = {"in_domain/accuracy": {}, "out_of_domain/accuracy": {}}
+  for s, f in enumerate(finals):
+    series["in_domain/accuracy"][s] = (STEPS, np.minimum(1.0, STEPS / 2000))
+    gen = np.where(STEPS < 2000, at_saturation * STEPS / 2000,
+                   at_saturation + (f - at_saturation) * (STEPS - 2000) / 8000)
+    series["out_of_domain/accuracy"][s] = (STEPS, gen)
+  for column, values in (extra or {}).items():
+    series[column] = {s: (STEPS, np.full(STEPS.size, v)) for s, v in enumerate(values)}
+  cfg = {"task": task, "objective": "lm", "num_seeds": len(finals),
+         "model": {"num_layers": depth}, **(config or {})}
+  return Run(workdir="", name=name or f"depth{depth}", depth=depth, task=task,
+             num_steps=10000, series=series, config=cfg)
+
+
+def _verdicts(claim_id, runs):
+  return [r["verdict"] for r in claims.evaluate(runs, ids=[claim_id])]
+
+
+def _noise(n, scale, seed):
+  return np.random.default_rng(seed).normal(0, scale, n)
+
+
+def test_inverted_u_supported_contradicted_or_not_testable():
+  u = {4: 0.3, 6: 0.6, 8: 0.9, 10: 0.5, 12: 0.2}
+  runs = [_run(d, np.clip(m + _noise(8, 0.03, d), 0, 1)) for d, m in u.items()]
+  assert _verdicts("murty.inverted_u", runs) == [claims.SUPPORTED]
+  rising = [_run(d, np.clip(0.1 * d / 2 + _noise(8, 0.03, d), 0, 1)) for d in (4, 6, 8, 10)]
+  assert _verdicts("murty.inverted_u", rising) == [claims.CONTRADICTED]
+  falling = [_run(d, np.clip(1 - 0.1 * d / 2 + _noise(8, 0.03, d), 0, 1)) for d in (4, 6, 8)]
+  assert _verdicts("murty.inverted_u", falling) == [claims.CONTRADICTED]
+  flat = [_run(d, np.clip(0.6 + _noise(4, 0.2, d), 0, 1)) for d in (4, 6, 8, 10)]
+  row, = claims.evaluate(flat, ids=["murty.inverted_u"])
+  assert row["verdict"] == claims.NOT_TESTABLE
+  assert row["seeds per arm"] == "4 / 4 / 4 / 4" and row["detectable effect"]
+  assert _verdicts("murty.inverted_u", rising[:2]) == [claims.NO_RUNS]  # 2 depths: no U to test
+
+
+def test_grokking_rule():
+  big_gain = [_run(6, 0.9 + _noise(8, 0.02, 1))]
+  assert _verdicts("murty.grokking", big_gain) == [claims.SUPPORTED]
+  no_gain = [_run(6, 0.1 + _noise(8, 0.02, 2))]
+  assert _verdicts("murty.grokking", no_gain) == [claims.CONTRADICTED]
+  # 4 seeds: the sign-flip test's smallest p is 2/16 = 0.125, so no verdict either way
+  row, = claims.evaluate([_run(6, 0.9 + _noise(4, 0.02, 3))], ids=["murty.grokking"])
+  assert row["verdict"] == claims.NOT_TESTABLE and row["detectable effect"] == "none at this n"
+  # the gain (~0.8) is far above 0.2 + its detectable effect, so the first n at which the
+  # sign-flip test can reach 0.05 suffices: 2 / 2^6 = 0.031
+  assert row["seeds needed"] == "6"
+
+
+def test_early_stopping_needs_the_end_above_the_papers_bound():
+  good_end = [_run(6, 0.9 + _noise(8, 0.02, 4), at_saturation=0.1)]
+  assert _verdicts("murty.early_stopping", good_end) == [claims.SUPPORTED]
+  vacuous = [_run(6, 0.3 + _noise(8, 0.02, 5), at_saturation=0.05)]  # end above early stop,
+  row, = claims.evaluate(vacuous, ids=["murty.early_stopping"])      # but below 0.40
+  assert row["verdict"] == claims.NOT_TESTABLE and "vacuous" in row["note"]
+  worse_end = [_run(6, 0.05 + _noise(8, 0.01, 6) * 0, at_saturation=0.6)]
+  assert _verdicts("murty.early_stopping", worse_end) == [claims.CONTRADICTED]
+
+
+def test_predictors_within_depth():
+  runs = []
+  for d in (4, 6, 8):
+    gen = np.linspace(0.2, 0.9, 8)
+    runs.append(_run(d, gen, extra={"tscore": gen + _noise(8, 0.01, d),
+                                    "weight_norm_per_layer": -gen + _noise(8, 0.01, d + 1)}))
+  assert _verdicts("murty.tscore_within_depth", runs) == [claims.SUPPORTED]
+  # weight norm tracking generalisation within depth contradicts "does not predict"
+  assert _verdicts("murty.weight_norm_does_not_predict", runs) == [claims.CONTRADICTED]
+  noise = [_run(d, np.linspace(0.2, 0.9, 4), extra={"tscore": _noise(4, 1, d)})
+           for d in (4, 6)]
+  assert _verdicts("murty.tscore_within_depth", noise) == [claims.NOT_TESTABLE]
+  assert _verdicts("murty.sparsity_does_not_predict", noise) == [claims.NO_RUNS]
+
+
+def test_tscore_best_depth_rule():
+  gen = {4: 0.3, 6: 0.9, 8: 0.5}
+  score = {4: 0.5, 6: 0.8, 8: 0.6}  # tscore picks the best depth, an interior one
+  runs = [_run(d, gen[d] + _noise(8, 0.02, d), extra={"tscore": [score[d]] * 8}) for d in gen]
+  assert _verdicts("murty.tscore_best_depth", runs) == [claims.SUPPORTED]
+  wrong = {4: 0.9, 6: 0.8, 8: 0.5}  # tscore picks depth 6, depth 4 generalises best
+  runs = [_run(d, wrong[d] + _noise(8, 0.02, d), extra={"tscore": [score[d]] * 8})
+          for d in wrong]
+  assert _verdicts("murty.tscore_best_depth", runs) == [claims.CONTRADICTED]
+  monotone = [_run(d, 0.1 * d + _noise(8, 0.02, d), extra={"tscore": [d] * 8}) for d in (4, 6, 8)]
+  row, = claims.evaluate(monotone, ids=["murty.tscore_best_depth"])
+  assert row["verdict"] == claims.NOT_TESTABLE and "confounded with depth" in row["note"]
+  assert row["seeds needed"] == ""  # more seeds cannot separate tscore from depth
+
+
+def _regime_run(uas, gen, lambdas, ends):
+  n = len(lambdas)
+  run = _run(4, gen, config={"num_seeds": n, "sas": {"lambdas": list(lambdas),
+                                                     "ends": list(ends)}}, name="sas")
+  run.series["in_domain/uas"] = {s: (STEPS, np.full(STEPS.size, u)) for s, u in enumerate(uas)}
+  return run
+
+
+def test_chen_regulariser_and_brief_suppression():
+  k = 6  # seeds per regime
+  lambdas = [0] * k + [0.3] * k + [-0.3] * k + [0.3] * k
+  ends = [0] * 3 * k + [700] * k
+  uas = np.r_[0.32 + _noise(k, 0.005, 1), 0.12 + _noise(k, 0.005, 2),
+              0.43 + _noise(k, 0.005, 3), 0.33 + _noise(k, 0.005, 4)]
+  gen = np.r_[0.3 + _noise(k, 0.01, 5), 0.3 + _noise(k, 0.01, 6), 0.2 + _noise(k, 0.01, 7),
+              0.9 + _noise(k, 0.01, 8)]
+  run = _regime_run(uas, gen, lambdas, ends)
+  rows = claims.evaluate([run], ids=["chen.regulariser_moves_uas"])
+  assert [r["setting"] for r in rows] == ["sas: suppressed vs unregularised",
+                                          "sas: promoted vs unregularised"]
+  assert [r["verdict"] for r in rows] == [claims.SUPPORTED, claims.SUPPORTED]
+  assert _verdicts("chen.brief_suppression_helps", [run]) == [claims.SUPPORTED]
+  order = np.r_[np.arange(3 * k, 4 * k), np.arange(k, 3 * k), np.arange(0, k)]
+  reversed_run = _regime_run(uas, gen[order], lambdas, ends)
+  assert _verdicts("chen.brief_suppression_helps", [reversed_run]) == [claims.CONTRADICTED]
+  assert _verdicts("chen.brief_suppression_helps", [_run(4, gen)]) == [claims.NO_RUNS]
+  # 4 seeds against 4: the smallest two-sided p is 2 / 70 = 0.029, and Holm over the two
+  # regimes doubles it: the same separation is not testable at this n
+  four = np.r_[0:4, k:k + 4, 2 * k:2 * k + 4]
+  small = _regime_run(uas[four], gen[four], [lambdas[i] for i in four], [0] * 12)
+  assert [r["verdict"] for r in claims.evaluate([small], ids=["chen.regulariser_moves_uas"])
+          ] == [claims.NOT_TESTABLE] * 2
+
+
+def test_own_dose_responses():
+  gen = np.r_[0.2 + _noise(4, 0.01, 1), 0.5 + _noise(4, 0.01, 2), 0.8 + _noise(4, 0.01, 3),
+              0.9 + _noise(4, 0.01, 4)]
+  run = _run(6, gen, config={"num_seeds": 16,
+                             "tree": {"lambdas": [0] * 4 + [0.01] * 4 + [0.1] * 4 + [-0.01] * 4}})
+  row, = claims.evaluate([run], ids=["sg_jax.tree_dose_response"])
+  assert row["verdict"] == claims.SUPPORTED and row["setting"].endswith("= 0 / 0.01 / 0.1")
+  assert row["seeds per arm"] == "4 / 4 / 4"  # the suppressed seeds are not a dose
+  down = _run(4, gen[::-1], config={"num_seeds": 16,
+                                    "data": {"num_disambiguating": [0] * 8 + [100] * 8}})
+  assert _verdicts("sg_jax.disambiguating_lines", [down]) == [claims.CONTRADICTED]
+
+
+def test_bhaskar_claims_on_hand_made_pruning_tables(tmp_path):
+  work = str(tmp_path / "prune")
+  results_fixtures.make_workdir(work, depth=4, finals=[0.6] * 8, pruning=False)
+  results_fixtures.write_pruning(work, num_layers=4, num_seeds=8, num_heads=4)
+  run = reading.load_run(work)
+  rows = {r["claim"]: r for r in claims.evaluate(
+      [run], ids=["bhaskar.equal_in_domain_differ", "bhaskar.shared_core",
+                  "bhaskar.core_forms_early", "bhaskar.core_ablation"])}
+  # out-of-domain 0.5 / 0.6 / 0.7 on 400 lines at equal in-domain accuracy: they differ
+  assert rows["bhaskar.equal_in_domain_differ"]["verdict"] == claims.SUPPORTED
+  # head 0 is in every subnetwork (core of 1 per seed, 8 in all) against 8 x 16 x (2/16)^3
+  assert rows["bhaskar.shared_core"]["verdict"] == claims.SUPPORTED
+  assert rows["bhaskar.shared_core"]["statistic"] == "8"
+  # the step-500 core (after saturation at 200) equals the final one
+  assert rows["bhaskar.core_forms_early"]["verdict"] == claims.SUPPORTED
+  # random heads removed 0.55 + 0.01 s against the core removed 0.30 + 0.01 s
+  assert rows["bhaskar.core_ablation"]["verdict"] == claims.SUPPORTED
+  assert _verdicts("bhaskar.shared_core", [_run(4, [0.5] * 2)]) == [claims.NO_RUNS]
+
+
+def test_a_claim_registered_from_outside_shows_in_the_table():
+  @claims.claim(id="test.outside", source="this test", statement="final generalisation > 0.5",
+                needs="any run", test="sign-flip permutation", rule="supported if p < 0.05")
+  def outside(runs):
+    x = [f for r in runs for f in r.series["out_of_domain/accuracy"] and
+         [v[1][-1] for v in r.series["out_of_domain/accuracy"].values()]]
+    test = onesample.paired_test(x, [0.5] * len(x))
+    return [claims.Outcome(setting="all runs", arms=(len(x),), test=test.name,
+                           statistic=test.statistic, p=test.p,
+                           verdict=claims.decide(test, +1), detectable=test.detectable)]
+
+  try:
+    assert "test.outside" in claims.claims()
+    rows = claims.evaluate([_run(6, [0.9] * 8)])
+    mine = [r for r in rows if r["claim"] == "test.outside"]
+    assert len(mine) == 1 and mine[0]["verdict"] == claims.SUPPORTED
+    assert mine[0]["p or interval"] == "p = 0.00781"  # 2 / 2^8: every seed above 0.5
+    assert any("| test.outside | all runs | 8 |" in line for line in
+               claims.markdown_table(mine))
+    with pytest.raises(ValueError, match="registered already"):
+      claims.register(claims.claims()["test.outside"])
+  finally:
+    claims.unregister("test.outside")
+  assert "test.outside" not in claims.claims()
+
+
+def test_claims_table_columns_and_no_runs_rows():
+  rows = claims.evaluate([])
+  assert {r["verdict"] for r in rows} == {claims.NO_RUNS}
+  assert len(rows) == len(claims.claims()) >= 16
+  header = claims.markdown_table(rows)[0]
+  assert header == ("| claim | setting | seeds per arm | test | statistic | p or interval | "
+                    "detectable effect | verdict |")
+  lines = claims.markdown_lines(rows)
+  assert lines[1] == "## Claims" and "alpha 0.05" in lines[-1]
+  for c in claims.claims().values():
+    assert c.source and c.rule and c.test and c.needs and c.statement
+
+
+def test_decide_and_the_null_rule():
+  test = lambda p, effect, detectable: stats.Test("t", effect, p, (8,), effect, detectable)
+  assert claims.decide(test(0.01, 0.3, 0.1), +1) == claims.SUPPORTED
+  assert claims.decide(test(0.01, -0.3, 0.1), +1) == claims.CONTRADICTED
+  assert claims.decide(test(0.2, 0.3, 0.5), +1) == claims.NOT_TESTABLE
+  assert claims.decide(test(0.01, 0.3, 0.1), 0, effect_of_interest=0.4) == claims.CONTRADICTED
+  assert claims.decide(test(0.5, 0.0, 0.3), 0, effect_of_interest=0.4) == claims.SUPPORTED
+  assert claims.decide(test(0.5, 0.0, 0.6), 0, effect_of_interest=0.4) == claims.NOT_TESTABLE
+  with pytest.raises(ValueError, match="effect_of_interest"):
+    claims.decide(test(0.5, 0.0, 0.6), 0)
+
+
+def test_paired_test_is_the_exact_sign_flip_enumeration():
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(0, 1, 7), rng.normal(0.5, 1, 7)
+  d = x - y
+  flips = np.array(np.meshgrid(*[[-1, 1]] * 7)).reshape(7, -1).T
+  means = (flips * np.abs(d)).mean(axis=1)
+  naive = np.mean(np.abs(means) >= abs(d.mean()) - 1e-12)
+  result = onesample.paired_test(x, y)
+  assert result.p == pytest.approx(naive)
+  assert result.min_p == pytest.approx(2 / 2**7)
+  assert onesample.paired_test([1, 2, 3, 4], [0, 0, 0, 0]).detectable == math.inf
+
+
+def test_proportion_detectable_is_exact():
+  # n = 8 against 0.5: only 8/8 and 0/8 reach p < 0.05 (p = 0.0078), so power at q is q^8
+  assert onesample.proportion_detectable(8) == pytest.approx(0.8 ** (1 / 8) - 0.5, abs=1e-6)
+  assert onesample.proportion_detectable(4) == math.inf  # 4/4 gives p = 0.125
+  result = onesample.proportion_test(8, 8)
+  assert result.p == pytest.approx(2 / 256) and result.effect == 0.5
+
+
+def _onset_run(num_seeds, structure_at, drop_at):
+  steps = np.arange(0, 10001, 250)
+  sigmoid = lambda t, at: 1 / (1 + np.exp(-(t - at) / 150))
+  run = _run(4, [0.5] * num_seeds, config={"num_seeds": num_seeds})
+  run.series["in_domain/uas"] = {s: (steps, 0.1 + 0.3 * sigmoid(steps, structure_at))
+                                 for s in range(num_seeds)}
+  run.series["train/loss"] = {s: (steps, 3.0 - 2.0 * sigmoid(steps, drop_at))
+                              for s in range(num_seeds)}
+  return run
+
+
+def test_structure_onset_with_loss_drop():
+  row, = claims.evaluate([_onset_run(8, 5000, 5000)], ids=["chen.structure_with_loss_drop"])
+  assert row["verdict"] == claims.SUPPORTED
+  assert row["p or interval"] == "1.000 [0.631, 1.000] (Clopper-Pearson, n=8)"
+  assert _verdicts("chen.structure_with_loss_drop", [_onset_run(8, 8000, 2000)]) == [
+      claims.CONTRADICTED]
+  row, = claims.evaluate([_onset_run(4, 5000, 5000)], ids=["chen.structure_with_loss_drop"])
+  assert row["verdict"] == claims.NOT_TESTABLE and row["detectable effect"] == "none at this n"
+  # seeds at which the exact binomial test detects 0.85 against 0.5 with power 0.8
+  needed = int(row["seeds needed"])
+  assert onesample.proportion_detectable(needed) <= 0.35 < onesample.proportion_detectable(8)
+
+
+def test_lm_generalises_best_over_objectives():
+  def objective_run(objective, prefs):
+    run = _run(6, [0.5] * len(prefs), name=objective, config={"objective": objective})
+    run.series["out_of_domain/preference"] = {s: (STEPS, np.full(STEPS.size, p))
+                                              for s, p in enumerate(prefs)}
+    return run
+
+  lm = objective_run("lm", 0.7 + _noise(6, 0.01, 1))
+  prefix = objective_run("prefix_lm", 0.05 + _noise(6, 0.01, 2))
+  rows = claims.evaluate([lm, prefix], ids=["sg_jax.lm_generalises_best"])
+  assert [(r["setting"], r["verdict"]) for r in rows] == [("lm vs prefix_lm", claims.SUPPORTED)]
+  better = objective_run("prefix_lm", 0.95 + _noise(6, 0.01, 3))
+  assert _verdicts("sg_jax.lm_generalises_best", [lm, better]) == [claims.CONTRADICTED]
+  assert _verdicts("sg_jax.lm_generalises_best", [lm]) == [claims.NO_RUNS]
+
+
+def test_no_prediction_is_supported_only_with_power():
+  rng = np.random.default_rng(7)
+  runs = [_run(d, rng.uniform(0.2, 0.9, 40), extra={"attention_sparsity_paper":
+                                                    rng.normal(0, 1, 40)}) for d in (4, 6, 8)]
+  row, = claims.evaluate(runs, ids=["murty.sparsity_does_not_predict"])
+  # 40 seeds in each of 3 depths: no association, and rho 0.4 would be found with power 0.8
+  assert float(row["p or interval"].split("= ")[1]) >= 0.05
+  assert float(row["detectable effect"]) < 0.4
+  assert row["verdict"] == claims.SUPPORTED
+  few = [_run(d, rng.uniform(0.2, 0.9, 5), extra={"attention_sparsity_paper":
+                                                   rng.normal(0, 1, 5)}) for d in (4, 6, 8)]
+  row, = claims.evaluate(few, ids=["murty.sparsity_does_not_predict"])
+  assert row["verdict"] == claims.NOT_TESTABLE and row["seeds needed"]
