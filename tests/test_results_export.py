@@ -50,6 +50,8 @@ def test_export_then_load_run_gives_identical_series(tmp_path):
                                     "pruning_core.csv.gz", "vocab.json",
                                     "pruning/masks_step500.npz", "pruning/masks_step1000.npz"}
   assert len(manifest["exported_at_commit"]["commit"]) in (40, 7)  # a sha, or 'unknown'
+  assert (manifest["last_step"], manifest["num_steps"], manifest["complete"]) == (1000, 1000,
+                                                                                  True)
 
 
 def test_export_pruning_tables_read_the_same(tmp_path):
@@ -84,9 +86,11 @@ def test_report_tables_same_from_workdir_and_export(tmp_path):
 
 
 def test_export_is_deterministic_and_replaces_stale_files(tmp_path):
-  work = results_fixtures.make_workdir(str(tmp_path / "w"), pruning=False)
+  work = results_fixtures.make_workdir(str(tmp_path / "w"), pruning=False,
+                                       config_extra={"train": {"num_steps": 2000}})
   out = tmp_path / "out"
-  export.export_run(work, str(out))
+  manifest = export.export_run(work, str(out))
+  assert not manifest["complete"]  # metrics end at 1000 of 2000 steps: still training
   first = (out / "metrics.csv.gz").read_bytes()
   (out / "stale.csv.gz").write_bytes(b"old")
   export.export_run(work, str(out))

@@ -43,6 +43,9 @@ def _export() -> None:
   for m in manifests:
     total = sum(f["bytes"] for f in m["files"].values())
     print(f"exported {m['name']}: {len(m['files'])} files, {total / 1024:.0f} KiB")
+    if not m["complete"]:
+      print(f"warning: {m['name']} ends at step {m['last_step']} of {m['num_steps']}: an "
+            "unfinished run (export it again when it is done)", file=sys.stderr)
   print(f"{FLAGS.out}: {size / 2**20:.2f} MiB in all")
   if size > export_lib.STUDY_BUDGET_BYTES:
     print(f"warning: {FLAGS.out} is above {export_lib.STUDY_BUDGET_BYTES / 2**20:.0f} MiB; "

@@ -10,7 +10,8 @@ An exported run holds what the report and the claims read, and nothing that cann
   pruning*.csv.gz                   every pruning / core table of the workdir (`sg_jax.prune`,
                                     `sg_jax.prune_core`), compressed
   pruning/**/masks_step<N>.npz      the subnetwork masks, re-saved with `np.savez_compressed`
-  run.json                          the manifest: the command that made the run, the commit of
+  run.json                          the manifest: the command that made the run, its last logged
+                                    step against train.num_steps (`complete`), the commit of
                                     the code at export (and whether its tree was clean), the
                                     package versions, each file's size and sha256
 
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from sg_jax import fileio
+from sg_jax import long_csv
 from sg_jax.report import reading
 
 FORMAT = "sg_jax.results/1"
@@ -166,7 +168,8 @@ def export_run(workdir: str, out: str, command: str = "", commit: str = "") -> d
     np.savez_compressed(buf, **arrays)
     files[rel] = buf.getvalue()
   manifest = {"format": FORMAT, "name": os.path.basename(os.path.normpath(workdir)),
-              "command": _scrub(command, workdir), "trained_at_commit": commit or "unknown",
+              "command": _scrub(command, workdir), **_progress(workdir),
+              "trained_at_commit": commit or "unknown",
               "exported_at_commit": git_commit(), "versions": package_versions(),
               "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                         for name, data in sorted(files.items())}}
@@ -176,6 +179,22 @@ def export_run(workdir: str, out: str, command: str = "", commit: str = "") -> d
     fileio.write_atomic(os.path.join(out, name), data)
   fileio.write_atomic(os.path.join(out, MANIFEST), json.dumps(manifest, indent=1) + "\n")
   return manifest
+
+
+def _progress(workdir: str) -> dict:
+  """{'last_step': the last step metrics.csv logged, 'num_steps': config train.num_steps
+  (None when unknown), 'complete': whether the run got there}: an export of a run still
+  training says so."""
+  steps = [row[0] for row in long_csv.read_rows(os.path.join(workdir, "metrics.csv"))]
+  last = max(steps) if steps else None
+  num_steps = None
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      num_steps = json.load(f).get("train", {}).get("num_steps")
+  except (OSError, ValueError):
+    pass
+  complete = last is not None and num_steps is not None and last >= num_steps
+  return {"last_step": last, "num_steps": num_steps, "complete": complete}
 
 
 def _sweep_command(workdir: str) -> str:
