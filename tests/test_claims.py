@@ -72,6 +72,14 @@ def test_grokking_rule():
   assert row["seeds needed"] == "6"
 
 
+def test_grokking_without_saturation_is_not_testable_not_absent():
+  run = _run(6, [0.5] * 4)
+  for s in range(4):
+    run.series["in_domain/accuracy"][s] = (STEPS, np.full(STEPS.size, 0.9))
+  row, = claims.evaluate([run], ids=["murty.grokking"])
+  assert row["verdict"] == claims.NOT_TESTABLE and "4 of 4 seeds never reach" in row["note"]
+
+
 def test_early_stopping_needs_the_end_above_the_papers_bound():
   good_end = [_run(6, 0.9 + _noise(8, 0.02, 4), at_saturation=0.1)]
   assert _verdicts("murty.early_stopping", good_end) == [claims.SUPPORTED]
@@ -214,6 +222,7 @@ def test_claims_table_columns_and_no_runs_rows():
                     "detectable effect | verdict |")
   lines = claims.markdown_lines(rows)
   assert lines[1] == "## Claims" and "alpha 0.05" in lines[-1]
+  assert lines[3] == "No runs here for: " + ", ".join(f"`{c}`" for c in claims.claims()) + "."
   for c in claims.claims().values():
     assert c.source and c.rule and c.test and c.needs and c.statement
 

@@ -328,9 +328,15 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
   """The "Claims" section of summary.md ([] without rows)."""
   if not rows:
     return []
-  lines = ["", "## Claims", "", *markdown_table(rows), "",
+  tested = [r for r in rows if r["verdict"] != NO_RUNS]
+  absent = [r["claim"] for r in rows if r["verdict"] == NO_RUNS]
+  lines = ["", "## Claims", ""]
+  lines += [*markdown_table(tested), ""] if tested else []
+  if absent:
+    lines += ["No runs here for: " + ", ".join(f"`{c}`" for c in absent) + ".", ""]
+  lines += [
            "Each row is a registered claim (`sg_jax.claims`, docs/claims.md) tested on the runs "
-           "of this root; a claim with nothing to test here reads \"no runs\". Verdicts at "
+           "of this root (claims.csv lists the others as \"no runs\"). Verdicts at "
            "alpha 0.05 (two-sided; Holm over a claim's settings): supported / contradicted when "
            "the test rejects with / against the claimed direction; \"not testable at this n\" "
            "otherwise, with the smallest effect the test detects with power 0.8 at these seeds "
