@@ -45,7 +45,7 @@ def _lines(run) -> int:
 
 
 @registry.claim(
-    id="bhaskar.equal_in_domain_differ", source="Bhaskar et al. 2024, §4 and fig. 2",
+    id="bhaskar.equal_in_domain_differ", source="Bhaskar et al. 2024; docs/REFERENCE.md §2",
     statement="subnetworks with the same in-domain accuracy differ widely out of domain",
     needs="pruning.csv: in- and out-of-domain accuracy of every subnetwork and of the full model",
     test="chi-square homogeneity of out-of-domain accuracy (lines correct) across the "
@@ -118,7 +118,7 @@ def _random_core_sizes(sizes: np.ndarray, num_heads: int, rng: np.random.Generat
 
 
 @registry.claim(
-    id="bhaskar.shared_core", source="Bhaskar et al. 2024, §5 (the heuristic core)",
+    id="bhaskar.shared_core", source="Bhaskar et al. 2024, §5",
     statement="all subnetworks of a model share a core of heads",
     needs="pruning/masks_step<N>.npz of the last pruned step",
     test="Monte Carlo test of the core's size against the intersection of random head sets of "
@@ -182,7 +182,7 @@ def _expected_jaccard(a: int, b: int, total: int) -> float:
 
 
 @registry.claim(
-    id="bhaskar.core_forms_early", source="Bhaskar et al. 2024, §6 (training dynamics)",
+    id="bhaskar.core_forms_early", source="Bhaskar et al. 2024; docs/REFERENCE.md §2",
     statement="the core forms early in training",
     needs="pruning masks at an early step after in-domain saturation and at the last step",
     test="sign-flip permutation (paired by training seed) of the head-core Jaccard with the "
@@ -225,7 +225,7 @@ def core_forms_early(runs) -> list[Outcome]:
 
 
 @registry.claim(
-    id="bhaskar.core_ablation", source="Bhaskar et al. 2024, §5.2",
+    id="bhaskar.core_ablation", source="Bhaskar et al. 2024, §5",
     statement="removing the core hurts generalisation more than removing as many random heads",
     needs="pruning_core.csv ablation rows (sg_jax.prune_core)",
     test="sign-flip permutation (paired by training seed) of out-of-domain accuracy with random "

@@ -46,7 +46,7 @@ def _regimes(run) -> dict[str, list[int]] | None:
 
 
 @registry.claim(
-    id="chen.regulariser_moves_uas", source="Chen et al. 2024, §4 (SAS regulariser)",
+    id="chen.regulariser_moves_uas", source="Chen et al. 2024; docs/REFERENCE.md §3",
     statement="the SAS regulariser moves UAS: suppression lowers it, promotion raises it",
     needs="a run with per-seed sas.lambdas including 0: final in_domain/uas",
     test="permutation test of the difference of means (regime minus unregularised seeds)",
@@ -131,7 +131,7 @@ def _generalisation(run) -> str:
 
 
 @registry.claim(
-    id="chen.brief_suppression_helps", source="Chen et al. 2024, §5 (early suppression)",
+    id="chen.brief_suppression_helps", source="Chen et al. 2024; docs/REFERENCE.md §3",
     statement="suppressing SAS briefly early in training improves the final model",
     needs="a run with per-seed sas.lambdas and sas.ends: unregularised seeds and seeds "
           "suppressed for a window from step 0",

@@ -41,7 +41,7 @@ def _finals(members) -> np.ndarray:
 
 
 @registry.claim(
-    id="murty.grokking", source="Murty et al. 2023, §4 and fig. 1",
+    id="murty.grokking", source="Murty et al. 2023; docs/REFERENCE.md §1",
     statement="generalisation rises long after in-domain accuracy saturates (structural "
               "grokking)",
     needs="plain lm runs: in_domain/accuracy and out_of_domain/accuracy over training",
@@ -84,7 +84,7 @@ def _trend(groups) -> stats.Test:
 
 
 @registry.claim(
-    id="murty.inverted_u", source="Murty et al. 2023, §4.2 and fig. 3",
+    id="murty.inverted_u", source="Murty et al. 2023; docs/REFERENCE.md §1",
     statement="final generalisation is an inverted U over depth",
     needs="plain lm runs at >= 3 depths: final out_of_domain/accuracy",
     test="Jonckheere-Terpstra on each side of the best depth",
@@ -174,7 +174,7 @@ def _association_items(runs, column: str) -> list[Item]:
 
 
 @registry.claim(
-    id="murty.tscore_within_depth", source="Murty et al. 2023, §5 (tree-structuredness)",
+    id="murty.tscore_within_depth", source="Murty et al. 2023, §5",
     statement="tscore predicts generalisation (tested with depth held fixed: across depths "
               "every depth-monotone quantity orders a monotone depth curve, issue 49)",
     needs="plain lm runs with analysis.csv tscore: final tscore and out_of_domain/accuracy",
@@ -187,7 +187,7 @@ def tscore_within_depth(runs) -> list[Outcome]:
 
 
 @registry.claim(
-    id="murty.tscore_best_depth", source="Murty et al. 2023, §5 and table 2",
+    id="murty.tscore_best_depth", source="Murty et al. 2023, §5",
     statement="the depth with the highest tscore is the depth that generalises best",
     needs="plain lm runs at >= 2 depths with analysis.csv tscore",
     test="permutation test of the difference of means (generalisation, two depths)",
@@ -266,7 +266,7 @@ for _column, _name in (("weight_norm_per_layer", "weight_norm"),
 
 
 @registry.claim(
-    id="murty.early_stopping", source="Murty et al. 2023, §4.1 and fig. 2",
+    id="murty.early_stopping", source="Murty et al. 2023; docs/REFERENCE.md §1",
     statement="early stopping on in-domain accuracy underestimates generalisation",
     needs="plain lm runs: in_domain/accuracy and out_of_domain/accuracy over training",
     test="sign-flip permutation of final minus early-stop generalisation (paired by seed), and "

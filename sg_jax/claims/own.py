@@ -45,7 +45,7 @@ def _dose_items(runs, field: str, keep=lambda dose: True) -> list[Item]:
 
 @registry.claim(
     id="sg_jax.tree_dose_response",
-    source="docs/tree_regularisation.md (TreeReg, Nandi et al. 2025, as sg_jax's `tree` term)",
+    source="docs/tree_regularisation.md (TreeReg as sg_jax's `tree` term)",
     statement="promoting tree structure (tree.lambdas >= 0) raises final generalisation with "
               "its strength",
     needs="a run with per-seed tree.lambdas: final out_of_domain/accuracy",
