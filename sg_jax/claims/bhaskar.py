@@ -18,7 +18,7 @@ from sg_jax.claims import select
 from sg_jax.claims.registry import Item, Outcome
 from sg_jax.report import pruning_tables
 
-# Bhaskar et al. §3: subnetworks "within 3% of the full model's in-domain accuracy".
+# docs/REFERENCE.md §2 (Bhaskar et al. 2024): subnetworks "within 3% of the full model's accuracy".
 IN_DOMAIN_TOLERANCE = 0.03
 # The smallest range of out-of-domain accuracy among such subnetworks that counts as differing.
 RANGE_OF_INTEREST = 0.05

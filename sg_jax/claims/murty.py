@@ -21,9 +21,9 @@ from sg_jax.report.reading import GEN_ACC
 # The smallest rise of generalisation after in-domain saturation that counts as grokking
 # (accuracy, fixed before any run was read).
 GROKKING_GAIN = 0.2
-# Murty et al. §4: with early stopping, mean generalisation < 40% (question formation) and
-# < 50% (tense) against > 80-90% after long training. The end must lie above this bound for the
-# early-stopping comparison to say anything (docs/claims.md).
+# docs/REFERENCE.md §1 (Murty et al. 2023): with early stopping, mean generalisation < 40%
+# (question formation) and < 50% (tense) against > 80-90% after long training. The end must lie
+# above this bound for the early-stopping comparison to say anything (docs/claims.md).
 EARLY_STOP_BOUND = {"question": 0.40, "tense": 0.50}
 DEFAULT_EARLY_STOP_BOUND = 0.5
 # Correlations: the smallest within-depth Spearman rho that matters.

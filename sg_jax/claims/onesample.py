@@ -47,7 +47,7 @@ def paired_test(x: Sequence[float], y: Sequence[float], shift: float = 0.0) -> s
   """Exact sign-flip permutation test of the mean of `x - y - shift` against 0 (pairs with a
   NaN dropped): every one of the 2^n sign assignments for n <= 16, else 100,000 Monte Carlo
   draws with a fixed seed (scipy.stats.permutation_test, permutation_type="samples";
-  Fisher 1935, Good 2005 §3.1).
+  Fisher 1935).
 
   Args:
     x, y: float [seeds] per-seed values, paired by position (e.g. final and early-stopping
