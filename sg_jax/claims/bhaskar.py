@@ -16,14 +16,13 @@ from sg_jax.claims import onesample
 from sg_jax.claims import registry
 from sg_jax.claims import select
 from sg_jax.claims.registry import Item, Outcome
+from sg_jax.pruning import core
 from sg_jax.report import pruning_tables
 
 # docs/REFERENCE.md §2 (Bhaskar et al. 2024): subnetworks "within 3% of the full model's accuracy".
 IN_DOMAIN_TOLERANCE = 0.03
 # The smallest range of out-of-domain accuracy among such subnetworks that counts as differing.
 RANGE_OF_INTEREST = 0.05
-# Random masks drawn per test of the core against chance.
-NUM_RANDOM = 20_000
 # Accuracy (core ablation) and Jaccard (core formation) differences that matter.
 ACCURACY_OF_INTEREST = 0.1
 JACCARD_OF_INTEREST = 0.2
@@ -108,27 +107,18 @@ def equal_in_domain_differ(runs) -> list[Outcome]:
   return out
 
 
-def _random_core_sizes(sizes: np.ndarray, num_heads: int, rng: np.random.Generator,
-                       num: int = NUM_RANDOM) -> np.ndarray:
-  """Heads kept by every one of P random head sets of the given sizes (uniform without
-  replacement among `num_heads`): int [num] draws of the intersection's size."""
-  ranks = rng.random((num, len(sizes), num_heads)).argsort(axis=-1).argsort(axis=-1)
-  kept = ranks < np.asarray(sizes)[None, :, None]
-  return kept.all(axis=1).sum(axis=-1)
-
-
 @registry.claim(
     id="bhaskar.shared_core", source="Bhaskar et al. 2024, §5",
     statement="all subnetworks of a model share a core of heads",
     needs="pruning/masks_step<N>.npz of the last pruned step",
-    test="Monte Carlo test of the core's size against the intersection of random head sets of "
-         "the same sizes",
+    test="exact test of the core's size against the intersection of random head sets of the "
+         "same sizes (chained hypergeometric, `pruning.core.random_core_size_pmf`)",
     rule="per level, last pruned step: the heads in every pruning seed's subnetwork, summed over "
-         "training seeds, against the same sum for random head sets of each subnetwork's size "
-         f"({NUM_RANDOM} draws, fixed seed); supported if larger than chance (one-sided Monte "
-         "Carlo p < 0.05, Holm over levels), contradicted if smaller (p < 0.05 the other way), "
-         "else not testable. Detectable effect: heads above the random expectation needed for "
-         "p < 0.05")
+         "training seeds, against the distribution of that sum for uniformly random head sets "
+         "of each subnetwork's size (the training seeds' exact distributions convolved); "
+         "supported if larger than chance (one-sided p < 0.05, Holm over levels), contradicted "
+         "if smaller (p < 0.05 the other way), else not testable. Detectable effect: heads above "
+         "the random expectation needed for p < 0.05")
 def shared_core(runs) -> list[Outcome]:
   out = []
   for run, data in _pruned(runs):
@@ -142,17 +132,21 @@ def shared_core(runs) -> list[Outcome]:
       heads = np.asarray(subnetworks, bool)[:, :num_heads]
       if heads.shape[0] >= 2:
         by_level.setdefault(level, []).append(heads)
-    rng = np.random.default_rng(0)
     rows = []
     for level, sets in sorted(by_level.items()):
       observed = sum(int(h.all(axis=0).sum()) for h in sets)
-      random = sum(_random_core_sizes(h.sum(axis=1), num_heads, rng) for h in sets)
-      expected = float(random.mean())
-      p_high = (1 + np.sum(random >= observed)) / (1 + random.size)
-      p_low = (1 + np.sum(random <= observed)) / (1 + random.size)
-      critical = float(np.quantile(random, 0.95)) + 1
-      rows.append((level, sets, observed, expected, float(p_high), float(p_low),
-                   critical - expected))
+      pmf = np.ones(1)
+      for h in sets:  # the sum of independent cores: convolve their distributions
+        pmf = np.convolve(pmf, core.random_core_size_pmf(num_heads, h.sum(axis=1).tolist()))
+      k = np.arange(pmf.size)
+      expected = float(np.sum(k * pmf))
+      upper = np.cumsum(pmf[::-1])[::-1]  # P(total >= k)
+      p_high = float(upper[observed]) if observed < pmf.size else 0.0
+      p_low = float(np.sum(pmf[:observed + 1]))
+      reach = np.flatnonzero(upper < registry.ALPHA)
+      detect_at = float(reach[0] - expected) if reach.size else math.inf
+      rows.append((level, sets, observed, expected, min(1.0, p_high), min(1.0, p_low),
+                   detect_at))
     if not rows:
       continue
     adjusted = stats.holm([min(r[4], r[5]) for r in rows]) if len(rows) > 1 else [
@@ -163,22 +157,12 @@ def shared_core(runs) -> list[Outcome]:
                  registry.CONTRADICTED if q < registry.ALPHA else registry.NOT_TESTABLE)
       out.append(Outcome(
           setting=f"{run.name}, step {step}, sparsity {level:g}",
-          arms=tuple(h.shape[0] for h in sets), test="Monte Carlo, random head sets",
+          arms=tuple(h.shape[0] for h in sets), test="exact, random head sets",
           statistic=float(observed), p=min(p_high, p_low), p_adjusted=q, verdict=verdict,
           effect=observed - expected, detectable=detect,
           note=f"core heads {observed} over {len(sets)} training seeds, random expectation "
                f"{expected:.2f} (arms: pruning seeds per training seed)"))
   return out
-
-
-def _expected_jaccard(a: int, b: int, total: int) -> float:
-  """Exact E[|A & B| / |A | B|] for uniformly random sets of sizes a, b among `total`
-  (hypergeometric intersection); 1 when both are empty."""
-  if a == 0 and b == 0:
-    return 1.0
-  k = np.arange(max(0, a + b - total), min(a, b) + 1)
-  pmf = scipy.stats.hypergeom.pmf(k, total, a, b)
-  return float(np.sum(pmf * k / (a + b - k)))
 
 
 @registry.claim(
@@ -200,18 +184,27 @@ def core_forms_early(runs) -> list[Outcome]:
     last = max(data.masks)
     num_heads = data.shape[0] * data.shape[1]
     by_level: dict = {}
+    unsaturated = 0
     for (seed, level), final_sets in data.masks[last].items():
       sat = select.saturation(run, seed)
       early = [s for s in sorted(data.masks) if s < last and sat is not None and s >= sat
                and (seed, level) in data.masks[s]]
       if not early:
+        unsaturated += sat is None
         continue
       core_early = np.asarray(data.masks[early[0]][(seed, level)], bool)[:, :num_heads].all(0)
       core_final = np.asarray(final_sets, bool)[:, :num_heads].all(0)
       union = np.sum(core_early | core_final)
       jaccard = float(np.sum(core_early & core_final) / union) if union else 1.0
-      chance = _expected_jaccard(int(core_early.sum()), int(core_final.sum()), num_heads)
+      chance = core.expected_random_jaccard(num_heads, int(core_early.sum()),
+                                            int(core_final.sum()))
       by_level.setdefault(level, []).append((jaccard, chance, early[0]))
+    if not any(len(v) >= 2 for v in by_level.values()):
+      items.append(registry.untestable(
+          f"{run.name}, pruned steps " + "/".join(map(str, sorted(data.masks))), (),
+          "sign-flip permutation (paired mean)",
+          f"fewer than 2 training seeds have a pruned step after in-domain saturation and "
+          f"before step {last} ({unsaturated} (seed, level) groups never saturate)"))
     for level, values in sorted(by_level.items()):
       if len(values) < 2:
         continue

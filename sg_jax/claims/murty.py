@@ -65,11 +65,11 @@ def grokking(runs) -> list[Outcome]:
         final.append(select.final(run, GEN_ACC, seed))
         at_sat.append(select.value_at(run, GEN_ACC, seed, step))
       if len(final) < 2:  # the runs are there, the quantity is not: say so
-        items.append(Item(select.depth_setting(task, [depth]), (len(final),),
-                          stats.Test("sign-flip permutation (paired mean)", math.nan, math.nan,
-                                     (len(final),), math.nan, math.inf, min_p=1.0),
-                          note=f"{left_out} of {len(members)} seeds never reach in-domain "
-                               f"accuracy {select.SATURATION}: no saturation to grok after"))
+        items.append(registry.untestable(
+            select.depth_setting(task, [depth]), (len(final),),
+            "sign-flip permutation (paired mean)",
+            f"{left_out} of {len(members)} seeds never reach in-domain accuracy "
+            f"{select.SATURATION}: no saturation to grok after"))
         continue
       test = onesample.paired_test(final, at_sat, GROKKING_GAIN)
       note = (f"mean gain {np.nanmean(np.subtract(final, at_sat)):.3f}"

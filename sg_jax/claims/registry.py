@@ -209,6 +209,13 @@ class Item:
   interval: str = ""
 
 
+def untestable(setting: str, arms: tuple[int, ...], test_name: str, note: str) -> Item:
+  """An item for a setting whose runs are there but lack what the test reads (e.g. no seed
+  saturates): "not testable at this n" with the reason in `note`, never "no runs"."""
+  return Item(setting, arms, stats.Test(test_name, math.nan, math.nan, arms, math.nan,
+                                        math.inf, min_p=1.0), note=note)
+
+
 def family(items: Sequence[Item], direction: int | Sequence[int],
            effect_of_interest: float | None = None) -> list[Outcome]:
   """Outcomes of a claim tested in several settings: p-values Holm-adjusted over `items`
