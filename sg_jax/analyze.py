@@ -8,9 +8,13 @@ Restores each checkpoint of `--workdir` (parameters only), computes the requeste
 for every selected seed (vmapped over seeds; Murty et al., ACL 2023, §5; definitions in
 `sg_jax.analysis`) on the first `--num_sentences` lines of the sentence set (`--sentence_set`) of
 `--split`, and appends rows `step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What
-the file already holds is skipped, so the command can run beside a training run (it only sees
-committed checkpoints) and be rerun after a crash or a stop (SIGINT/SIGTERM: exit 75, one
-line; each checkpoint's rows are written whole). The options that change values (split,
+the file already holds is skipped, so the command can be rerun after a crash or a stop
+(SIGINT/SIGTERM: exit 75, one line; each checkpoint's rows are written whole). It holds the
+workdir's lock (`sg_jax.workdir_lock`), so it is refused in one line while `sg_jax.main` or
+another command writes into the workdir. A seed marked diverged in a checkpoint gets no rows
+there; the groups comparing with the final checkpoint (cka, tvd) run only once the run has
+reached train.num_steps; unreadable checkpoints are named after the readable ones are analysed
+(docs/reliability.md). The options that change values (split,
 sentence set, entropy input, number of sentences, projection method, normalisation, random seed)
 are recorded in `<output>.options.json`, with the number of sentences actually used; rerunning
 with other options into the same file is refused (choose another `--output`).
@@ -247,6 +251,42 @@ def _compute_rows(step: int, chosen: list[int], pending: dict[str, list[int]], p
   return rows
 
 
+def _diverged_text(diverged: dict[int, int]) -> str:
+  return ", ".join(f"seed {s} at step {at}" for s, at in sorted(diverged.items()))
+
+
+def _final_checkpoint(workdir: str, available: list[int], unreadable: dict[int, str]):
+  """The newest readable checkpoint (parameters only, `checkpointing.Restored`) and its diverged
+  seeds ({seed: step}); (None, {}) when none is readable. The unreadable newer ones are added to
+  `unreadable` (step -> why), with a warning each."""
+  for step in reversed(available):
+    try:
+      restored = checkpointing.restore(workdir, step, params_only=True)
+      return restored, checkpointing.diverged_seeds(workdir, step)
+    except checkpointing.CheckpointError as e:
+      log.warning("checkpoint step %d is unreadable: %s", step,
+                  checkpointing.error_cause(e.__cause__ or e))
+      unreadable[step] = checkpointing.error_cause(e.__cause__ or e)
+  return None, {}
+
+
+def _not_final(final, unreadable: dict[int, str]) -> str:
+  """'' when `final` (the newest readable checkpoint) is the run's last (train.num_steps), else
+  why not: quantities comparing with it would be provisional, and would block the complete
+  analysis later (its options file records the step they compared with)."""
+  if final is None:
+    return "no checkpoint is readable"
+  num_steps = int(final.config.train.num_steps)
+  if final.step >= num_steps:
+    return ""
+  newer = sorted(s for s in unreadable if s > final.step)
+  if newer:
+    return (f"the newest readable checkpoint is step {final.step} (steps {newer} are unreadable) "
+            f"and train.num_steps is {num_steps}")
+  return (f"the run's latest checkpoint is step {final.step} and train.num_steps is {num_steps} "
+          "(training unfinished or stopped)")
+
+
 def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | None = None,
             groups: Sequence[str] | None = None, num_sentences: int = 1000, split: str = "train",
             sentence_set: str = "transformed", entropy_input: str = "declarative",
@@ -321,10 +361,31 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
               "num_sentences": num_sentences, "method": method,
               "normalisation": normalisation, "rng_seed": rng_seed,
               "dynamics_lines": dynamics_lines}
+  unreadable: dict[int, str] = {}  # step -> why: reported after the others are analysed
   compared = None  # the previous and final checkpoints, for groups that compare checkpoints
-  if any("references" in g.inputs for g in requested):
-    compared = references.ReferenceParams(workdir, available)
-    recorded["reference_final_step"] = compared.final_step  # what "final" meant for the rows
+  final, final_diverged = _final_checkpoint(workdir, available, unreadable)
+  everyone = None if final is None else set(final.seeds)
+  if final is not None and final_diverged and set(final_diverged) >= everyone:
+    raise ValueError(f"every seed of {workdir} diverged ({_diverged_text(final_diverged)}; "
+                     "docs/reliability.md): nothing to analyse")
+  compare_groups = [g for g in requested if "references" in g.inputs]
+  if compare_groups:
+    why = _not_final(final, unreadable)
+    names = ", ".join(g.name for g in compare_groups)
+    if why and strict_groups:
+      raise ValueError(f"{names} compare every checkpoint with the run's final one, but {why}; "
+                       "run them once training has finished")
+    if why:
+      log.warning("skipping %s: they compare every checkpoint with the run's final one, but %s "
+                  "(rerun sg_jax.analyze once training has finished)", names, why)
+      requested = [g for g in requested if g not in compare_groups]
+    else:
+      compared = references.ReferenceParams(
+          workdir, [s for s in available if s <= final.step and s not in unreadable])
+      compared.keep(final.step, final.seeds, final.state["params"])
+      recorded["reference_final_step"] = compared.final_step  # what "final" meant for the rows
+  if not requested:
+    raise ValueError(f"nothing to compute in {workdir}: every requested group was skipped")
   check_options(path, recorded, {"reference_final_step": available[-1]},
                 hints={"reference_final_step": "--metrics without cka and tvd, whose rows "
                                                "compare with step {old},"})
@@ -337,7 +398,7 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   data = None
   rows_written = analysed = 0
-  unreadable = []  # (step, why): reported after the other checkpoints are analysed
+  warned_diverged: set[int] = set()
   t_start = time.time()
   with workdir_lib.StopSignal(exit_after=signal_exit_seconds) as stop:
     try:
@@ -346,16 +407,33 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
                                  f"before it in {path}; the rerun computes the rest)")
         if stop.received:  # its StopNow was dropped in a callback: stop here
           raise workdir_lib.StopNow(stop.received, stop.where)
+        if step in unreadable:
+          continue
         try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
           meta = checkpointing.read_meta(manager, step)
           run_seeds = [int(s) for s in meta["seeds"]]
         except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
           log.warning("skipping step %d: unreadable metadata: %s", step,
                       checkpointing.error_cause(e))
-          unreadable.append((step, f"unreadable metadata: {checkpointing.error_cause(e)}"))
+          unreadable[step] = f"unreadable metadata: {checkpointing.error_cause(e)}"
           continue
         chosen = _select_seeds(run_seeds, seeds)
-        pending = {g.name: [s for s in chosen if (step, s, g.marker) not in done]
+        try:  # a diverged seed's parameters are frozen, not trained: no rows (docs/reliability.md)
+          gone = checkpointing.diverged_seeds(workdir, step)
+        except checkpointing.CheckpointError as e:
+          log.warning("skipping step %d: %s", step, e)
+          unreadable[step] = checkpointing.error_cause(e.__cause__ or e)
+          continue
+        new_gone = {s: at for s, at in gone.items() if s in chosen and s not in warned_diverged}
+        if new_gone:
+          log.warning("no rows for diverged seeds from step %d on: %s", step,
+                      _diverged_text(new_gone))
+          warned_diverged.update(new_gone)
+        # seeds diverged by the final checkpoint are never compared with it
+        comparing = {g.name for g in requested if "references" in g.inputs}
+        pending = {g.name: [s for s in chosen if (step, s, g.marker) not in done
+                            and s not in gone
+                            and not (g.name in comparing and s in final_diverged)]
                    for g in requested}
         if not any(pending.values()):
           continue
@@ -363,7 +441,7 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
           restored = checkpointing.restore(workdir, step, params_only=True)
         except checkpointing.CheckpointError as e:
           log.warning("skipping step %d: %s", step, e)
-          unreadable.append((step, checkpointing.error_cause(e.__cause__ or e)))
+          unreadable[step] = checkpointing.error_cause(e.__cause__ or e)
           continue
         vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
         config = restored.config
@@ -415,9 +493,10 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
   log.info("done: %d rows for %d checkpoints in %.1fs -> %s", rows_written, analysed,
            time.time() - t_start, path)
   if unreadable:
+    first = min(unreadable)
     raise checkpointing.CheckpointError(
-        f"unreadable checkpoint step(s) {[s for s, _ in unreadable]} in "
-        f"{checkpointing.checkpoint_dir(workdir)} ({unreadable[0][1]}); the other "
+        f"unreadable checkpoint step(s) {sorted(unreadable)} in "
+        f"{checkpointing.checkpoint_dir(workdir)} ({unreadable[first]}); the other "
         f"checkpoints were analysed ({rows_written} new rows in {path})")
   return {"rows_written": rows_written, "checkpoints_analysed": analysed}
 

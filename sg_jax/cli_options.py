@@ -49,8 +49,12 @@ def check_options(path: str, options: dict, legacy: Mapping[str, object] | None 
   opt_path = path + ".options.json"
   old = {}
   if os.path.exists(opt_path):
-    with open(opt_path) as f:
-      old = json.load(f)
+    try:
+      with open(opt_path, encoding="utf-8") as f:
+        old = json.load(f)
+    except ValueError as e:  # undecodable or not JSON: one line naming the file
+      raise ValueError(f"{opt_path} is not readable JSON ({e}); restore it, or remove it "
+                       f"together with {path}") from None
     was = lambda k: old.get(k, legacy.get(k))
     diff = {k: (was(k), v) for k, v in options.items() if was(k) != v}
     if diff:
@@ -60,6 +64,8 @@ def check_options(path: str, options: dict, legacy: Mapping[str, object] | None 
                        + (f" ({advice} for this table)" if advice else ""))
   elif os.path.exists(path) and os.path.getsize(path) > 0:
     log.warning("%s exists without %s; assuming it used the current options", path, opt_path)
-  if record:
+  if record and (not os.path.exists(opt_path) or {**old, **options} != old):
+    # rewritten only when it changes: a command with nothing to do writes nothing (a finished
+    # workdir on a read-only mount can be re-checked)
     with fileio.open_atomic(opt_path) as f:
       json.dump({**old, **options}, f, indent=1)

@@ -54,10 +54,15 @@ def read_rows(path: str, missing_ok: bool = False) -> list[Row]:
   Raises:
     FileNotFoundError: neither `path` nor `path.gz` (an exported run's copy, read the same)
       exists, and not `missing_ok`.
+    ValueError: the file is not UTF-8 text (naming it).
   """
   if missing_ok and fileio.stored_path(path) is None:
     return []
-  text = fileio.read_text(path)  # `path`, or its exported copy `path.gz`
+  try:
+    text = fileio.read_text(path)  # `path`, or its exported copy `path.gz`
+  except UnicodeDecodeError as e:  # one line naming the file, not a bare codec error
+    raise ValueError(f"{path} is not a UTF-8 text table ({e.reason} at byte {e.start}); "
+                     "restore it or remove it to recompute it") from None
   lines = text.split("\n")
   lines.pop()  # "" after the last newline, else a line cut by a crash (its value may be cut)
   return _parse(lines)

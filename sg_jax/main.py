@@ -66,6 +66,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
     workdir_lib.config_change_help())
+_SKIP_MEMORY_CHECK = flags.DEFINE_bool(
+    "skip_memory_check", False,
+    "Start even when the run's estimated memory (training state of every seed, gradients, data, "
+    "the largest program's activations: sg_jax.cost_check) exceeds the machine's.")
 _TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False,
@@ -109,7 +113,8 @@ def main(argv):
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                       allow_config_change=_ALLOW_CONFIG_CHANGE.value,
                                       tensorboard=_TENSORBOARD.value,
-                                      signal_exit_seconds=STOP_EXIT_SECONDS)
+                                      signal_exit_seconds=STOP_EXIT_SECONDS,
+                                      memory_check=not _SKIP_MEMORY_CHECK.value)
     if watchdog is not None:
       # JAX's shutdown does not wait for the other processes (recoverable mode, see
       # sharding.initialize_distributed): without this barrier one could leave while another

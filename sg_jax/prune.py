@@ -157,8 +157,10 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
     [...]}.
 
   Raises:
-    checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing.
-    ValueError: bad options, unknown seeds, options differing from the CSV's.
+    checkpointing.CheckpointError: missing workdir, no checkpoint, a requested step missing, or
+      unreadable steps (raised after the readable ones are pruned, naming them).
+    ValueError: bad options, unknown seeds, options differing from the CSV's, every seed of the
+      run diverged (diverged seeds are skipped with a warning, docs/reliability.md).
     workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
       was written.
     workdir.Preempted: a SIGTERM/SIGINT stopped the command: the rows of every checkpoint step
@@ -219,6 +221,7 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
   levels = [table.level_key(s) for s in sparsities]
   grid = [(lv, ps) for lv in levels for ps in range(pruning_seeds)]
   data_cache = {}
+  unreadable: dict[int, str] = {}  # step -> why: named after the readable steps are pruned
   rows_written = runs_done = runs_trained = 0
   seconds = 0.0
   # SIGTERM/SIGINT: before a step's runs start, stop at once (its earlier steps are written);
@@ -233,13 +236,27 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
               f"{step} ({rows_written} new rows in {path})")
         stop.set_immediate(True, f"before pruning step {step} (its runs not started; "
                                  f"{rows_written} new rows in {path})")
-        restored = checkpointing.restore(workdir, step, params_only=True)
+        try:
+          restored = checkpointing.restore(workdir, step, params_only=True)
+          gone = checkpointing.diverged_seeds(workdir, step)
+        except checkpointing.CheckpointError as e:
+          log.warning("skipping step %d: %s", step, e)
+          unreadable[step] = checkpointing.error_cause(e.__cause__ or e)
+          continue
         run_seeds = list(restored.seeds)
         if seeds is not None and sorted(set(seeds) - set(run_seeds)):
           raise ValueError(f"seeds {sorted(set(seeds) - set(run_seeds))} are not in the run; "
                            f"seeds: {run_seeds}")
+        if gone and set(gone) >= set(run_seeds):
+          raise ValueError(f"every seed of {workdir} diverged by step {step} ("
+                           + ", ".join(f"seed {s} at step {at}" for s, at in sorted(gone.items()))
+                           + "; docs/reliability.md): nothing to prune")
+        skipped = sorted(s for s in (seeds if seeds is not None else run_seeds) if s in gone)
+        if skipped:  # frozen at their last finite parameters: not trained seeds
+          log.warning("step %d: not pruning diverged seeds %s", step,
+                      ", ".join(f"{s} (diverged at step {gone[s]})" for s in skipped))
         chosen = [s for s in (seeds if seeds is not None else run_seeds)
-                  if any((step, s, lv, ps) not in done for lv, ps in grid)]
+                  if s not in gone and any((step, s, lv, ps) not in done for lv, ps in grid)]
         if not chosen:
           log.info("step %d: every run is in %s already", step, path)
           continue
@@ -360,6 +377,12 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
         log.info("step %d: %d runs in %.1f s (%.1f s pruning, %.1f s evaluating and writing); "
                  "achieved sparsity per level %s; -> %s", step, len(chosen) * len(pairs), elapsed,
                  pruning_seconds, elapsed - pruning_seconds, by_level, path)
+      if unreadable:
+        first = min(unreadable)
+        raise checkpointing.CheckpointError(
+            f"unreadable checkpoint step(s) {sorted(unreadable)} in "
+            f"{checkpointing.checkpoint_dir(workdir)} ({unreadable[first]}); the other steps "
+            f"were pruned ({rows_written} new rows in {path})")
       return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
               "seconds": seconds, "steps": todo_steps}
     except workdir_lib.StopNow as e:

@@ -184,6 +184,11 @@ def _prune_core(workdir, *, input_name, output, sparsities, steps, last_only, se
   missing = [n for n in compare if not os.path.exists(os.path.join(workdir, n))]
   if missing:  # before any options file is written
     raise ValueError(f"--compare: no pruning table {os.path.join(workdir, missing[0])}")
+  gone = _diverged(workdir, todo_steps)
+  if gone and all(seed in gone.get(step, {}) for step in todo_steps for seed in todo_seeds):
+    raise ValueError(f"every selected seed of {workdir} diverged ("
+                     + "; ".join(f"step {step}: seeds {sorted(gone[step])}" for step in gone)
+                     + "; docs/reliability.md): no core analysis")
   opts = _pruning_options(in_path)
   if ablation:
     check_options(out_path, {"input": input_name, "num_draws": num_draws,
@@ -209,6 +214,10 @@ def _prune_core(workdir, *, input_name, output, sparsities, steps, last_only, se
     for seed in todo_seeds:
       if (step, seed) not in runs:
         log.info("step %d: no run of seed %d", step, seed)
+        continue
+      if seed in gone.get(step, {}):  # frozen parameters, not a trained seed's: left out
+        log.warning("step %d: seed %d diverged at step %d; no core analysis", step, seed,
+                    gone[step][seed])
         continue
       eff, why = core_table.effective_size_rows(step, seed, runs[(step, seed)],
                                                 full.get((step, seed)))
@@ -249,6 +258,25 @@ def _prune_core(workdir, *, input_name, output, sparsities, steps, last_only, se
   summary["rows"] = len(rows)
   summary["table"] = summary_table(rows, summary["groups"])
   return summary
+
+
+def _diverged(workdir: str, steps: list[int]) -> dict[int, dict[int, int]]:
+  """{step: {seed: step it diverged}} from the checkpoints of `steps` that exist (a table of an
+  older `sg_jax.prune` may hold diverged seeds' runs); steps without a readable checkpoint give
+  nothing."""
+  available = set(checkpointing.all_steps(workdir))
+  out = {}
+  for step in steps:
+    if step not in available:
+      continue
+    try:
+      found = checkpointing.diverged_seeds(workdir, step)
+    except checkpointing.CheckpointError as e:
+      log.warning("cannot tell the diverged seeds of step %d: %s", step, e)
+      continue
+    if found:
+      out[step] = found
+  return out
 
 
 def _group_rows(group, runs, masks: _Masks, final_step: int, old: list):

@@ -51,6 +51,7 @@ from absl import logging
 
 from sg_jax import configlib
 from sg_jax import fileio
+from sg_jax import workdir_lock
 
 EXIT_PREEMPTED = 75  # same as sg_jax.train.EXIT_PREEMPTED (not imported: keeps start-up light)
 SWEEP_FILE = "sweep.json"
@@ -292,11 +293,22 @@ def run_sweep(config_arg: str, depths: Sequence[int], seeds: int, root: str, *,
 
   Raises:
     ValueError: as `plan`, or `parallel` < 1.
+    workdir_lock.LockHeld: another sweep runs on `root` (`sg_jax.workdir_lock`).
   """
   if parallel < 1:
     raise ValueError(f"--parallel must be >= 1, got {parallel}")
   jobs = plan(config_arg, depths, seeds, root, overrides, extra, analyze, analyze_flags)
-  os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+  os.makedirs(root, exist_ok=True)
+  # One sweep per root (its sweep.json); each job's main and analyze lock their own workdir.
+  with workdir_lock.locked(root, "sg_jax.sweep"):
+    os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+    return _run_jobs(jobs, config_arg, depths, seeds, root, parallel=parallel,
+                     overrides=overrides, extra=extra, analyze=analyze,
+                     analyze_flags=analyze_flags)
+
+
+def _run_jobs(jobs, config_arg, depths, seeds, root, *, parallel, overrides, extra, analyze,
+              analyze_flags) -> dict[int, str]:
   index = SweepIndex(root, {
       "config": config_arg, "depths": list(depths), "seeds": seeds,
       "overrides": list(overrides), "extra_flags": list(extra), "parallel": parallel,
@@ -370,7 +382,7 @@ def main(argv):
     statuses = run_sweep(FLAGS.config, depths, FLAGS.seeds, FLAGS.root,
                          parallel=FLAGS.parallel, overrides=FLAGS.override, extra=extra,
                          analyze=FLAGS.analyze, analyze_flags=FLAGS.analyze_flag)
-  except ValueError as e:
+  except (ValueError, workdir_lock.LockHeld) as e:
     sys.exit(f"error: {e}")
   print(f"[sweep] done: {statuses}; index: {os.path.join(FLAGS.root, SWEEP_FILE)}")
   values = set(statuses.values())

@@ -28,6 +28,7 @@ from sg_jax import checkpointing
 from sg_jax import compile_cache
 from sg_jax import composition
 from sg_jax import config_checks
+from sg_jax import cost_check
 from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import metric_logging
@@ -78,7 +79,8 @@ def _next_boundary(step: int, config, steps: int | None = None) -> int:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        allow_config_change: bool = False,
                        state_hook: Callable[[TrainState, int], TrainState] | None = None,
-                       tensorboard: bool = True, signal_exit_seconds: float = 0.0) -> dict:
+                       tensorboard: bool = True, signal_exit_seconds: float = 0.0,
+                       memory_check: bool = True) -> dict:
   """Trains `config.num_seeds` seeds at once in `workdir`, resuming from its latest checkpoint.
 
   SIGTERM/SIGINT are handled from the first line: before the first compiled training call (data
@@ -98,6 +100,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     signal_exit_seconds: the command line's bound on stopping at once (see `StopSignal`): after
       this many seconds the process exits with EXIT_PREEMPTED if the main thread is still inside
       a native call; 0 = never (in-process callers keep their interpreter).
+    memory_check: refuse, before anything is allocated, a run whose estimated memory exceeds
+      the machine's (`sg_jax.cost_check`).
 
   Returns:
     {'step': final step, 'seeds': seed ids [S], 'eval': the last evaluation as
@@ -105,8 +109,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     TrainState, 'trained_steps': steps trained by this call (0 when the run was complete)}.
 
   Raises:
-    ValueError: invalid config or data (message names the field / file / line), or a workdir
-      written with another config.
+    ValueError: invalid config or data (message names the field / file / line), a workdir
+      written with another config, or (`cost_check.MemoryEstimateError`) a run whose estimated
+      memory exceeds the machine's.
     checkpointing.CheckpointMismatch: a checkpoint's shapes do not fit the config (nothing moved).
     checkpointing.WorkdirError: the workdir cannot be written (unwritable, disk full; a failed
       checkpoint save stops the run at once); the checkpoints before it are intact and
@@ -118,7 +123,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with StopSignal(exit_after=signal_exit_seconds) as stop:
     try:
       return _train_and_evaluate(config, workdir, stop, allow_config_change=allow_config_change,
-                                 state_hook=state_hook, tensorboard=tensorboard)
+                                 state_hook=state_hook, tensorboard=tensorboard,
+                                 memory_check=memory_check)
     except workdir_lib.StopNow as e:
       try:
         steps = checkpointing.all_steps(workdir)
@@ -194,7 +200,7 @@ def _save(loop: _Loop, step: int, state: TrainState) -> None:
 
 
 def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_change, state_hook,
-                        tensorboard) -> dict:
+                        tensorboard, memory_check) -> dict:
   config_checks.validate(config)
   created = check_writable(workdir)
   # One writer per workdir (process 0 of a multi-process run holds it for all): a second run
@@ -205,14 +211,15 @@ def _train_and_evaluate(config, workdir, stop: StopSignal, *, allow_config_chang
     workdir_lock.acquire(lock, "sg_jax.main")
   try:
     return _train_locked(config, workdir, stop, created, allow_config_change=allow_config_change,
-                         state_hook=state_hook, tensorboard=tensorboard)
+                         state_hook=state_hook, tensorboard=tensorboard,
+                         memory_check=memory_check)
   finally:
     if writer:
       workdir_lock.release(lock)
 
 
 def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allow_config_change,
-                  state_hook, tensorboard) -> dict:
+                  state_hook, tensorboard, memory_check) -> dict:
   try:
     check_workdir_config(workdir, config, allow_config_change)
     task, vocab, splits = load_data(config, workdir)
@@ -233,6 +240,15 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   pool_sizes = (tuple(sorted(set(host_data["pool_sizes"].tolist()))) if "pools" in host_data
                 else None)
   fns = make_train_fns(config, vocab.size, capacities, mesh, pool_sizes)
+  if memory_check:  # before any array is allocated or program compiled (sg_jax.cost_check)
+    try:
+      one_seed = jax.eval_shape(lambda key: model_lib.init_params(fns.model.config, key),
+                                jax.random.key(0))
+      cost_check.check(cost_check.estimate(config, one_seed, host_data, mesh.devices.size,
+                                           vocab.size), list(mesh.devices.flat))
+    except cost_check.MemoryEstimateError:
+      workdir_lib.remove_created(created)
+      raise
   train_data = sharding.put_replicated(host_data, mesh)
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",

@@ -110,8 +110,12 @@ def _stored_config(workdir: str) -> dict | None:
   """The config a workdir was written with: config.json, else the newest checkpoint's."""
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
+    try:
+      with open(path, encoding="utf-8") as f:
+        return json.load(f)
+    except ValueError as e:  # undecodable or not JSON: one line naming the file
+      raise ValueError(f"{path} is not readable JSON ({e}); restore it (every checkpoint's "
+                       "metadata holds the run's config) or use another --workdir") from None
   steps = checkpointing.all_steps(workdir)
   if not steps:
     return None

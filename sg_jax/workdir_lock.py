@@ -273,7 +273,7 @@ def locked(workdir: str, command: str, *, enabled: bool = True, read_only_ok: bo
     acquire(path, command)
   except OSError as e:
     if not (read_only_ok and e.errno in _READ_ONLY):
-      raise OSError(e.errno, f"cannot create the lock file {path}: {e.strerror or e}") from e
+      raise OSError(f"cannot create the lock file {path}: {e.strerror or e}") from e
     yield
     return
   try:

@@ -40,6 +40,7 @@ def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields)
   config.model.num_layers, config.model.d_model = 1, 16
   config.model.num_heads, config.model.d_ff = 2, 32
   config.first_seed, config.num_seeds = seeds[0], len(seeds)
+  config.train.num_steps = max(steps)  # a finished run: its last checkpoint is the final one
   for field, value in config_fields.items():
     configlib.set_field(config, field, value)
   vocab = task.vocab()

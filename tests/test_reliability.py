@@ -141,6 +141,32 @@ def test_corrupt_latest_checkpoint_is_skipped_with_a_warning(data_dir, env, refe
   assert_same_as_reference(workdir, reference)
 
 
+@pytest.mark.parametrize("damage", ["metadata", "emptied"])
+def test_damaged_latest_checkpoint_metadata_is_quarantined_not_another_config(
+    data_dir, env, reference, tmp_path, damage):
+  """Issue 50, item 3: with the latest step's state metadata truncated (or its folder emptied)
+  the run said 'written with another config ... use another --workdir'; now the step is moved
+  aside with one line and the run resumes from the previous one, ending as the reference."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference[0], workdir)
+  latest = os.path.join(workdir, "checkpoints", str(STEPS))
+  if damage == "metadata":
+    with open(os.path.join(latest, "state", "_METADATA"), "r+b") as f:
+      f.truncate(100)
+  else:
+    for name in os.listdir(latest):
+      path = os.path.join(latest, name)
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+  proc = subprocess.run(main_cmd(data_dir, workdir), cwd=ROOT, env=env, capture_output=True,
+                        text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "another config" not in proc.stderr
+  assert f"moved the unreadable checkpoint step {STEPS} to " in proc.stderr
+  assert f"resumed from checkpoint step {STEPS - 20}" in proc.stderr
+  assert os.path.isdir(os.path.join(workdir, "corrupt_checkpoints", str(STEPS)))
+  assert_same_as_reference(workdir, reference)
+
+
 def test_allow_config_change_with_another_model_changes_nothing(data_dir, env, reference,
                                                                  tmp_path, snapshot):
   workdir = str(tmp_path / "run")
@@ -406,3 +432,18 @@ def test_two_analyze_at_once_one_is_refused_and_no_row_is_doubled(env, reference
   again = subprocess.run(analyze_cmd(workdir), cwd=ROOT, env=env, capture_output=True, text=True)
   assert again.returncode == 0 and "analysis: 0 new rows" in again.stdout, again.stderr[-2000:]
   assert open(os.path.join(workdir, "analysis.csv")).read() == before
+
+
+def test_absurd_seed_count_is_refused_before_anything_is_allocated(data_dir, env, tmp_path):
+  """Issue 50, item 6: seeds=10000 of `tiny` reached 22 GB before its first evaluation; now the
+  memory estimate refuses it in one line and leaves no workdir."""
+  workdir = str(tmp_path / "run")
+  start = time.time()
+  proc = subprocess.run(main_cmd(data_dir, workdir) + ["--config.num_seeds=10000"], cwd=ROOT,
+                        env=env, capture_output=True, text=True)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: this run needs about ") and "10000 seeds" in last, last
+  assert "--skip_memory_check" in last and "Traceback" not in proc.stderr
+  assert time.time() - start < 120
+  assert not os.path.exists(workdir)

@@ -133,3 +133,14 @@ def test_a_lock_held_by_another_process_of_this_host_is_refused(tmp_path):
   # killed (as by kill -9): the next command takes the lock over
   with workdir_lock.locked(str(tmp_path), "sg_jax.analyze"):
     assert workdir_lock.holder(str(tmp_path))["pid"] == os.getpid()
+
+
+def test_a_second_sweep_on_a_root_is_refused_before_any_job(tmp_path, sleeper, monkeypatch):
+  from sg_jax import sweep  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(root)
+  pid, ticks = sleeper
+  _write_holder(tmp_path, pid=pid, start_ticks=ticks, command="sg_jax.sweep")
+  with pytest.raises(workdir_lock.LockHeld, match=f"is in use by sg_jax.sweep \\(pid {pid} "):
+    sweep.run_sweep("configs/question.py:tiny", [1], 1, str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == [workdir_lock.LOCK_NAME]  # no sweep.json, no logs/

@@ -20,15 +20,17 @@ from sg_jax.checkpointing.layout import (CHECKPOINT_DIR, CheckpointError, Checkp
                                          CheckpointWriteError, WorkdirError, all_steps,
                                          checkpoint_dir, error_cause, make_manager, make_meta,
                                          read_meta, temporary_folders)
-from sg_jax.checkpointing.reader import (Restored, quarantine, restore, restore_latest_good,
-                                         restore_seed_params, stored_arrays)
+from sg_jax.checkpointing.reader import (Restored, diverged_seeds, quarantine, restore,
+                                         restore_latest_good, restore_seed_params,
+                                         stored_arrays)
 from sg_jax.checkpointing.writer import (DISK_FULL_AT_SAVE_ENV, DISK_FULL_BYTES,
                                          KILL_DURING_SAVE_ENV, CheckpointWriter, save, wait)
 
 __all__ = [
     "CHECKPOINT_DIR", "CheckpointError", "CheckpointMismatch", "CheckpointWriteError",
     "WorkdirError", "all_steps", "checkpoint_dir", "error_cause", "make_manager", "make_meta",
-    "read_meta", "temporary_folders", "Restored", "quarantine", "restore", "restore_latest_good",
+    "read_meta", "temporary_folders", "Restored", "diverged_seeds", "quarantine", "restore",
+    "restore_latest_good",
     "restore_seed_params", "stored_arrays", "DISK_FULL_AT_SAVE_ENV", "DISK_FULL_BYTES",
     "KILL_DURING_SAVE_ENV", "CheckpointWriter", "save", "wait",
 ]

@@ -101,16 +101,18 @@ class _DropItemMetadataWarning(logging.Filter):
 logging.getLogger("absl").addFilter(_DropItemMetadataWarning())
 
 
-def _restore_as_numpy(path: str, only: str | None = None) -> dict:
-  """Reads a saved state (or only its top-level entry `only`, e.g. 'params') as numpy arrays.
+def _restore_as_numpy(path: str, only: str | tuple[str, ...] | None = None) -> dict:
+  """Reads a saved state (or only its top-level entries `only`, e.g. 'params') as numpy arrays.
 
   Numpy targets make the restore independent of the devices the checkpoint was written from
   (a run on 8 CPU devices is read by an analysis process with one).
   """
   with ocp.PyTreeCheckpointer() as checkpointer:
     tree = _metadata_tree(checkpointer, path)
+    if not tree:  # orbax logs a warning and returns no tree for missing or damaged metadata
+      raise CheckpointError(f"{path} has no readable array metadata (missing or damaged files)")
     if only is not None:
-      tree = {only: tree[only]}
+      tree = {name: tree[name] for name in ((only,) if isinstance(only, str) else only)}
     abstract = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
     restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                                           abstract)
@@ -151,7 +153,10 @@ def stored_arrays(workdir: str, step: int) -> dict[str, tuple[tuple[int, ...], s
   """
   path = os.path.join(checkpoint_dir(workdir), str(int(step)), "state")
   with ocp.PyTreeCheckpointer() as checkpointer:
-    return _array_specs(_metadata_tree(checkpointer, path))
+    specs = _array_specs(_metadata_tree(checkpointer, path))
+  if not specs:  # orbax logs a warning and returns no tree for missing or damaged metadata
+    raise CheckpointError(f"{path} has no readable array metadata (missing or damaged files)")
+  return specs
 
 
 def _describe_mismatch(stored: dict, wanted: dict) -> str | None:
@@ -185,6 +190,39 @@ def restore_seed_params(workdir: str, seed: int, step: int | None = None):
   index = restored.seeds.index(seed)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x)[index], restored.state["params"])
   return params, restored
+
+
+def diverged_seeds(workdir: str, step: int) -> dict[int, int]:
+  """The seeds marked diverged in checkpoint `step` (`TrainState.diverged`): {seed id: the step
+  its loss or gradient norm became non-finite}. Their parameters are frozen at their last finite
+  values, so no analysis of them is a trained seed's (docs/reliability.md).
+
+  Reads only the two flags [seed] and the metadata (seed ids); a state saved without them (only
+  parameters: a converted or hand-made checkpoint) has no diverged seed.
+
+  Raises:
+    CheckpointError: the checkpoint cannot be read (naming the step).
+  """
+  path = os.path.join(checkpoint_dir(workdir), str(int(step)), "state")
+  mngr = make_manager(workdir, create=False, asynchronous=False)
+  try:
+    seeds = [int(s) for s in read_meta(mngr, step)["seeds"]]
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      names = set(_metadata_tree(checkpointer, path) or ())
+    if not {"diverged", "diverged_step"} <= names:
+      if not names:
+        raise CheckpointError(f"{path} has no readable array metadata (missing or damaged "
+                              "files)")
+      return {}  # a state without the flags (e.g. converted parameters): nothing recorded
+    flags = _restore_as_numpy(path, ("diverged", "diverged_step"))
+  except Exception as e:  # orbax/tensorstore raise many types for corrupt data
+    raise CheckpointError(f"checkpoint step {step} in {checkpoint_dir(workdir)} is unreadable: "
+                          f"{error_cause(e)}") from e
+  finally:
+    mngr.close()
+  marked = np.asarray(flags["diverged"]).reshape(-1)
+  at = np.asarray(flags["diverged_step"]).reshape(-1)
+  return {seeds[i]: int(at[i]) for i in np.flatnonzero(marked)}
 
 
 def quarantine(workdir: str, step: int) -> str:
@@ -233,6 +271,12 @@ def restore_latest_good(manager: ocp.CheckpointManager, workdir: str, target: An
       _skip_unreadable(manager, workdir, step, e, quarantine_bad)
       continue
     mismatch = _describe_mismatch(stored, _array_specs(target))
+    if mismatch is not None and _same_config(manager, step, config):
+      # Other arrays than its own config gives: damaged files, not another config.
+      _skip_unreadable(manager, workdir, step, CheckpointError(
+          f"its stored arrays do not match the config it was written with: {mismatch}"),
+          quarantine_bad)
+      continue
     if mismatch is not None:
       raise CheckpointMismatch(
           f"checkpoint step {step} in {checkpoint_dir(workdir)} was written with another "
@@ -256,6 +300,23 @@ def _skip_unreadable(manager, workdir: str, step: int, error: Exception,
     moved = quarantine(workdir, step)
     log.warning("moved the unreadable checkpoint step %d to %s", step, moved)
     manager.reload()
+
+
+def _same_config(manager, step: int, config: ml_collections.ConfigDict | None) -> bool:
+  """Whether checkpoint `step`'s metadata holds `config` with no field changing a parameter shape
+  or what a step is (only those can give other arrays); False when it cannot tell (no `config`,
+  unreadable metadata)."""
+  if config is None:
+    return False
+  try:
+    old = read_meta(manager, step)["config"]
+  except Exception:  # pylint: disable=broad-except  (then the stored shapes decide)
+    return False
+  from sg_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  (cycle)
+  new = json.loads(config.to_json())
+  old = workdir_lib.with_new_fields(old, json.loads(configlib.base_config(config.task).to_json()))
+  return all(workdir_lib.classify_config_change(name, old, new) != "never"
+             for name, _, _ in configlib.differences(old, new))
 
 
 def _differing_fields(manager, step: int, config: ml_collections.ConfigDict | None) -> str:

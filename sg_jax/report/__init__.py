@@ -143,7 +143,8 @@ from sg_jax.report.figures import (RULE_SERIES, SKIP_RELATIVE, plot_construction
                                    plot_losses, plot_rules, plot_trajectories, trajectory_rows)
 from sg_jax.report.plotting import task_prefix
 from sg_jax.report.reading import (GEN_ACC, IN_ACC, ReportError, Run, analysis_sentences,
-                                   default_out_dir, find_runs, load_run, log)
+                                   default_out_dir, diverged_seeds_text, find_runs, load_run,
+                                   log)
 from sg_jax.report.tables import (depth_summary, early_stopping, final_value, first_reaching,
                                   saturation_step, seed_summary, write_csv, write_markdown)
 
@@ -196,6 +197,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
                               saturation=saturation, tie_tolerance=tie_tolerance,
                               pruning_all_steps=pruning_all_steps)
   if not any(run.series.get(IN_ACC) or run.series.get(GEN_ACC) for run in runs):
+    if any(run.diverged for run in runs):  # every seed diverged: nothing to summarise
+      raise ReportError(f"every seed under {root} diverged ({diverged_seeds_text(runs)}): "
+                        "nothing to report")
     raise ReportError(f"no {IN_ACC} or {GEN_ACC} rows in the metrics.csv files under {root}")
   os.makedirs(out_dir, exist_ok=True)
   by_depth = collections.defaultdict(list)
@@ -300,6 +304,11 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   baseline_table = baselines_lib.baseline_rows(runs)  # structure measures beside baselines
   if baseline_table:
     write_csv(os.path.join(out_dir, "summary_baselines.csv"), baseline_table)
+  if any(run.diverged for run in runs):  # left out of every summary (reading.load_run)
+    skipped.append(f"diverged seeds, left out of every figure, mean, interval, correlation and "
+                   f"test: {diverged_seeds_text(runs)}")
+  skipped += [f"run {run.name} is {run.in_progress}: its results are provisional"
+              for run in runs if run.in_progress]
   borrowed = [r.name for r in runs if r.accuracy_from]
   if borrowed:
     skipped.append(f"runs {borrowed} log no accuracy (a masked LM): their accuracy figures and "

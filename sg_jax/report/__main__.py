@@ -14,6 +14,7 @@ from absl import logging
 from sg_jax import workdir_lock
 from sg_jax.analysis import registry
 from sg_jax.report import build_report, find_runs, log
+from sg_jax.report.reading import default_out_dir
 from sg_jax.report.tables import _fmt
 
 FLAGS = flags.FLAGS
@@ -93,7 +94,7 @@ def write_report(root: str, out_dir: str | None = None, **options) -> dict:
     OSError: `out_dir` cannot be written (named).
     workdir_lock.LockHeld: another command writes into the workdir `out_dir` lies in.
   """
-  out_dir = os.path.normpath(out_dir or os.path.join(root, "report"))
+  out_dir = os.path.normpath(out_dir or default_out_dir(root))
   lock = _lock_file(root, out_dir)
   parent, name = os.path.split(os.path.abspath(out_dir))
   try:
@@ -105,8 +106,7 @@ def write_report(root: str, out_dir: str | None = None, **options) -> dict:
     raise workdir_lock.LockHeld(f"{e}; or pass an --out_dir outside the workdir (a report "
                                 "there marks the run in progress)") from None
   except OSError as e:
-    raise OSError(e.errno, f"cannot write the report into {out_dir}: "
-                           f"{e.strerror or e}") from e
+    raise OSError(f"cannot write the report into {out_dir}: {e.strerror or e}") from e
   temporary = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
   old = os.path.join(parent, f".{name}.old-{os.getpid()}")
   try:
@@ -114,9 +114,9 @@ def write_report(root: str, out_dir: str | None = None, **options) -> dict:
     try:
       result = build_report(root, temporary, **options)
     except OSError as e:
-      where = e.filename or temporary
-      raise OSError(e.errno, f"cannot write the report into {out_dir} ({where}): "
-                             f"{e.strerror or e}; the previous report is unchanged") from e
+      where = str(e.filename or temporary).replace(temporary, out_dir)  # the name it will have
+      raise OSError(f"cannot write the report into {out_dir} ({where}): {e.strerror or e}; "
+                    "the previous report is unchanged") from e
     if os.path.isdir(out_dir):
       os.replace(out_dir, old)
     os.replace(temporary, out_dir)

@@ -14,6 +14,7 @@ import numpy as np
 
 from sg_jax import fileio
 from sg_jax import long_csv
+from sg_jax import workdir_lock
 from sg_jax.analysis import registry
 
 IN_ACC = "in_domain/accuracy"
@@ -44,6 +45,12 @@ class Run:
     accuracy_from: '' normally; 'preference' for a run that logged no accuracy but the
       minimal-pair preference (a masked LM, `report.objectives`): its `in_domain/accuracy` and
       `out_of_domain/accuracy` series are then the preference's.
+    diverged: {seed: first step with a non-finite loss or accuracy, or its logged
+      `train/diverged_step`} of the seeds that diverged; their series are left out of `series`
+      (so out of every mean, interval, correlation and test of the report) and listed in
+      summary.md (`diverged_seeds`).
+    in_progress: '' for a finished run, else why its results are partial (a command holds its
+      workdir's lock, its metrics end before train.num_steps or before its last checkpoint).
   """
 
   workdir: str
@@ -55,6 +62,8 @@ class Run:
   analysis_options: dict = dataclasses.field(default_factory=dict)
   config: dict = dataclasses.field(default_factory=dict)
   accuracy_from: str = ""
+  diverged: dict[int, int] = dataclasses.field(default_factory=dict)
+  in_progress: str = ""
 
 
 def _to_series(rows: Iterable[tuple[int, int, str, float]]):
@@ -97,8 +106,12 @@ def load_run(workdir: str) -> Run:
   config = {}
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
-    with open(config_path) as f:
-      config = json.load(f)
+    try:
+      with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    except (OSError, ValueError) as e:  # undecodable or not JSON: name the file
+      raise ReportError(f"{config_path} is not readable JSON ({e}); restore it (every "
+                        "checkpoint's metadata holds the config)") from None
     depth = config.get("model", {}).get("num_layers")
     task = config.get("task")
     num_steps = config.get("train", {}).get("num_steps")
@@ -106,6 +119,10 @@ def load_run(workdir: str) -> Run:
   if depth is None and name.startswith("depth") and name[5:].isdigit():
     depth = int(name[5:])
   series = _to_series(rows)
+  diverged = diverged_seeds(series)
+  for by_seed in series.values():  # a diverged seed counts nowhere (docs/reliability.md)
+    for seed in diverged:
+      by_seed.pop(seed, None)
   accuracy_from = ""
   if IN_ACC not in series and GEN_ACC not in series and "out_of_domain/preference" in series:
     series[IN_ACC] = series.get("in_domain/preference", {})
@@ -113,7 +130,59 @@ def load_run(workdir: str) -> Run:
     accuracy_from = "preference"
   return Run(workdir=workdir, name=name, depth=depth, task=task or "", num_steps=num_steps,
              series=series, analysis_options=analysis_options, config=config,
-             accuracy_from=accuracy_from)
+             accuracy_from=accuracy_from, diverged=diverged,
+             in_progress=_in_progress(workdir, series, num_steps))
+
+
+# Series whose non-finite value marks a diverged seed (training sets them to NaN from the step a
+# seed's loss or gradient norm became non-finite: sg_jax.train).
+_DIVERGENCE_SERIES = ("train/loss", IN_ACC, GEN_ACC, "in_domain/preference",
+                      "out_of_domain/preference")
+
+
+def diverged_seeds(series: dict) -> dict[int, int]:
+  """{seed: step} of the seeds that diverged: the earliest of their logged `train/diverged_step`
+  (>= 0) and the first step where a `_DIVERGENCE_SERIES` value is not finite.
+
+  Args:
+    series: {name: {seed: (steps int [T], values float [T])}} (`Run.series` before the drop).
+  """
+  out: dict[int, int] = {}
+  for seed, (_, values) in series.get("train/diverged_step", {}).items():
+    marked = values[np.isfinite(values) & (values >= 0)]
+    if marked.size:
+      out[int(seed)] = int(marked.min())
+  for name in _DIVERGENCE_SERIES:
+    for seed, (steps, values) in series.get(name, {}).items():
+      bad = ~np.isfinite(values)
+      if bad.any():
+        out[int(seed)] = min(out.get(int(seed), int(steps[bad][0])), int(steps[bad][0]))
+  return dict(sorted(out.items()))
+
+
+def diverged_seeds_text(runs: Sequence[Run]) -> str:
+  """'quick: seed 2 at step 0, seed 5 at step 1200; ...' for the runs with diverged seeds."""
+  return "; ".join(f"{run.name}: " + ", ".join(f"seed {seed} at step {step}"
+                                               for seed, step in run.diverged.items())
+                   for run in runs if run.diverged)
+
+
+def _in_progress(workdir: str, series: dict, num_steps: int | None) -> str:
+  """Why a run's results are partial ('' when they are not): see `Run.in_progress`."""
+  held = workdir_lock.holder(workdir)
+  if held is not None:
+    return f"in progress: {workdir_lock.describe(held)} holds the workdir"
+  last = max((int(steps[-1]) for by_seed in series.get(IN_ACC, {}).values()
+              for steps, _ in [by_seed] if steps.size), default=None)
+  if last is None:
+    return ""
+  if num_steps is not None and last < num_steps:
+    return f"partial: its metrics end at step {last} of train.num_steps {num_steps}"
+  folder = os.path.join(workdir, "checkpoints")
+  saved = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
+  if saved and max(saved) > last:
+    return f"partial: its metrics end at step {last}, before its last checkpoint {max(saved)}"
+  return ""
 
 
 def _has_metrics(folder: str) -> bool:

@@ -63,12 +63,21 @@ def run_data_dir(data_config, workdir: os.PathLike | str) -> str:
   return str(data_config.dir or os.path.join(workdir, "data"))
 
 
+def text_line_of(path: os.PathLike | str, offset: int) -> int:
+  """The 1-based line of byte `offset` of the file `path`."""
+  with open(path, "rb") as f:
+    return f.read(offset).count(b"\n") + 1
+
+
 def _read_lines(path: os.PathLike | str) -> list[str]:
   path = pathlib.Path(path)
   try:
     text = path.read_text(encoding="utf-8")
   except FileNotFoundError:
     raise DataError(path, None, "file not found") from None
+  except UnicodeDecodeError as e:  # one line naming the file and where, not a bare codec error
+    line = text_line_of(path, e.start)
+    raise DataError(path, line, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
   lines = text.splitlines()
   while lines and not lines[-1].strip():
     lines.pop()
