@@ -1,5 +1,6 @@
 """Predictors of generalisation (sg_jax/report/predictors.py) on hand-built tables with known
-rank correlations: across seeds, across depths (stratified bootstrap) and within depth."""
+rank correlations: across seeds (permutation), across depths (Jonckheere-Terpstra along the
+predictor's depth order), within depth (stratified permutation), Holm over the table."""
 
 import math
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from sg_jax import stats
 from sg_jax.report import predictors
 from sg_jax.report.reading import Run
 
@@ -16,43 +18,78 @@ def _rows(table):
           for d, s, g, t in table]
 
 
-def test_perfectly_ordered_table_gives_rho_one_with_a_degenerate_interval():
+def test_perfectly_ordered_table_reaches_the_smallest_p_of_each_test():
+  """3 depths x 4 seeds, predictor = generalisation, both rising with depth and with the seed:
+  rho = 1 across seeds and within each depth (p = 2 / 24^3, every within-depth permutation
+  enumerated), tau = 1 across depths (p = 2 / 34650 assignments of 12 seeds to 3 depths)."""
   rows = _rows([(d, s, 0.1 * d + 0.01 * s, 0.1 * d + 0.01 * s) for d in (2, 4, 6) for s in range(4)])
-  got = predictors.correlations(rows, "tscore@final", num_resamples=300)
-  for kind in ("across_seeds", "across_depths", "within_depth"):
-    rho, low, high = got[kind]
-    assert rho == pytest.approx(1.0) and low == pytest.approx(1.0) and high == pytest.approx(1.0)
+  got = predictors.correlations(rows, "tscore@final")
+  assert got["across_seeds"].effect == pytest.approx(1.0)
+  assert got["within_depth"].effect == pytest.approx(1.0)
+  assert got["within_depth"].p == pytest.approx(2 / 24 ** 3) and got["within_depth"].n == (4, 4, 4)
+  assert got["across_depths"].effect == 1.0 and got["across_depths"].p == pytest.approx(2 / 34650)
+  assert got["depth_trend"].effect == 1.0
+  assert all(t.testable for t in got.values())
 
 
 def test_within_depth_and_across_depths_can_disagree():
   """Across depths the predictor tracks generalisation (depth means rise together), but within
-  each depth it is reversed: rho_across_depths = 1, within = -1; the pooled value lies between
-  and equals scipy's Spearman of all pairs."""
+  each depth it is reversed: tau across depths = 1, within = -1; the pooled rho equals scipy's
+  Spearman of all pairs, with a permutation p."""
   table = []
   for k, d in enumerate((2, 4, 6)):
     for s in range(4):
       table.append((d, s, k + 0.1 * s, k - 0.05 * s))
   rows = _rows(table)
-  got = predictors.correlations(rows, "tscore@final", num_resamples=300)
-  assert got["across_depths"][0] == pytest.approx(1.0)
-  assert got["within_depth"][0] == pytest.approx(-1.0)
+  got = predictors.correlations(rows, "tscore@final")
+  assert got["across_depths"].effect == pytest.approx(1.0)
+  assert got["within_depth"].effect == pytest.approx(-1.0)
   want = scipy.stats.spearmanr([t for *_, t in table], [g for _, _, g, _ in table]).statistic
-  assert got["across_seeds"][0] == pytest.approx(want)
-  low, high = got["across_seeds"][1:]
-  assert low <= got["across_seeds"][0] <= high
+  assert got["across_seeds"].effect == pytest.approx(want)
+  assert 0 < got["across_seeds"].p < 0.05
 
 
-def test_a_noisy_table_has_an_interval_around_its_rho_and_nan_for_too_few():
+def test_a_predictor_monotone_in_depth_orders_the_depths_as_depth_does():
+  """A predictor that falls with depth by construction (like the weight norm per layer) and
+  generalisation unrelated to it within depths: its across-depth test is the trend of
+  generalisation over (reversed) depth, the same test as for any other monotone predictor."""
   rng = np.random.default_rng(0)
-  g = rng.uniform(0, 1, 40)
-  t = g + rng.normal(0, 0.3, 40)
-  rows = _rows([(2 + 2 * (i % 4), i, g[i], t[i]) for i in range(40)])
-  rho, low, high = predictors.correlations(rows, "tscore@final", num_resamples=500)["across_seeds"]
-  assert low < rho < high and 0.3 < rho < 0.95
+  table = [(d, s, rng.uniform(0, 1), 1 / math.sqrt(d) + 0.001 * rng.uniform())
+           for d in (2, 4, 6, 8) for s in range(4)]
+  rows = _rows(table)
+  falling = predictors.correlations(rows, "tscore@final")
+  assert falling["depth_trend"].effect == -1.0
+  rising = predictors.correlations(_rows([(d, s, g, -t) for d, s, g, t in table]), "tscore@final")
+  gen = [[g for d, _, g, _ in table if d == depth] for depth in (2, 4, 6, 8)]
+  assert falling["across_depths"] == stats.ordered_trend(gen[::-1])
+  assert rising["across_depths"] == stats.ordered_trend(gen)
+  assert rising["across_depths"].effect == pytest.approx(-falling["across_depths"].effect)
+
+
+def test_correlation_rows_holm_and_the_table():
+  rng = np.random.default_rng(1)
+  g = rng.uniform(0, 1, 24)
+  rows = [{"depth": 2 + 2 * (i % 2), "seed": i, "generalisation": g[i],
+           "tscore@final": g[i] + rng.normal(0, 0.3), "tscore@saturation": rng.uniform()}
+          for i in range(10)]
+  table = predictors.correlation_rows(rows)
+  assert [(r["predictor"], r["moment"]) for r in table] == [("tscore", "saturation"),
+                                                            ("tscore", "final")]
+  for kind in predictors.KINDS:
+    want = np.minimum(1, 2 * np.sort([r[f"{kind}_p"] for r in table]))  # Holm with m = 2
+    want[1] = max(want[0], min(1, np.sort([r[f"{kind}_p"] for r in table])[1]))
+    assert sorted(r[f"{kind}_p_holm"] for r in table) == pytest.approx(sorted(want))
+  lines = predictors.markdown_lines(table)
+  assert lines[3].startswith("| predictor | measured at | across seeds (Spearman rho) |")
+  final = table[1]
+  assert f"{final['within_depth']:+.2f}, p " in lines[6]
   assert math.isnan(predictors.spearman([1, 2], [1, 2]))
   assert math.isnan(predictors.spearman([1, 1, 1], [1, 2, 3]))
   with pytest.raises(KeyError):
     predictors.correlations(rows, "weight_norm@final")
+  # 2 seeds per depth: nothing within depth can be tested
+  few = predictors.correlations(rows[:4], "tscore@final")
+  assert not few["within_depth"].testable
 
 
 def test_seed_table_reads_values_at_saturation_and_at_the_end():
@@ -70,8 +107,8 @@ def test_seed_table_reads_values_at_saturation_and_at_the_end():
 
 def test_depth_rows_give_each_depths_seed_mean_with_its_interval():
   """Depth 2's seeds all have tscore 0.5 (a degenerate interval at 0.5); depth 4's are 0.6 and
-  1.0 (mean 0.8, interval inside [0.6, 1.0]); a NaN seed is left out of the count and of the
-  generalisation mean; the table lists both depths in order."""
+  1.0 (mean 0.8, t-interval 0.8 +- 12.706 x 0.2828 / sqrt(2) = 0.8 +- 2.541); a NaN seed is
+  left out of the count and of the generalisation mean; the table lists both depths in order."""
   rows = _rows([(2, 0, 0.1, 0.5), (2, 1, 0.3, 0.5), (4, 0, 0.9, 0.6), (4, 1, 0.7, 1.0),
                 (4, 2, 0.0, math.nan)])
   table = predictors.depth_rows(rows)
@@ -81,8 +118,10 @@ def test_depth_rows_give_each_depths_seed_mean_with_its_interval():
   assert (two["seeds"], two["mean"], two["ci_low"], two["ci_high"]) == (2, 0.5, 0.5, 0.5)
   assert two["generalisation"] == pytest.approx(0.2)
   assert four["seeds"] == 2 and four["mean"] == pytest.approx(0.8)
-  assert 0.6 <= four["ci_low"] < 0.8 < four["ci_high"] <= 1.0
+  assert (four["ci_low"], four["ci_high"]) == (pytest.approx(0.8 - 2.5412, abs=1e-4),
+                                              pytest.approx(0.8 + 2.5412, abs=1e-4))
   assert four["generalisation"] == pytest.approx(0.8)
   lines = predictors.depth_markdown_lines(table)
-  assert lines[3] == "| depth | tscore (final) |"
-  assert lines[5].startswith("| 2 | 0.5 [0.5, 0.5] |") and lines[6].startswith("| 4 | 0.8 [")
+  assert lines[3] == "| depth | tscore (final): mean [95% t-CI, n=2] |"
+  assert lines[5].startswith("| 2 | 0.5 [0.5, 0.5] |")
+  assert lines[6].startswith("| 4 | 0.8 [-1.74, 3.34] |")

@@ -137,9 +137,26 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
   assert "global weight norm (final)" in md
   assert rows[4]["final_tscore_mean"] == ""
   assert float(rows[2]["final_tparseval_f1_right_branching_mean"]) == pytest.approx(0.6)
-  # Depth 2's finals are 0.9 and 0.5: resampled means 0.5 / 0.7 / 0.9, 95% interval [0.5, 0.9].
+  # Depth 2's finals are 0.9 and 0.5: mean 0.7, s = 0.2828, t_{1, 0.975} = 12.706: the 95%
+  # t-interval is 0.7 +- 2.541 (2 seeds say almost nothing; a bootstrap gave [0.5, 0.9]).
   assert (float(rows[2]["final_generalisation_ci_low"]),
-          float(rows[2]["final_generalisation_ci_high"])) == (0.5, 0.9)
+          float(rows[2]["final_generalisation_ci_high"])) == (pytest.approx(-1.841, abs=1e-3),
+                                                              pytest.approx(3.241, abs=1e-3))
+  assert "gen. acc. (final): mean [95% t-CI, n=2]" in md and "| 0.7 [-1.84, 3.24] |" in md
+  # 1 of 2 seeds above 0.8 at the end: Clopper-Pearson [0.0126, 0.9874]; seed 0 first crosses
+  # at step 400, seed 1 never (censored at 400): Kaplan-Meier median 400; no seed is above 0.8
+  # at each of its last 3 evaluations; Sarle's b is not shown below 6 seeds.
+  assert (float(rows[2]["fraction_above_threshold_ci_low"]),
+          float(rows[2]["fraction_above_threshold_ci_high"])) == (
+              pytest.approx(0.01258, abs=1e-4), pytest.approx(0.9874, abs=1e-4))
+  assert "| 1/2 [0.01, 0.99] |" in md
+  assert (rows[2]["seeds_crossed"], rows[2]["generalisation_crossing_median"],
+          rows[2]["seeds_sustained"]) == ("1", "400", "0")
+  header = next(line for line in md.splitlines() if line.startswith("| depth | seeds |"))
+  assert rows[2]["final_generalisation_bimodality"] == "" and "Sarle" not in header
+  assert "| hierarchical 1 |" in md  # seeds per final rule instead
+  # the trend over depth (2 and 1 or 2 seeds) cannot reach p <= 0.05: computed, not claimed
+  assert "Trend of the final generalisation over depth" in md and "not testable at this n" in md
   # Depth 2 seed 0 agrees most with move-first (1 - gen) until gen passes 0.5 at step 300: one
   # switch, ending hierarchical. Seed 1 stays on move-first and ends in a three-way tie at 0.5.
   by_seed = {r["seed"]: r for r in seeds if r["depth"] == "2"}
@@ -149,7 +166,7 @@ def test_sweep_report_writes_every_figure_and_table(sweep_root):
       np.std([0.1, 0.05, 0.3, 0.6, 0.9]), rel=1e-3)
   depth4_seed0 = next(r for r in seeds if r["depth"] == "4")  # no rule agreement rows
   assert depth4_seed0["rule_switches"] == "" and rows[4]["rule_switches_mean"] == ""
-  assert "## Seeds" in md and "[0.5, 0.9]" in md
+  assert "## Seeds" in md
 
 
 @pytest.mark.slow
@@ -293,10 +310,28 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   found = groups.seed_groups(run)
   assert found == {"lambdas=0.0": [10, 11, 12], "lambdas=0.01": [13, 14, 15]}
   table = {r["group"]: r for r in groups.group_rows(run, found)}
-  # finals 0.5, 0.6, 0.7 -> mean 0.6, inside its bootstrap interval; onsets at the midpoints
+  # finals 0.5, 0.6, 0.7 -> mean 0.6, s = 0.1, t_{2, 0.975} = 4.303: 0.6 +- 0.2484; onsets at
+  # the midpoints
   assert table["lambdas=0.0"]["out_of_domain/accuracy"] == pytest.approx(0.6)
-  assert (table["lambdas=0.0"]["out_of_domain/accuracy_ci_low"] < 0.6
-          < table["lambdas=0.0"]["out_of_domain/accuracy_ci_high"])
+  assert (table["lambdas=0.0"]["out_of_domain/accuracy_ci_low"],
+          table["lambdas=0.0"]["out_of_domain/accuracy_ci_high"]) == (
+              pytest.approx(0.3516, abs=1e-4), pytest.approx(0.8484, abs=1e-4))
+  # generalisation 0.2 until the last step (2000): finals 0.8, 0.9, 1.0 for lambdas=0.01, of
+  # which 0.9 and 1.0 cross 0.8 (at 2000); none of lambdas=0.0 does (median not reached).
+  assert table["lambdas=0.01"]["gen_above_seeds"] == "2/3"
+  assert table["lambdas=0.01"]["gen_crossing_median"] == 2000
+  assert table["lambdas=0.0"]["gen_crossing_median"] == math.inf
+  # against the first group: 3 + 3 seeds, the most extreme split (p = 2/20 = 0.1) is the
+  # smallest reachable p, so every test there is "not testable at this n"
+  tests = {r["quantity"]: r for r in groups.comparison_rows(run, found)}
+  final = tests["final generalisation"]
+  assert (final["effect"], final["p"], final["min_p"], final["n"]) == (
+      pytest.approx(0.3), pytest.approx(0.1), pytest.approx(0.1), "3 vs 3")
+  assert not final["testable"] and not tests["seeds gen. > 0.8 at the end"]["testable"]
+  assert tests["seeds gen. > 0.8 at the end"]["effect"] == pytest.approx(2 / 3)
+  assert tests["first step gen. > 0.8"]["test"] == "log-rank"
+  assert tests["final rc_object"]["effect"] == pytest.approx(0.3)
+  assert final["p_holm"] == pytest.approx(min(1.0, 0.1 * len(tests)))
   assert table["lambdas=0.0"]["structure_onset_median"] == pytest.approx(600, abs=60)
   assert table["lambdas=0.01"]["structure_onset_median"] == pytest.approx(1400, abs=60)
   # per construction: finals of rc_object are 0.1 k -> group means 0.1 and 0.4; pp all 1.0
@@ -315,7 +350,12 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert any(p.endswith("dose_response_regimes.png") for p in result["figures"])
   md = open(os.path.join(result["out_dir"], "summary.md")).read()
   assert "## Seed groups" in md and "lambdas=0.01" in md
-  assert "| rc_object (final) [95% CI] |" in md and "hierarchical 2, skip_relative 1" in md
+  assert "| rc_object (final): mean [95% t-CI, n=3] |" in md
+  assert "hierarchical 2, skip_relative 1" in md
+  assert "### Seed groups against the first group" in md
+  assert ("| regimes | lambdas=0.01 | lambdas=0.0 | final generalisation | permutation "
+          "(difference of means) | 3 vs 3 | 0.3 | 0.1 |") in md
+  assert "not testable at this n (smallest p 0.1)" in md
 
 
 def test_seed_group_table_and_band_with_few_values():

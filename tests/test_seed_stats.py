@@ -1,4 +1,6 @@
-"""Seed statistics of the report (sg_jax/report/seed_stats.py) on hand-built values."""
+"""Seed statistics of the report (sg_jax/report/seed_stats.py) on hand-built values: the seed
+mean's t-interval and how tables name it, Sarle's coefficient only where it can signal, the
+kept percentile bootstrap, oscillation and rules."""
 
 import math
 
@@ -34,6 +36,32 @@ def test_bootstrap_ci_edge_cases():
   assert seed_stats.bootstrap_ci([0.0, math.nan, 1.0])[0] == 0.5
   with pytest.raises(ValueError, match="confidence"):
     seed_stats.bootstrap_ci([0.0, 1.0], confidence=95)
+
+
+def test_seed_mean_is_the_t_interval_and_tables_name_it():
+  # [0.5, 0.6, 0.7]: mean 0.6, s = 0.1, t_{2, 0.975} = 4.3027: half 0.24841.
+  mean, low, high = seed_stats.seed_mean([0.5, math.nan, 0.6, 0.7])
+  assert (mean, low, high) == pytest.approx((0.6, 0.35159, 0.84841), abs=1e-5)
+  one = seed_stats.seed_mean([0.7])
+  assert one[0] == 0.7 and math.isnan(one[1]) and math.isnan(one[2])
+  assert seed_stats.interval_header("gen. acc.", [4, 4, 0]) == "gen. acc.: mean [95% t-CI, n=4]"
+  assert seed_stats.interval_header("x", [4, 3]) == "x: mean [95% t-CI, n per row]"
+  assert seed_stats.interval_cell(mean, low, high) == "0.6 [0.352, 0.848]"
+  assert seed_stats.interval_cell(0.6, 0.35, 0.85, n=3, digits=2) == "0.6 [0.35, 0.85] (n=3)"
+  assert seed_stats.interval_cell(0.7, math.nan, math.nan) == "0.7"
+  assert seed_stats.interval_cell(math.nan, 0, 1) == ""
+  assert seed_stats.rule_counts(["hierarchical", None, "skip_relative", "hierarchical"]) == (
+      "hierarchical 2, skip_relative 1")
+
+
+def test_bimodality_is_shown_only_where_it_can_signal():
+  # 4 seeds split 2/2: b = 2/15, and no 4 values can exceed 2/7 < 5/9: not shown.
+  assert math.isnan(seed_stats.shown_bimodality([0, 0, 1, 1]))
+  # 6 seeds: shown; one seed apart from five gives the maximum, 4/7 > 5/9, an even 3/3 split
+  # only 12/35 (the coefficient rewards skew as much as two modes).
+  assert seed_stats.shown_bimodality([0, 0, 0, 0, 0, 1]) == pytest.approx(4 / 7)
+  assert seed_stats.shown_bimodality([0, 0, 0, 1, 1, 1]) == pytest.approx(12 / 35)
+  assert math.isnan(seed_stats.shown_bimodality([0, 0, 0, 1, 1, math.nan]))
 
 
 def test_sarle_bimodality_by_hand_and_on_shapes():

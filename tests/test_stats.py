@@ -158,6 +158,12 @@ def test_permutation_of_means_against_enumeration():
   first = stats.compare_means(a, b, num_resamples=2000)
   assert first.p == stats.compare_means(a, b, num_resamples=2000).p
   assert first.min_p == pytest.approx(2 / 2001)
+  # one seed against three: the 4 ways to pick the single seed, enumerated
+  values = np.array([0.5, 0.1, 0.7, 0.9])
+  null = np.array([(values.sum() - v) / 3 - v for v in values])
+  assert stats.compare_means([0.5], [0.1, 0.7, 0.9]).p == pytest.approx(
+      _doubled_tail(null, null[0])[0])
+  assert stats.compare_means([0.5], [0.1, 0.7, 0.9]).min_p == 0.5
 
 
 def test_permutation_power_at_the_detectable_shift():
@@ -305,6 +311,11 @@ def test_holm_by_hand():
   np.testing.assert_allclose(got[:4], [0.03, 0.06, 0.06, 0.02])
   assert math.isnan(got[4])
   np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])
+  # the same as statsmodels' Holm on a random family with ties (one call: each runs gc.collect)
+  import statsmodels.stats.multitest  # pylint: disable=import-outside-toplevel
+  p = np.round(np.random.default_rng(0).uniform(0, 0.2, 12), 2)
+  np.testing.assert_allclose(stats.holm(p), statsmodels.stats.multitest.multipletests(
+      p, method="holm")[1])
   with pytest.raises(ValueError, match="in \\[0, 1\\]"):
     stats.holm([1.5])
 

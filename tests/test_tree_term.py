@@ -274,8 +274,10 @@ def test_report_groups_give_threshold_steps_and_tree_metrics(tmp_path):
   assert table["0.1"]["tscore"] == pytest.approx(0.25)
   assert table["0.0"]["train/tree_loss"] == pytest.approx(0.5)
   md = "\n".join(groups.markdown_lines(list(table.values())))
-  assert "first step gen. > 0.8: mean [95% CI] | seeds there" in md
-  assert "| 300 (1 seed, no CI) | 1/2 |" not in md  # a group of 2 seeds shows its CI
-  assert "| 1/2 |" in md and "tscore (final) [95% CI]" in md
+  # the first crossing as a Kaplan-Meier median (seed 1 censored): 300 for tree 0.0, and for
+  # tree 0.1 (crossings 100, 200) the first step where half have crossed, 100
+  assert (table["0.0"]["gen_crossing_median"], table["0.1"]["gen_crossing_median"]) == (300, 100)
+  assert "first step gen. > 0.8: Kaplan-Meier median [95% CI] | seeds that cross" in md
+  assert "| 1/2 |" in md and "tscore (final): mean [95% t-CI, n=2]" in md
   result = report.build_report(str(workdir))
   assert any(p.endswith("groups_dose.png") for p in result["figures"])

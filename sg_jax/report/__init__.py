@@ -254,17 +254,20 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
 
   optional("tparseval_by_length.png", lambda p: plot_tparseval_by_length(by_depth, p, prefix))
 
-  group_table = []
+  group_table, group_tests = [], []
   for run in runs:
     seed_sets = groups.seed_groups(run)
     if not seed_sets:
       continue
     group_table += groups.group_rows(run, seed_sets, threshold=threshold)
+    group_tests += groups.comparison_rows(run, seed_sets, threshold=threshold)
     optional(f"groups_{run.name}.png", lambda p: groups.plot_groups(run, seed_sets, p, prefix))
     optional(f"dose_response_{run.name}.png",
              lambda p: groups.plot_dose_response(run, p, prefix))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
+  if group_tests:
+    write_csv(os.path.join(out_dir, "summary_group_tests.csv"), group_tests)
 
   phase_results = [(run, found) for run in runs
                    if (found := phases.draw(run, optional, prefix)) is not None]
@@ -320,7 +323,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
-                 extra_lines=groups.markdown_lines(group_table)
+                 extra_lines=groups.markdown_lines(group_table, group_tests)
                  + phases.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)

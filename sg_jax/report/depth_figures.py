@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sg_jax import stats
 from sg_jax.analysis import registry
 from sg_jax.report import seed_stats
 from sg_jax.report.plotting import depth_label, legend_outside, mean_band, pyplot
@@ -59,7 +60,8 @@ def plot_early_stopping(seed_rows: Sequence[dict], path: str, title_prefix: str)
 
 def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
                     title_prefix: str):
-  """(c) Fraction of seeds with final generalisation accuracy > threshold, per depth.
+  """(c) Fraction of seeds with final generalisation accuracy > threshold, per depth, with its
+  95% Clopper-Pearson interval (`stats.proportion_interval`).
 
   The y axis is the fraction's range [0, 1] plus a 0.05 margin; each point is labelled with its
   count (k/n), below the point near the top so that the label stays inside the axes.
@@ -74,6 +76,10 @@ def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
   depths = [r["depth"] for r in rows]
   fractions = [r["fraction_above_threshold"] for r in rows]
   ax.plot(depths, fractions, "o-", color="#08519c", lw=2, ms=8)
+  bounds = [stats.proportion_interval(r["seeds_above_threshold"], r["num_seeds"]) for r in rows]
+  ax.errorbar(depths, fractions, yerr=[[f - b.low for f, b in zip(fractions, bounds)],
+                                       [b.high - f for f, b in zip(fractions, bounds)]],
+              fmt="none", ecolor="#08519c", capsize=4, lw=1)
   for r in rows:
     counted = r["num_seeds"]
     high = r["fraction_above_threshold"] > 0.85
@@ -89,7 +95,8 @@ def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
   ax.set_ylim(-0.05, 1.05)
   ax.grid(alpha=0.3)
   ax.set_title(f"{title_prefix}generalising seeds per depth (inverted U)\n"
-               f"seeds whose final gen. acc. > {threshold:g}, with counts", fontsize=10)
+               f"seeds whose final gen. acc. > {threshold:g}, with counts and 95% "
+               "Clopper-Pearson intervals", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
@@ -97,8 +104,8 @@ def plot_inverted_u(depth_rows: Sequence[dict], path: str, threshold: float,
 
 
 def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
-  """(d) One analysis metric vs step: mean over seeds per depth (with a 95% bootstrap confidence
-  band over seeds, `seed_stats.bootstrap_ci`) and each seed.
+  """(d) One analysis metric vs step: mean over seeds per depth (with a 95% t-interval band over
+  seeds, `seed_stats.seed_mean`) and each seed.
 
   The title gives the sentences the analysis read (`analysis_sentences`; none for weight_norm).
 
@@ -147,7 +154,7 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   legend = legend_outside(ax)
-  legend.set_title("thin lines: seeds; band: 95% bootstrap CI over seeds", prop={"size": 8})
+  legend.set_title("thin lines: seeds; band: 95% t-interval over seeds", prop={"size": 8})
   note = (f"{metric} of metrics.csv (logged during training; `sg_jax.analyze` not run)" if logged
           else analysis_sentences([run for runs in present.values() for run in runs], [metric]))
   ax.set_title(f"{title_prefix}{title} during training" + (f"\n{note}" if note else ""),
@@ -160,9 +167,10 @@ def plot_dynamics(by_depth: dict, metric: str, path: str, title_prefix: str):
 
 def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, title_prefix: str):
   """(f) How seeds differ: each seed's final generalisation accuracy per depth (a strip plot),
-  the seed mean with its 95% bootstrap confidence interval, and Sarle's bimodality coefficient
-  (`seed_stats`; b > 5/9 suggests two groups of seeds, e.g. hierarchical vs linear rule). Dots
-  are coloured by the rule the seed ends on where the run logged the rule agreements.
+  the seed mean with its 95% t-interval, and above each depth Sarle's bimodality coefficient
+  where it can signal (6 or more seeds, `stats.sarle_signals`; b > 5/9 suggests two groups of
+  seeds, e.g. hierarchical vs linear rule), else the seeds per final rule. Dots are coloured by
+  the rule the seed ends on where the run logged the rule agreements.
 
   Returns:
     the (closed) matplotlib Figure written to `path`.
@@ -184,13 +192,17 @@ def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, tit
                  label=(f"ends on {rule.replace('_', '-')}" if rule else "seed (no final rule)")
                  if rule not in shown else None)
       shown.add(rule)
-    mean, low, high = seed_stats.bootstrap_ci([r["final_generalisation"] for r in rows])
+    mean, low, high = seed_stats.seed_mean([r["final_generalisation"] for r in rows])
     if math.isfinite(mean):
       ax.errorbar(d + 0.3, mean, yerr=[[mean - low], [high - mean]], fmt="D", color="#c51b8a",
-                  capsize=4, label="mean, 95% bootstrap CI" if d == 0 else None)
-      b = seed_stats.sarle_bimodality([r["final_generalisation"] for r in rows])
-      if math.isfinite(b):
-        ax.annotate(f"b={b:.2f}", (d, 1.04), ha="center", va="bottom", fontsize=8)
+                  capsize=4, label=f"mean, 95% t-interval (n={len(rows)})")
+      b = seed_stats.shown_bimodality([r["final_generalisation"] for r in rows])
+      counts = seed_stats.rule_counts([r.get("final_rule") for r in rows])
+      note = (f"b={b:.2f}" if math.isfinite(b) else
+              counts.replace("hierarchical", "h").replace("move_first", "mf")
+              .replace("skip_relative", "sr").replace(", ", "\n"))
+      if note:
+        ax.annotate(note, (d, 1.04), ha="center", va="bottom", fontsize=7)
   ax.axhline(threshold, color="gray", ls="--", lw=0.8, label=f"threshold {threshold:g}")
   ax.set_xticks(range(len(depths)))
   ax.set_xticklabels([depth_label(d) for d in depths])
@@ -201,7 +213,8 @@ def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, tit
   ax.grid(axis="y", alpha=0.3)
   legend_outside(ax)
   ax.set_title(f"{title_prefix}final generalisation of every seed\n"
-               "(b: Sarle's bimodality coefficient; > 0.56 suggests two groups)", fontsize=10)
+               "(b: Sarle's bimodality coefficient, from 6 seeds; > 0.56 suggests two groups; "
+               "below 6 seeds the seeds per final rule: h, mf, sr)", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
@@ -213,7 +226,7 @@ LENGTH_PREFIX = "tparseval_f1_length"
 
 def plot_tparseval_by_length(by_depth: dict, path: str, title_prefix: str):
   """(g) Final tparseval F1 against sentence length (words), per depth: the seed mean with its
-  95% bootstrap CI, from the `tparseval_f1_length<n>` rows of analysis.csv (each seed's last
+  95% t-interval, from the `tparseval_f1_length<n>` rows of analysis.csv (each seed's last
   analysed step), beside the right-branching baseline.
 
   Returns:
@@ -251,7 +264,7 @@ def plot_tparseval_by_length(by_depth: dict, path: str, title_prefix: str):
   ax.set_ylabel("tparseval F1 at the last analysed step")
   ax.set_ylim(-0.02, 1.02)
   ax.grid(alpha=0.3)
-  legend_outside(ax).set_title("band: 95% bootstrap CI over seeds", prop={"size": 8})
+  legend_outside(ax).set_title("band: 95% t-interval over seeds", prop={"size": 8})
   ax.set_title(f"{title_prefix}projected trees vs gold trees by sentence length", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -4,11 +4,15 @@ One vmapped run can hold several regimes side by side, e.g. the SAS regulariser'
 seed (Chen et al., ICLR 2024; docs/sas.md) or a training-data mix per seed (docs/data.md): a
 config field whose value in `config.json` is a list with one entry per seed. Seeds with the same
 entries of every such field form a group; `groups_depth<D>.png` draws, per group, the seed mean
-of each compared metric with its 95% bootstrap confidence interval over seeds
-(`seed_stats.bootstrap_ci`) and marks each seed's onset (`sg_jax.analysis.onsets`), and
-summary.md gets a table of the final values per group, the first step at which each group's
-seeds generalise (`out_of_domain/accuracy` above the report's threshold) and the rules they end
-on. Metrics without an onset signal (the in-domain loss, tscore and tparseval from
+of each compared metric with its 95% t-interval over seeds (`seed_stats.seed_mean`) and marks
+each seed's onset (`sg_jax.analysis.onsets`), and summary.md gets a table of the final values
+per group, the time to generalise (`out_of_domain/accuracy` above the report's threshold: the
+Kaplan-Meier median of the first crossing, seeds that never cross censored; the seeds that stay
+above it at the end) and the rules they end on, and a table comparing each group with the
+first (`comparison_rows`: permutation test of the final generalisation and of each
+construction's, Fisher's exact test of the seeds above the threshold at the end, log-rank test
+of the time to generalise; each with its minimum detectable effect, Holm-corrected over the
+table). Metrics without an onset signal (the in-domain loss, tscore and tparseval from
 `sg_jax.analyze`, the tree regulariser's penalty) get a panel and a final value only.
 """
 
@@ -20,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from sg_jax import stats
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.report import seed_stats
 from sg_jax.report import tables
@@ -105,19 +110,49 @@ def construction_metrics(run: Run) -> list[str]:
   return sorted(n for n in run.series if n.startswith(CONSTRUCTION_PREFIX))
 
 
+def _crossings(run: Run, seeds: Sequence[int], threshold: float) -> tuple[list, list]:
+  """(times, reached) of the seeds' first step above `threshold` (`first_above`), a seed that
+  never crosses censored at its last evaluated step; seeds without rows left out."""
+  times, reached = [], []
+  for seed in seeds:
+    curve = run.series.get(GEN_ACC, {}).get(seed)
+    if curve is None or not np.isfinite(curve[1]).any():
+      continue
+    step = first_above(run, GEN_ACC, seed, threshold)
+    times.append(step if math.isfinite(step) else float(curve[0][np.isfinite(curve[1])][-1]))
+    reached.append(math.isfinite(step))
+  return times, reached
+
+
+def _sustained(run: Run, seed: int, threshold: float) -> bool | None:
+  curve = run.series.get(GEN_ACC, {}).get(seed)
+  if curve is None:
+    return None
+  return stats.sustained(curve[0], curve[1], threshold, tables.SUSTAINED_EVALUATIONS)
+
+
+def _with_interval(row: dict, name: str, values: Sequence[float]) -> None:
+  got = stats.mean_interval(values)
+  row.update({name: got.estimate, f"{name}_ci_low": got.low, f"{name}_ci_high": got.high,
+              f"{name}_n": got.n})
+
+
 def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8
                ) -> list[dict]:
   """One dict per group: seeds, and per compared metric and per construction
-  (`construction_metrics`) the final value's seed mean with its 95% bootstrap CI (`<metric>`,
-  `<metric>_ci_low`, `<metric>_ci_high`), the median onset step of each compared metric's
-  signal over the group's seeds (`<signal>_onset_median`, NaN where none), the first step at
-  which generalisation exceeds `threshold` (`first_above`): how many seeds get there
-  (`gen_above_seeds`, e.g. "3/4") and the mean of their steps with its 95% bootstrap CI
-  (`gen_above_step`, `..._ci_low`, `..._ci_high`; seeds that never get there are left out,
-  NaN when none does), and, where the run
-  logged the rule agreements, how many seeds end on each rule (`final_rules`, e.g.
-  "hierarchical 2, skip_relative 2") and the mean number of rule switches per seed
-  (`rule_switches_mean`; `tables.rules_of_seed`)."""
+  (`construction_metrics`) the final value's seed mean with its 95% t-interval (`<metric>`,
+  `<metric>_ci_low`, `<metric>_ci_high`, over `<metric>_n` seeds), the median onset step of each
+  compared metric's signal over the group's seeds (`<signal>_onset_median`, NaN where none), and
+  for generalisation above `threshold`: the Kaplan-Meier median of the first crossing with its
+  95% interval, seeds that never cross censored at their last step (`gen_crossing_median`,
+  `..._ci_low`, `..._ci_high`; inf: fewer than half cross), how many seeds cross
+  (`gen_above_seeds`, e.g. "3/4"), end above it (`gen_final_above_seeds`) and stay above it at
+  each of their last `tables.SUSTAINED_EVALUATIONS` evaluations (`gen_sustained_seeds`), and the
+  mean first crossing of the seeds that cross (`gen_above_step`: conditional on crossing, so
+  biased low when some never do; kept for comparison). Where the run logged the rule
+  agreements: how many seeds end on each rule (`final_rules`, e.g. "hierarchical 2,
+  skip_relative 2") and the mean number of rule switches per seed (`rule_switches_mean`;
+  `tables.rules_of_seed`)."""
   onsets = onsets_lib.seed_onsets(run.series)
   rows = []
   for label, seeds in groups.items():
@@ -125,35 +160,90 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float =
     for name, signal, _ in COMPARED:
       if not run.series.get(name):
         continue
-      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
-      row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+      _with_interval(row, name, [_final(run, name, s) for s in seeds])
       if signal is None:
         continue
       steps = [onsets[s][signal].step for s in seeds if s in onsets and signal in onsets[s]]
       finite = [x for x in steps if math.isfinite(x)]
       row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
     if run.series.get(GEN_ACC):
-      reached = [x for x in (first_above(run, GEN_ACC, s, threshold) for s in seeds)
-                 if math.isfinite(x)]
-      mean, low, high = seed_stats.bootstrap_ci(reached) if reached else (math.nan,) * 3
+      times, reached = _crossings(run, seeds, threshold)
+      crossed = [t for t, r in zip(times, reached) if r]
+      curve = stats.kaplan_meier(times, reached) if times else None
+      finals = [_final(run, GEN_ACC, s) for s in seeds]
+      counted = [v for v in finals if math.isfinite(v)]
+      kept = [_sustained(run, s, threshold) for s in seeds]
       row.update({"gen_above_threshold": threshold,
-                  "gen_above_seeds": f"{len(reached)}/{len(seeds)}", "gen_above_step": mean,
-                  "gen_above_step_ci_low": low, "gen_above_step_ci_high": high})
+                  "gen_above_seeds": f"{len(crossed)}/{len(seeds)}",
+                  "gen_final_above_seeds": f"{sum(v > threshold for v in counted)}/{len(counted)}",
+                  "gen_sustained_seeds": f"{sum(bool(k) for k in kept)}/{len(counted)}",
+                  "gen_above_step": float(np.mean(crossed)) if crossed else math.nan,
+                  "gen_crossing_median": curve.median.estimate if curve else math.nan,
+                  "gen_crossing_median_ci_low": curve.median.low if curve else math.nan,
+                  "gen_crossing_median_ci_high": curve.median.high if curve else math.nan})
     for name in construction_metrics(run):
-      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for s in seeds])
-      row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+      _with_interval(row, name, [_final(run, name, s) for s in seeds])
     rules = [tables.rules_of_seed(run, s) for s in seeds]
     if any(rule is not None for rule, _ in rules):
-      counts = collections.Counter(rule for rule, _ in rules if rule is not None)
-      row["final_rules"] = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+      row["final_rules"] = seed_stats.rule_counts([rule for rule, _ in rules])
       row["rule_switches_mean"] = float(np.mean([n for _, n in rules if n is not None]))
     rows.append(row)
   return rows
 
 
+def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8
+                    ) -> list[dict]:
+  """Each group after the first against the first (the reference), one dict per test:
+
+  * the final generalisation (`out_of_domain/accuracy`) and each construction's: permutation
+    test of the difference of means (`stats.compare_means`; effect: group minus reference);
+  * the seeds above `threshold` at the end: Fisher's exact test (`stats.compare_proportions`;
+    effect: difference of fractions);
+  * the first step above `threshold`: log-rank test (`stats.logrank`, seeds that never cross
+    censored; effect: log hazard ratio, > 0: the group crosses sooner).
+
+  Every row has `test`, `n` ("4 vs 4"), `effect`, `p`, `p_holm` (Holm over all rows of the
+  run: the table tests these at once), `detectable` (minimum detectable effect at alpha 0.05,
+  power 0.8, in the effect's unit), `min_p` and `testable` (False: "not testable at this n").
+  [] with fewer than two groups or without generalisation rows.
+  """
+  labels = list(groups)
+  if len(labels) < 2 or not run.series.get(GEN_ACC):
+    return []
+  reference = groups[labels[0]]
+  finals = lambda name, seeds: [_final(run, name, s) for s in seeds]
+  above = lambda seeds: [v > threshold for v in finals(GEN_ACC, seeds) if math.isfinite(v)]
+  rows = []
+  for label in labels[1:]:
+    seeds = groups[label]
+    tests = [("final generalisation", stats.compare_means(finals(GEN_ACC, reference),
+                                                          finals(GEN_ACC, seeds)))]
+    ref_above, grp_above = above(reference), above(seeds)
+    if ref_above and grp_above:
+      tests.append((f"seeds gen. > {threshold:g} at the end", stats.compare_proportions(
+          sum(ref_above), len(ref_above), sum(grp_above), len(grp_above))))
+    ref_times, grp_times = (_crossings(run, reference, threshold),
+                            _crossings(run, seeds, threshold))
+    if ref_times[0] and grp_times[0]:
+      tests.append((f"first step gen. > {threshold:g}",
+                    stats.logrank(*ref_times, *grp_times)))
+    for name in construction_metrics(run):
+      tests.append((f"final {name[len(CONSTRUCTION_PREFIX):]}",
+                    stats.compare_means(finals(name, reference), finals(name, seeds))))
+    for what, test in tests:
+      rows.append({"run": run.name, "group": label, "reference": labels[0], "quantity": what,
+                   "test": test.name, "n": " vs ".join(map(str, test.n)),
+                   "effect": test.effect, "p": test.p, "detectable": test.detectable,
+                   "min_p": test.min_p, "testable": test.testable})
+  adjusted = stats.holm([r["p"] for r in rows])
+  for r, p in zip(rows, adjusted):
+    r["p_holm"] = float(p)
+  return rows
+
+
 def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_prefix: str):
   """Per compared metric the run logged: the seed mean of each group over training with its 95%
-  bootstrap band over seeds, and each seed's onset as a tick at the bottom of the panel.
+  t-interval band over seeds, and each seed's onset as a tick at the bottom of the panel.
 
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
@@ -195,7 +285,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
-  legend_outside(axes[0][cols - 1]).set_title("band: 95% bootstrap CI over seeds;\n"
+  legend_outside(axes[0][cols - 1]).set_title("band: 95% t-interval over seeds;\n"
                                          "ticks: onsets of each seed", prop={"size": 8})
   fig.suptitle(f"{title_prefix}seed groups of {run.name}")
   fig.tight_layout()
@@ -204,70 +294,120 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   return fig
 
 
-def _with_ci(row: dict, name: str, fmt) -> str:
-  """`value [low, high]`, or `value (1 seed, no CI)` for a one-seed group."""
-  if len(row["seeds"].split()) < 2:
+def _n(row: dict, name: str) -> int:
+  return int(row.get(f"{name}_n", len(row["seeds"].split())))
+
+
+def _with_ci(row: dict, name: str, fmt, show_n: bool = False) -> str:
+  """`value [low, high]`, or `value (1 seed, no CI)` for a one-seed group; ` (n=3)` appended
+  with `show_n` (groups of different seed counts)."""
+  if _n(row, name) < 2:
     return f"{fmt(row.get(name))} (1 seed, no CI)"
-  return f"{fmt(row.get(name))} [{fmt(row.get(name + '_ci_low'))}, {fmt(row.get(name + '_ci_high'))}]"
+  cell = (f"{fmt(row.get(name))} [{fmt(row.get(name + '_ci_low'))}, "
+          f"{fmt(row.get(name + '_ci_high'))}]")
+  return cell + (f" (n={_n(row, name)})" if show_n else "")
 
 
-def markdown_lines(rows: Sequence[dict]) -> list[str]:
-  """The "Seed groups" section of summary.md (`group_rows` of every run with groups)."""
+def _header(rows: Sequence[dict], name: str, what: str) -> tuple[str, bool]:
+  """(the column header naming the t-interval and its n, whether cells must give n)."""
+  ns = [_n(r, name) for r in rows if name in r and _n(r, name) >= 2]
+  return seed_stats.interval_header(what, ns), len(set(ns)) > 1
+
+
+def _step_interval(row: dict) -> str:
+  median = row.get("gen_crossing_median", math.nan)
+  if not isinstance(median, float) or math.isnan(median):
+    return ""
+  step = lambda v: "not reached" if math.isinf(v) else ("" if math.isnan(v) else f"{v:.0f}")
+  low, high = row.get("gen_crossing_median_ci_low"), row.get("gen_crossing_median_ci_high")
+  return step(median) + ("" if math.isnan(low) else f" [{step(low)}, {step(high)}]")
+
+
+def markdown_lines(rows: Sequence[dict], comparisons: Sequence[dict] = ()) -> list[str]:
+  """The "Seed groups" section of summary.md (`group_rows` of every run with groups, and their
+  `comparison_rows`)."""
   if not rows:
     return []
   metrics = [(n, s) for n, s, _ in COMPARED if any(n in r for r in rows)]
   fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
-  fmt_step = lambda v: "" if v is None or math.isnan(v) else f"{v:.0f}"
   above = next((r["gen_above_threshold"] for r in rows if "gen_above_threshold" in r), None)
-  header = [f"{n} (final) [95% CI]" + ("" if s is None else f" | {s} onset (median)")
-            for n, s in metrics]
+  header, show = [], {}
+  for n, s in metrics:
+    text, show[n] = _header(rows, n, f"{n} (final)")
+    header.append(text + ("" if s is None else f" | {s} onset (median)"))
   if above is not None:
-    header.append(f"first step gen. > {above:g}: mean [95% CI] | seeds there")
+    header.append(f"first step gen. > {above:g}: Kaplan-Meier median [95% CI] | seeds that "
+                  f"cross | seeds > {above:g} at the end | seeds > {above:g} at each of the "
+                  f"last {tables.SUSTAINED_EVALUATIONS} evaluations")
   lines = ["", "## Seed groups", "",
            "| run | group | seeds | " + " | ".join(header) + " |",
            "|" + "---|" * (3 + len(metrics) + sum(s is not None for _, s in metrics)
-                           + (2 if above is not None else 0))]
+                           + (4 if above is not None else 0))]
   for r in rows:
     cells = [r["run"], r["group"], r["seeds"]]
     for name, signal in metrics:
-      cells.append(_with_ci(r, name, fmt) if name in r else "")
+      cells.append(_with_ci(r, name, fmt, show[name]) if name in r else "")
       if signal is not None:
         cells.append(fmt(r.get(f"{signal}_onset_median")))
     if above is not None:
-      step = r.get("gen_above_step", math.nan)
-      cells += ["" if math.isnan(step) else _with_ci(r, "gen_above_step", fmt_step),
-                r.get("gen_above_seeds", "")]
+      cells += [_step_interval(r), r.get("gen_above_seeds", ""),
+                r.get("gen_final_above_seeds", ""), r.get("gen_sustained_seeds", "")]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
-            "list with one value per seed in config.json). CI: 95% percentile bootstrap over the "
-            "group's seeds; onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\"); first "
-            "step gen. > threshold: the first evaluation whose out_of_domain/accuracy exceeds the "
-            "report's --threshold, averaged over the seeds that get there (seeds there: how many "
-            "do). tscore and tparseval_f1 come from `sg_jax.analyze` (analysis.csv)."]
+            "list with one value per seed in config.json). Intervals: the seed mean's 95% "
+            "Student t interval over the group's seeds (n named in the header, or in the cell "
+            "when groups differ); onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\"); "
+            "first step gen. > threshold: the first evaluation whose out_of_domain/accuracy "
+            "exceeds the report's --threshold, as the Kaplan-Meier median over the group's "
+            "seeds with those that never cross censored at their last evaluation (\"not "
+            "reached\": fewer than half cross), beside how many cross, end above it and stay "
+            "above it (docs/analysis.md, \"Statistics\"). tscore and tparseval_f1 come from "
+            "`sg_jax.analyze` (analysis.csv)."]
   tags = sorted({n for r in rows for n in r if n.startswith(CONSTRUCTION_PREFIX)
-                 and not n.endswith(("_ci_low", "_ci_high"))})
+                 and not n.endswith(("_ci_low", "_ci_high", "_n"))})
   if tags or any("final_rules" in r for r in rows):
+    heads = [_header(rows, t, f"{t[len(CONSTRUCTION_PREFIX):]} (final)") for t in tags]
     lines += ["", "### Seed groups by construction and rule", "",
-              "| run | group | " + " | ".join(f"{t[len(CONSTRUCTION_PREFIX):]} (final) [95% CI]"
-                                            for t in tags)
+              "| run | group | " + " | ".join(h for h, _ in heads)
               + " | final rule (seeds) | rule switches (mean per seed) |",
               "|" + "---|" * (4 + len(tags))]
     for r in rows:
       cells = [r["run"], r["group"]]
-      cells += [_with_ci(r, t, fmt) if t in r else "" for t in tags]
+      cells += [_with_ci(r, t, fmt, varied) if t in r else "" for t, (_, varied) in
+                zip(tags, heads)]
       cells += [r.get("final_rules", ""), fmt(r.get("rule_switches_mean"))]
       lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Final generalisation accuracy on each construction's gen lines "
               "(`out_of_domain/accuracy/<construction>`, docs/tasks.md); final rule: the rule "
               "each seed's last evaluation agrees with most, counted over the group's seeds "
               "(the Seeds table gives each seed's)."]
+  if comparisons:
+    lines += ["", "### Seed groups against the first group", "",
+              "| run | group | against | quantity | test | seeds | effect | p | p (Holm) | "
+              "minimum detectable effect |", "|" + "---|" * 10]
+    for c in comparisons:
+      detectable = (fmt(c["detectable"]) if c["testable"] else
+                    f"not testable at this n (smallest p {c['min_p']:.2g})"
+                    if c["min_p"] > stats.ALPHA else "none with power 0.8 at this n")
+      lines.append("| " + " | ".join([c["run"], c["group"], c["reference"], c["quantity"],
+                                       c["test"], c["n"], fmt(c["effect"]), fmt(c["p"]),
+                                       fmt(c["p_holm"]), detectable]) + " |")
+    lines += ["", "Each group against the first: final values by a permutation test of the "
+              "difference of means (effect: group minus first), the seeds above the threshold "
+              "at the end by Fisher's exact test (effect: difference of fractions), the first "
+              "step above it by a log-rank test with censoring (effect: log hazard ratio, > 0: "
+              "the group crosses sooner). p (Holm): corrected over every test of the run's rows. "
+              "Minimum detectable effect: the smallest true effect each test finds with "
+              "probability 0.8 at alpha 0.05 with these seeds (docs/analysis.md, "
+              "\"Statistics\"); an observed effect below it is not evidence of no effect."]
   return lines
 
 
 def plot_dose_response(run: Run, path: str, title_prefix: str):
   """Final generalisation against each numeric per-seed config field (e.g. the number of
   disambiguating questions): per value, the seed mean of the final `out_of_domain/accuracy`
-  and of each construction's (`out_of_domain/accuracy/<tag>`) with its 95% bootstrap CI.
+  and of each construction's (`out_of_domain/accuracy/<tag>`) with its 95% t-interval over the
+  seeds of each value (n in the legend title).
 
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
@@ -286,10 +426,10 @@ def plot_dose_response(run: Run, path: str, title_prefix: str):
     doses = sorted(set(values))
     for name in metrics:
       tag = name.split("/")[-1] if name.count("/") == 2 else ""
-      stats = np.array([seed_stats.bootstrap_ci(
+      got = np.array([seed_stats.seed_mean(
           [_final(run, name, first + k) for k, v in enumerate(values) if v == dose])
           for dose in doses])
-      ax.errorbar(doses, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
+      ax.errorbar(doses, got[:, 0], yerr=[got[:, 0] - got[:, 1], got[:, 2] - got[:, 0]],
                   fmt="o-" if not tag else "s--", capsize=3, lw=2.2 if not tag else 1.2,
                   color="black" if not tag else CONSTRUCTION_COLORS.get(tag),
                   label="all gen lines" if not tag else tag)
@@ -298,7 +438,10 @@ def plot_dose_response(run: Run, path: str, title_prefix: str):
     ax.set_ylabel("final generalisation accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-  legend_outside(axes[0][-1]).set_title("seed mean, 95% bootstrap CI", prop={"size": 8})
+  sizes = sorted({values.count(v) for values in fields.values() for v in set(values)})
+  legend_outside(axes[0][-1]).set_title(
+      f"seed mean, 95% t-interval (n={'/'.join(map(str, sizes))} seeds per value)",
+      prop={"size": 8})
   fig.suptitle(f"{title_prefix}dose response of {run.name}")
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")

@@ -7,7 +7,7 @@ structure (`in_domain/uas`), the training loss and the onsets of each seed
 out-of-domain preference). The unregularised seeds of every run of one objective are pooled
 (`unregularised_seeds`: a run of SAS regimes contributes its lambda-0 group only), within one depth
 where the runs have several (a depth sweep: `by_objective`); means come with
-95% bootstrap CIs over seeds (`seed_stats.bootstrap_ci`).
+95% t-intervals over seeds (`seed_stats.seed_mean`; the method and n in the table header).
 
 A masked LM logs no teacher-forced accuracy: `reading.load_run` gives such runs the preference
 as their accuracy series (`Run.accuracy_from`), so that the figures of one run work for it too.
@@ -101,7 +101,7 @@ def seed_onsets(run: Run, seed: int) -> dict[str, float]:
 def objective_rows(runs: Sequence[Run]) -> list[dict]:
   """One row per objective (per objective and depth when the runs have several depths; `depth`:
   None otherwise): seeds, final in- and out-of-domain preference and per construction
-  (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`: seed mean and 95% bootstrap CI), final
+  (`<metric>`, `<metric>_ci_low`, `<metric>_ci_high`: seed mean and 95% t-interval), final
   UAS, the median onset of each `ONSETS` signal and the fraction of seeds whose structure onset
   lies within `coincide` steps of their loss drop (`structure_with_loss_drop`; Chen et al.'s
   claim is that they coincide), with `coincide` = 2 x the median gap between evaluations."""
@@ -114,7 +114,7 @@ def objective_rows(runs: Sequence[Run]) -> list[dict]:
     names += sorted({n for run in group for n in run.series
                      if n.startswith("out_of_domain/preference/")})
     for name in names:
-      mean, low, high = seed_stats.bootstrap_ci([_final(run, name, s) for run, s in seeds])
+      mean, low, high = seed_stats.seed_mean([_final(run, name, s) for run, s in seeds])
       row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
     onsets = [seed_onsets(run, s) for run, s in seeds]
     for signal, _, _ in ONSETS:
@@ -132,7 +132,7 @@ def objective_rows(runs: Sequence[Run]) -> list[dict]:
 
 def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
   """`PANELS` over training: per objective (and depth, in line styles, when the runs have several:
-  `by_objective`) the seed mean with a 95% bootstrap band, and each seed's onsets (`ONSETS`) as
+  `by_objective`) the seed mean with a 95% t-interval band, and each seed's onsets (`ONSETS`) as
   ticks at the bottom of its panel.
 
   Returns:
@@ -177,7 +177,7 @@ def plot_objectives(runs: Sequence[Run], path: str, title_prefix: str = ""):
     if name == "train/loss":
       ax.set_yscale("log")
     ax.grid(alpha=0.3)
-  legend_outside(axes[0][-1]).set_title("mean, 95% bootstrap band;\nticks: seeds' onsets",
+  legend_outside(axes[0][-1]).set_title("mean, 95% t-interval band;\nticks: seeds' onsets",
                                         prop={"size": 8})
   fig.suptitle(f"{title_prefix}objectives side by side")
   fig.tight_layout()
@@ -202,10 +202,12 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
                  if n.startswith("out_of_domain/preference/") and not n.endswith(("_low",
                                                                                    "_high"))})
   with_depth = any(r.get("depth") is not None for r in rows)
-  head = (["objective"] + (["depth"] if with_depth else []) + ["seeds", "in-domain pref.",
-                                                               "out-of-domain pref."]
-          + [f"pref. {t}" for t in tags]
-          + ["UAS (final)", "structure onset", "loss-drop onset", "preference onset",
+  ns = [r["seeds"] for r in rows if r["seeds"] >= 2]
+  ci = lambda what: seed_stats.interval_header(what, ns)
+  head = (["objective"] + (["depth"] if with_depth else []) + ["seeds", ci("in-domain pref."),
+                                                               ci("out-of-domain pref.")]
+          + [ci(f"pref. {t}") for t in tags]
+          + [ci("UAS (final)"), "structure onset", "loss-drop onset", "preference onset",
              "structure within 2 evals of loss drop"])
   lines = ["", "## Objectives", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   fmt = lambda v: "" if not math.isfinite(v) else f"{v:.0f}"
@@ -219,7 +221,8 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
               "" if not math.isfinite(r["structure_with_loss_drop"])
               else f"{r['structure_with_loss_drop']:.2f}"]
     lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", "Final values: seed mean [95% bootstrap CI over seeds]; onsets: median step over "
+  lines += ["", "Final values: seed mean [95% Student t interval over the seeds; n = the seeds "
+            "column]; onsets: median step over "
             "seeds (`sg_jax.analysis.onsets`; blank: no seed has one, or the curves have fewer "
             f"than {onsets_lib.MIN_POINTS} evaluations); preference: minimal pairs from the "
             "grammar (`sg_jax.preference`, docs/objectives.md). The last column is the fraction of "

@@ -50,10 +50,9 @@ def legend_outside(ax, handles=None, labels=None, fontsize=8):
 
 def mean_band(ax, xs, samples, color, alpha: float = 0.18, **plot_kwargs):
   """Draws, at each x of `xs`, the mean of `samples[x]` (one value per seed) as a line and its
-  95% bootstrap CI over seeds (`seed_stats.bootstrap_ci`) as a shaded band; with fewer than 3
-  points also as markers (a single point draws no line)."""
-  mean, low, high = np.array([seed_stats.bootstrap_ci(samples[x], num_resamples=2000)
-                              for x in xs]).T
+  95% t-interval over seeds (`seed_stats.seed_mean`; none where a step has one seed) as a
+  shaded band; with fewer than 3 points also as markers (a single point draws no line)."""
+  mean, low, high = np.array([seed_stats.seed_mean(samples[x]) for x in xs]).T
   ax.fill_between(xs, low, high, color=color, alpha=alpha, lw=0)
   if len(xs) < 3:
     plot_kwargs = {"marker": "o", **plot_kwargs}

@@ -9,15 +9,22 @@ at two moments: at in-domain saturation (the first analysed step at or after the
 whose in-domain accuracy reaches `saturation`) and at the end (the last analysed step). Against
 each seed's final generalisation accuracy:
 
-* `across_seeds`: Spearman's rho over all seeds of all depths, with a bootstrap CI (seeds
-  resampled as pairs);
-* `across_depths`: Spearman's rho between the depths' seed means of the predictor and of the
-  generalisation, with a CI from resampling seeds within each depth (stratified bootstrap);
-* `within_depth`: the seed-weighted mean over depths of the Spearman rho among a depth's seeds
-  (depth held fixed), with a stratified bootstrap CI.
+* `across_seeds`: Spearman's rho over all seeds of all depths, tested by permutation
+  (`stats.stratified_association` with one stratum); depth differences feed it, so it is
+  descriptive;
+* `across_depths`: does the predictor's depth ordering predict generalisation's? The depths are
+  ordered by the predictor's seed mean and the seeds' final generalisation is tested for a
+  trend along that order (`stats.ordered_trend`, Jonckheere-Terpstra on the seeds, not a
+  Spearman over 4 depth means, which reaches +-1 for anything monotone in depth); beside it
+  `depth_trend`, the predictor's own trend over depth (a quantity that falls with depth by
+  construction, like the weight norm per layer, orders the depths as depth itself does);
+* `within_depth`: the seed-weighted mean of the within-depth Spearman correlations, tested by
+  permuting generalisation within each depth (`stats.stratified_association`).
 
-Percentile bootstrap intervals (Efron & Tibshirani 1993, ch. 13), seeded, so a report is
-reproducible. A correlation with fewer than 3 points (or a constant series) is NaN.
+Each comes with its p-value, the p-value Holm-corrected over the predictors and moments of the
+table (`stats.holm`), and the minimum detectable effect at this n (alpha 0.05, power 0.8), so a
+correlation that cannot be detected with these seeds reads "not testable at this n". A
+correlation with fewer than 3 points (or a constant series) is NaN.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Sequence
 import numpy as np
 import scipy.stats
 
+from sg_jax import stats
 from sg_jax.report import seed_stats
 from sg_jax.report.plotting import depth_label, legend_outside, pyplot
 from sg_jax.report.reading import GEN_ACC, Run
@@ -39,7 +47,7 @@ PREDICTORS = {"tscore": "tscore", "tparseval_f1": "tparseval F1",
               "weight_norm_per_layer": "weight norm / layer",
               "attention_sparsity_paper": "attention sparsity"}
 MOMENTS = ("saturation", "final")
-NUM_RESAMPLES = 2000
+KINDS = ("across_seeds", "across_depths", "within_depth", "depth_trend")
 
 
 def _value_at(run: Run, name: str, seed: int, step: int | None) -> float:
@@ -87,60 +95,42 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
   return float(scipy.stats.spearmanr(x, y).statistic)
 
 
-def _stratified(groups: Sequence[np.ndarray], statistic, seed: int, num_resamples: int,
-                confidence: float) -> tuple[float, float, float]:
-  """(statistic of `groups`, percentile CI) with the rows of each group ([n_g, 2] arrays of
-  (x, y)) resampled with replacement within the group."""
-  rng = np.random.default_rng(seed)
-  point = statistic(groups)
-  draws = []
-  for _ in range(num_resamples):
-    draws.append(statistic([g[rng.integers(0, len(g), len(g))] for g in groups]))
-  draws = np.asarray(draws)
-  draws = draws[np.isfinite(draws)]
-  if not math.isfinite(point) or draws.size == 0:
-    return point, math.nan, math.nan
-  alpha = (1.0 - confidence) / 2
-  low, high = np.quantile(draws, [alpha, 1.0 - alpha])
-  return point, float(low), float(high)
+def _depth_order(rows: Sequence[dict]):
+  return sorted({r["depth"] for r in rows}, key=lambda d: (d is None, d))
 
 
-def correlations(rows: Sequence[dict], column: str, *, seed: int = 0,
-                 num_resamples: int = NUM_RESAMPLES, confidence: float = 0.95) -> dict:
-  """{'across_seeds', 'across_depths', 'within_depth': (rho, ci_low, ci_high)} of `column`
-  (a `seed_table` column) against the final generalisation (module docstring).
+def correlations(rows: Sequence[dict], column: str) -> dict[str, stats.Test]:
+  """{'across_seeds', 'across_depths', 'within_depth', 'depth_trend': stats.Test} of `column`
+  (a `seed_table` column) against the final generalisation (module docstring). The effects are
+  Spearman's rho (across seeds, within depth) and Jonckheere-Terpstra's tau (across depths:
+  generalisation along the depths ordered by the predictor's mean; depth trend: the predictor
+  along depth).
 
   Raises:
     KeyError: no row has `column`.
   """
   if not any(column in r for r in rows):
     raise KeyError(f"no row has {column!r}")
-  by_depth = collections.defaultdict(list)
-  for r in rows:
-    x, y = r.get(column, math.nan), r["generalisation"]
-    if math.isfinite(x) and math.isfinite(y):
-      by_depth[r["depth"]].append((x, y))
-  groups = [np.asarray(v, np.float64) for _, v in sorted(by_depth.items(),
-                                                          key=lambda kv: (kv[0] is None, kv[0]))]
-  pooled = lambda gs: spearman(np.concatenate(gs)[:, 0], np.concatenate(gs)[:, 1]) if gs else \
-      math.nan
-  means = lambda gs: spearman([g[:, 0].mean() for g in gs], [g[:, 1].mean() for g in gs])
-
-  def within(gs):
-    rhos = [(spearman(g[:, 0], g[:, 1]), len(g)) for g in gs]
-    rhos = [(r, n) for r, n in rhos if math.isfinite(r)]
-    return (float(np.average([r for r, _ in rhos], weights=[n for _, n in rhos]))
-            if rhos else math.nan)
-
-  all_rows = [np.concatenate(groups)] if groups else []
-  args = dict(seed=seed, num_resamples=num_resamples, confidence=confidence)
-  return {"across_seeds": _stratified(all_rows, pooled, **args),
-          "across_depths": _stratified(groups, means, **args),
-          "within_depth": _stratified(groups, within, **args)}
+  pairs = [(r["depth"], r.get(column, math.nan), r["generalisation"]) for r in rows]
+  pairs = [(d, x, y) for d, x, y in pairs if math.isfinite(x) and math.isfinite(y)]
+  depths = _depth_order([{"depth": d} for d, _, _ in pairs])
+  x = [p[1] for p in pairs]
+  y = [p[2] for p in pairs]
+  strata = [p[0] for p in pairs]
+  by_predictor = sorted(depths, key=lambda d: np.mean([v for e, v, _ in pairs if e == d]))
+  return {"across_seeds": stats.stratified_association(x, y, [0] * len(pairs)),
+          "across_depths": stats.ordered_trend([[g for e, _, g in pairs if e == d]
+                                                for d in by_predictor]),
+          "within_depth": stats.stratified_association(x, y, strata),
+          "depth_trend": stats.ordered_trend([[v for e, v, _ in pairs if e == d]
+                                              for d in depths if d is not None])}
 
 
 def correlation_rows(rows: Sequence[dict]) -> list[dict]:
-  """One row per (predictor, moment) present: the three correlations with their CIs."""
+  """One row per (predictor, moment) present: for each of `KINDS` the effect (`<kind>`), its
+  p-value (`<kind>_p`), the p-value Holm-corrected over the table's rows (`<kind>_p_holm`), the
+  minimum detectable effect (`<kind>_detectable`; inf: none at this n) and the seeds per
+  depth or stratum (`<kind>_n`)."""
   out = []
   for name in PREDICTORS:
     for moment in MOMENTS:
@@ -148,9 +138,13 @@ def correlation_rows(rows: Sequence[dict]) -> list[dict]:
       if not any(math.isfinite(r.get(column, math.nan)) for r in rows):
         continue
       row = {"predictor": name, "moment": moment}
-      for kind, (rho, low, high) in correlations(rows, column).items():
-        row.update({kind: rho, f"{kind}_ci_low": low, f"{kind}_ci_high": high})
+      for kind, test in correlations(rows, column).items():
+        row.update({kind: test.effect, f"{kind}_p": test.p, f"{kind}_detectable": test.detectable,
+                    f"{kind}_min_p": test.min_p, f"{kind}_n": " ".join(map(str, test.n))})
       out.append(row)
+  for kind in KINDS:
+    for row, p in zip(out, stats.holm([r[f"{kind}_p"] for r in out])):
+      row[f"{kind}_p_holm"] = float(p)
   return out
 
 
@@ -177,7 +171,8 @@ def plot_predictors(rows: Sequence[dict], path: str, title_prefix: str = "",
             if r["depth"] == depth]
       xy = np.asarray([p for p in xy if all(map(math.isfinite, p))]).reshape(-1, 2)
       ax.scatter(xy[:, 0], xy[:, 1], color=cmap(k), s=30, label=depth_label(depth))
-    rho = correlations(rows, f"{name}@{moment}", num_resamples=200)["across_seeds"][0]
+    x = [r.get(f"{name}@{moment}", math.nan) for r in rows]
+    rho = spearman(x, [r["generalisation"] for r in rows])
     ax.set_title(f"{PREDICTORS[name]} ({moment}); Spearman {rho:.2f}", fontsize=9)
     ax.set_xlabel(PREDICTORS[name])
     ax.grid(alpha=0.3)
@@ -191,30 +186,48 @@ def plot_predictors(rows: Sequence[dict], path: str, title_prefix: str = "",
   return fig
 
 
+def _test_cell(row: dict, kind: str) -> str:
+  """'+0.40, p 0.02 (Holm 0.08; detectable 0.45)', or '+0.40, not testable at this n'."""
+  effect = row.get(kind, math.nan)
+  if not math.isfinite(effect):
+    return ""
+  detectable, min_p = row[f"{kind}_detectable"], row[f"{kind}_min_p"]
+  if min_p > stats.ALPHA or not math.isfinite(detectable):
+    return f"{effect:+.2f}, not testable at n=({row[f'{kind}_n']})"
+  return (f"{effect:+.2f}, p {row[f'{kind}_p']:.2g} (Holm {row[f'{kind}_p_holm']:.2g}; "
+          f"detectable {detectable:.2f})")
+
+
 def markdown_lines(correlation_table: Sequence[dict]) -> list[str]:
   """The "Predictors of generalisation" section of summary.md ([] without rows)."""
   if not correlation_table:
     return []
-  cell = lambda r, k: ("" if not math.isfinite(r[k]) else
-                       f"{r[k]:.2f} [{r[k + '_ci_low']:.2f}, {r[k + '_ci_high']:.2f}]"
-                       if math.isfinite(r[k + "_ci_low"]) else f"{r[k]:.2f}")
   lines = ["", "## Predictors of generalisation", "",
-           "| predictor | measured at | across seeds | across depths | within depth |",
-           "|---|---|---|---|---|"]
+           "| predictor | measured at | across seeds (Spearman rho) | across depths "
+           "(Jonckheere-Terpstra tau) | within depth (Spearman rho) | predictor over depth "
+           "(Jonckheere-Terpstra tau) |", "|---|---|---|---|---|---|"]
   for r in correlation_table:
-    lines.append(f"| {PREDICTORS[r['predictor']]} | {r['moment']} | {cell(r, 'across_seeds')} | "
-                 f"{cell(r, 'across_depths')} | {cell(r, 'within_depth')} |")
-  lines += ["", "Spearman's rho with final generalisation accuracy [95% bootstrap CI]: over all "
-            "seeds; over the depths' seed means (seeds resampled within depths); and the "
-            "seed-weighted mean of the within-depth correlations (`report.predictors`). "
-            "'saturation' reads the predictor at the first analysed step at or after in-domain "
-            "saturation, 'final' at the last analysed step."]
+    lines.append(f"| {PREDICTORS[r['predictor']]} | {r['moment']} | "
+                 + " | ".join(_test_cell(r, k) for k in KINDS) + " |")
+  lines += ["", "Against final generalisation accuracy, each seed one observation: across seeds, "
+            "Spearman's rho over all seeds (permutation p; depth differences feed it); across "
+            "depths, Jonckheere-Terpstra's tau of the seeds' generalisation along the depths "
+            "ordered by the predictor's depth mean (does the predictor's ordering of the depths "
+            "predict generalisation's?); within depth, the seed-weighted mean of the "
+            "within-depth Spearman correlations, p by permuting generalisation within each "
+            "depth; and the predictor's own trend over depth (a predictor monotone in depth "
+            "orders the depths as depth itself does, so its across-depth test is depth's). "
+            "p: exact or 9,999 seeded permutations; Holm: corrected over the rows of this "
+            "table; detectable: the minimum detectable effect at alpha 0.05, power 0.8 with "
+            "these seeds (`sg_jax.stats`; docs/analysis.md, \"Statistics\"). 'saturation' reads "
+            "the predictor at the first analysed step at or after in-domain saturation, "
+            "'final' at the last analysed step."]
   return lines
 
 
 def depth_rows(rows: Sequence[dict]) -> list[dict]:
-  """Each predictor per depth and moment: the seed mean with its 95% bootstrap CI over seeds
-  (`seed_stats.bootstrap_ci`) and the seed count, beside the depth's final generalisation (the
+  """Each predictor per depth and moment: the seed mean with its 95% t-interval over seeds
+  (`seed_stats.seed_mean`) and the seed count, beside the depth's final generalisation (the
   numbers behind the paper's tscore-vs-depth figure, Murty et al. 2023 §5).
 
   Args:
@@ -235,8 +248,7 @@ def depth_rows(rows: Sequence[dict]) -> list[dict]:
                  if r["depth"] == depth and math.isfinite(r.get(column, math.nan))]
         if not pairs:
           continue
-        mean, low, high = seed_stats.bootstrap_ci([x for x, _ in pairs],
-                                                  num_resamples=NUM_RESAMPLES)
+        mean, low, high = seed_stats.seed_mean([x for x, _ in pairs])
         out.append({"predictor": name, "moment": moment, "depth": depth, "seeds": len(pairs),
                     "mean": mean, "ci_low": low, "ci_high": high,
                     "generalisation": float(np.nanmean([g for _, g in pairs]))})
@@ -245,31 +257,36 @@ def depth_rows(rows: Sequence[dict]) -> list[dict]:
 
 def depth_markdown_lines(table: Sequence[dict]) -> list[str]:
   """The "Predictors per depth" section of summary.md ([] without rows): one row per depth,
-  one column per (predictor, moment), seed mean [95% CI]."""
+  one column per (predictor, moment), seed mean [95% t-CI] (n in the header, or per cell when
+  the depths' seed counts differ)."""
   if not table:
     return []
   columns = [(n, m) for n in PREDICTORS for m in MOMENTS
              if any(r["predictor"] == n and r["moment"] == m for r in table)]
   cells = {(r["predictor"], r["moment"], r["depth"]): r for r in table}
   depths = sorted({r["depth"] for r in table})
+  ns = [r["seeds"] for r in table if r["seeds"] >= 2]
+  varied = len(set(ns)) > 1
   lines = ["", "## Predictors per depth", "",
-           "| depth | " + " | ".join(f"{PREDICTORS[n]} ({m})" for n, m in columns) + " |",
+           "| depth | " + " | ".join(seed_stats.interval_header(f"{PREDICTORS[n]} ({m})", ns)
+                                    for n, m in columns) + " |",
            "|---" * (len(columns) + 1) + "|"]
   for depth in depths:
     row = [str(depth)]
     for n, m in columns:
       r = cells.get((n, m, depth))
-      row.append("" if r is None else f"{r['mean']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
+      row.append("" if r is None else seed_stats.interval_cell(
+          r["mean"], r["ci_low"], r["ci_high"], r["seeds"] if varied else None))
     lines.append("| " + " | ".join(row) + " |")
-  lines += ["", "Seed mean [95% bootstrap CI over seeds] of each predictor at in-domain saturation "
-            "and at the end (as in the correlations above); `summary_predictors_by_depth.csv` "
+  lines += ["", "Seed mean [95% Student t interval over seeds] of each predictor at in-domain "
+            "saturation and at the end (as in the correlations above); `summary_predictors_by_depth.csv` "
             "has the same with the seed counts."]
   return lines
 
 
 def plot_by_depth(rows: Sequence[dict], path: str, title_prefix: str = "",
                   moment: str = "final", table: Sequence[dict] | None = None):
-  """Each predictor at `moment` per depth: seed mean with its 95% bootstrap CI and the seeds
+  """Each predictor at `moment` per depth: seed mean with its 95% t-interval and the seeds
   (the paper's tscore-vs-depth figure), one panel per predictor.
 
   `table` is `depth_rows(rows)` when the caller already has it (computed here otherwise).
@@ -296,7 +313,9 @@ def plot_by_depth(rows: Sequence[dict], path: str, title_prefix: str = "",
     ax.set_xlabel("depth (layers)")
     ax.set_title(f"{PREDICTORS[name]} ({moment})", fontsize=9)
     ax.grid(alpha=0.3)
-  fig.suptitle(f"{title_prefix}predictors per depth (seed mean, 95% bootstrap CI; grey: seeds)")
+  fig.suptitle(f"{title_prefix}predictors per depth (seed mean, 95% t-interval over "
+               f"n={'/'.join(str(n) for n in sorted({r['seeds'] for r in table}))} seeds; "
+               "grey: seeds)")
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)

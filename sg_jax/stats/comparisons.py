@@ -163,8 +163,16 @@ def compare_means(x: Sequence[float], y: Sequence[float], alternative: str = "tw
   exact = count <= EXACT_LIMIT
   effect = float(y.mean() - x.mean())
   min_p = _floor(count, exact, num_resamples, alternative)
-  if x.size + y.size < 3 or np.ptp(np.concatenate([x, y])) == 0:
+  pooled = np.concatenate([x, y])
+  if np.ptp(pooled) == 0:
     p = 1.0
+  elif min(x.size, y.size) == 1:  # scipy needs 2 per arm: the N partitions by hand
+    single = 0 if x.size == 1 else 1
+    total = pooled.sum()
+    one = pooled  # the single seed's arm holds each value in turn
+    rest = (total - one) / (pooled.size - 1)
+    null = rest - one if single == 0 else one - rest
+    p = _p_value(null, effect, True, alternative)
   else:
     p = float(scipy.stats.permutation_test(
         (x, y), lambda a, b, axis: np.mean(b, axis=axis) - np.mean(a, axis=axis),

@@ -136,7 +136,8 @@ def logrank(times1: Sequence[float], reached1: Sequence[bool], times2: Sequence[
 
   Returns:
     Test(name="log-rank", statistic=scipy's signed z of the second arm, effect=the log of the
-    Peto hazard ratio (O2/E2) / (O1/E1) (positive: the second arm gets there sooner),
+    Peto hazard ratio (O2/E2) / (O1/E1) (positive: the second arm gets there sooner; +-inf when
+    one arm has no event),
     detectable=Schoenfeld's log hazard ratio for the observed events, min_p=0: asymptotic).
     Without any event p and effect are nan and the test is not testable.
 
@@ -154,8 +155,8 @@ def logrank(times1: Sequence[float], reached1: Sequence[bool], times2: Sequence[
                                scipy.stats.CensoredData(uncensored=t1[r1], right=t1[~r1]),
                                alternative=alternative)
   o1, e1, o2, e2 = observed_expected(t1, r1, t2, r2)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    effect = float(np.log((o2 / e2) / (o1 / e1))) if e1 > 0 and e2 > 0 else math.nan
+  with np.errstate(divide="ignore", invalid="ignore"):  # an arm without events: +-inf
+    effect = float(np.log(np.float64(o2 * e1) / np.float64(e2 * o1)))
   detectable = power_lib.detectable_log_hazard_ratio(events, n[0] / sum(n),
                                                      alternative=alternative)
   return Test("log-rank", float(result.statistic), float(result.pvalue), n, effect, detectable,
