@@ -323,7 +323,8 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert table["lambdas=0.0"]["gen_crossing_median"] == math.inf
   # against the first group: 3 + 3 seeds, the most extreme split (p = 2/20 = 0.1) is the
   # smallest reachable p, so every test there is "not testable at this n"
-  tests = {r["quantity"]: r for r in groups.comparison_rows(run, found)}
+  compared = groups.comparison_rows(run, found)
+  tests = {r["quantity"]: r for r in compared if r["reference"]}
   final = tests["final generalisation"]
   assert (final["effect"], final["p"], final["min_p"], final["n"]) == (
       pytest.approx(0.3), pytest.approx(0.1), pytest.approx(0.1), "3 vs 3")
@@ -331,7 +332,13 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert tests["seeds gen. > 0.8 at the end"]["effect"] == pytest.approx(2 / 3)
   assert tests["first step gen. > 0.8"]["test"] == "log-rank"
   assert tests["final rc_object"]["effect"] == pytest.approx(0.3)
-  assert final["p_holm"] == pytest.approx(min(1.0, 0.1 * len(tests)))
+  # the trend over the one numeric per-seed field: 2 levels of 3 seeds, every seed of 0.01
+  # above every seed of 0.0: tau = 1, p = 2/20, not testable either
+  trend = compared[-1]
+  assert (trend["group"], trend["test"], trend["n"]) == (
+      "trend over lambdas (0, 0.01)", "Jonckheere-Terpstra", "3 / 3")
+  assert (trend["effect"], trend["p"], trend["testable"]) == (1.0, pytest.approx(0.1), False)
+  assert final["p_holm"] == pytest.approx(min(1.0, 0.1 * len(compared)))
   assert table["lambdas=0.0"]["structure_onset_median"] == pytest.approx(600, abs=60)
   assert table["lambdas=0.01"]["structure_onset_median"] == pytest.approx(1400, abs=60)
   # per construction: finals of rc_object are 0.1 k -> group means 0.1 and 0.4; pp all 1.0

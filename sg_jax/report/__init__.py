@@ -20,7 +20,8 @@ one's own runs):
                              stopping on in-domain accuracy (first best and last best) vs at the
                              end of training: bars = mean over seeds, dots = seeds.
   inverted_u.png             (c) fraction of seeds whose final generalisation accuracy exceeds
-                             --threshold (default 0.8), per depth.
+                             --threshold (default 0.8), per depth, with its 95% Clopper-Pearson
+                             interval.
   trajectories_depth<D>.png  (a') where analysis.csv exists: one column per seed, accuracy (top)
                              with tscore / tparseval F1 (middle) and attention sparsity (bottom)
                              beside it on the same step axis, saturation step marked (rows:
@@ -37,22 +38,26 @@ one's own runs):
   losses_depth<D>.png        (h) training and validation (in-domain, out-of-domain) losses vs
                              step, one line per seed, log scale.
   seed_spread.png            (f) each seed's final generalisation accuracy per depth, the seed
-                             mean with its 95% bootstrap CI, Sarle's bimodality coefficient,
-                             dots coloured by the rule the seed ends on (`seed_stats`).
+                             mean with its 95% t-interval, Sarle's bimodality coefficient from
+                             6 seeds (else the seeds per final rule), dots coloured by the rule
+                             the seed ends on (`seed_stats`).
   tparseval_by_length.png    (g) where analysis.csv has tparseval per sentence length: the final
-                             tparseval F1 against length per depth (mean, 95% bootstrap CI),
+                             tparseval F1 against length per depth (mean, 95% t-interval),
                              beside the right-branching baseline. The dynamics figure of
                              tparseval_f1 draws the right-, left-branching and random-tree F1
                              as dashed levels; summary.md has them as columns.
   groups_<run>.png           (j) runs whose config gives some field one value per seed (seed
                              groups, `groups`: e.g. SAS regimes, data mixes): per group the
                              seed mean of UAS, training loss and the accuracies with a 95%
-                             bootstrap band, seeds' onsets marked; summary_groups.csv and a
-                             "Seed groups" table in summary.md (final values with CIs; per
-                             construction and final rule counts in a second table).
+                             t-interval band, seeds' onsets marked; summary_groups.csv and a
+                             "Seed groups" table in summary.md (final values with t-intervals,
+                             time to generalise as a Kaplan-Meier median; per construction and
+                             final rule counts in a second table); summary_group_tests.csv and
+                             "Seed groups against the first group" (permutation, Fisher and
+                             log-rank tests with their minimum detectable effect, Holm).
   dose_response_<run>.png    (k) the same runs, for each numeric per-seed field: final
                              generalisation (all gen lines and per construction) against the
-                             field's value, seed mean with a 95% bootstrap CI.
+                             field's value, seed mean with a 95% t-interval.
   pruning_accuracy_<run>.png (l) where the workdir has pruning.csv (`sg_jax.prune`): in-domain
                              vs out-of-domain accuracy of every subnetwork of the last pruned
                              step, one panel per sparsity level, colour = training seed, star =
@@ -77,7 +82,7 @@ one's own runs):
                              (lm, mlm, prefix_lm; seeds of its runs pooled, per depth in a
                              depth sweep) the out- and
                              in-domain preference, UAS and training loss over training with 95%
-                             bootstrap bands and the seeds' onsets; summary_objectives.csv and
+                             t-interval bands and the seeds' onsets; summary_objectives.csv and
                              an "Objectives" table in summary.md (`objectives`). A masked LM's
                              accuracy figures show its preference (noted in summary.md). A root
                              of several objectives gets one whole report per objective in
@@ -86,10 +91,12 @@ one's own runs):
   predictors_<moment>.png    (o) where analysis.csv has tscore, tparseval, weight norm or
                              attention sparsity: each against final generalisation, one dot per
                              seed coloured by depth, read at in-domain saturation and at the end;
-                             predictors_by_depth.png: each per depth (mean, 95% bootstrap CI);
+                             predictors_by_depth.png: each per depth (mean, 95% t-interval);
                              summary_predictors.csv and a "Predictors of generalisation" table
-                             in summary.md: Spearman's rho across seeds, across depths and within
-                             depth with bootstrap CIs (`predictors`; Murty et al. 2023, §5);
+                             in summary.md: across seeds, across depths (Jonckheere-Terpstra on
+                             the seeds) and within depth (stratified permutation), each with p,
+                             Holm-corrected p and minimum detectable effect (`predictors`;
+                             Murty et al. 2023, §5);
                              summary_predictors_by_depth.csv and a "Predictors per depth" table:
                              each per depth and moment, seed mean with its CI.
   summary_baselines.csv      (q) where the runs have UAS, tparseval or tscore rows: each
@@ -102,8 +109,11 @@ one's own runs):
                              the root: claim | setting | seeds per arm | test | statistic | p or
                              interval | detectable effect | verdict (+ seeds needed, source,
                              rule, note); the "Claims" section of summary.md (docs/claims.md).
-  summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% bootstrap
-                             CI over seeds, bimodality, mean rule switches); summary_seeds.csv
+  summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% t-interval
+                             over seeds, bimodality from 6 seeds, seeds above the threshold with
+                             a Clopper-Pearson interval and sustained, the Kaplan-Meier median
+                             first crossing, mean rule switches; a trend test over depth;
+                             docs/analysis.md, "Statistics"); summary_seeds.csv
                              one row per seed (oscillation, final rule, rule switches).
 
 Early stopping (docs/REFERENCE.md §1): the checkpoint with the highest in-domain accuracy is

@@ -191,6 +191,28 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float =
   return rows
 
 
+def _dose_trend_rows(run: Run) -> list[dict]:
+  """A trend of the final generalisation over the run's per-seed field when it has exactly one
+  and it is numeric (a dose response: regulariser strength, disambiguating lines): the
+  Jonckheere-Terpstra test on the seeds, levels in increasing order (`stats.ordered_trend`).
+  With several per-seed fields the levels of one pool the others', so none is tested."""
+  fields = per_seed_fields(run.config)
+  if len(fields) != 1:
+    return []
+  (field, values), = fields.items()
+  if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    return []
+  first = int(run.config.get("first_seed", 0))
+  levels = sorted(set(values))
+  test = stats.ordered_trend([[_final(run, GEN_ACC, first + k) for k, v in enumerate(values)
+                               if v == level] for level in levels])
+  return [{"run": run.name, "group": f"trend over {field.split('.')[-1]} "
+           f"({', '.join(f'{v:g}' for v in levels)})", "reference": "", "quantity":
+           "final generalisation", "test": test.name, "n": " / ".join(map(str, test.n)),
+           "effect": test.effect, "p": test.p, "detectable": test.detectable,
+           "min_p": test.min_p, "testable": test.testable}]
+
+
 def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8
                     ) -> list[dict]:
   """Each group after the first against the first (the reference), one dict per test:
@@ -200,7 +222,9 @@ def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: fl
   * the seeds above `threshold` at the end: Fisher's exact test (`stats.compare_proportions`;
     effect: difference of fractions);
   * the first step above `threshold`: log-rank test (`stats.logrank`, seeds that never cross
-    censored; effect: log hazard ratio, > 0: the group crosses sooner).
+    censored; effect: log hazard ratio, > 0: the group crosses sooner);
+  * where the run's only per-seed field is numeric, the trend of the final generalisation over
+    its levels (`stats.ordered_trend`, Jonckheere-Terpstra; effect: tau; `reference` empty).
 
   Every row has `test`, `n` ("4 vs 4"), `effect`, `p`, `p_holm` (Holm over all rows of the
   run: the table tests these at once), `detectable` (minimum detectable effect at alpha 0.05,
@@ -235,6 +259,7 @@ def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: fl
                    "test": test.name, "n": " vs ".join(map(str, test.n)),
                    "effect": test.effect, "p": test.p, "detectable": test.detectable,
                    "min_p": test.min_p, "testable": test.testable})
+  rows += _dose_trend_rows(run)
   adjusted = stats.holm([r["p"] for r in rows])
   for r, p in zip(rows, adjusted):
     r["p_holm"] = float(p)
@@ -396,7 +421,9 @@ def markdown_lines(rows: Sequence[dict], comparisons: Sequence[dict] = ()) -> li
               "difference of means (effect: group minus first), the seeds above the threshold "
               "at the end by Fisher's exact test (effect: difference of fractions), the first "
               "step above it by a log-rank test with censoring (effect: log hazard ratio, > 0: "
-              "the group crosses sooner). p (Holm): corrected over every test of the run's rows. "
+              "the group crosses sooner); a trend over a numeric per-seed field by the "
+              "Jonckheere-Terpstra test on the seeds (effect: tau in [-1, 1]). p (Holm): "
+              "corrected over every test of the run's rows. "
               "Minimum detectable effect: the smallest true effect each test finds with "
               "probability 0.8 at alpha 0.05 with these seeds (docs/analysis.md, "
               "\"Statistics\"); an observed effect below it is not evidence of no effect."]
