@@ -11,10 +11,12 @@ the model); `sg_jax.configlib`, which config files import, does not.
 from __future__ import annotations
 
 import ml_collections
+import numpy as np
 
 from sg_jax import composition
 from sg_jax import model as model_lib
 from sg_jax import objectives
+from sg_jax import per_seed
 from sg_jax import tasks as tasks_lib
 from sg_jax import terms
 
@@ -40,24 +42,34 @@ def validate(config: ml_collections.ConfigDict) -> None:
   # The model section's rules live with the model (`ModelConfig.__post_init__`).
   model_lib.ModelConfig.from_config(config.model, vocab_size=1)
   o = config.optim
-  need(o.learning_rate > 0, "optim.learning_rate", "must be > 0")
-  need(o.eps > 0, "optim.eps", "must be > 0")
-  need(0 <= o.b1 < 1, "optim.b1", "must be in [0, 1)")
-  need(0 <= o.b2 < 1, "optim.b2", "must be in [0, 1)")
-  need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+  n = config.num_seeds
+  # Per-seed fields: every seed's value obeys the field's rule (`per_seed.HPARAM_FIELDS`).
+  hp = per_seed.hparam_values(config)  # raises ValueError: neither one value nor one per seed
+  each = lambda field, cond, msg: need(bool(np.all(cond(hp[field]))), field, msg)
+  each("optim.learning_rate", lambda v: v > 0, "must be > 0")
+  each("optim.eps", lambda v: v > 0, "must be > 0")
+  each("optim.b1", lambda v: (v >= 0) & (v < 1), "must be in [0, 1)")
+  each("optim.b2", lambda v: (v >= 0) & (v < 1), "must be in [0, 1)")
+  each("optim.weight_decay", lambda v: v >= 0, "must be >= 0")
   need(o.schedule in ("linear", "constant", "wsd"), "optim.schedule",
        "must be linear, constant or wsd")
-  need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+  need(all(float(w) == int(w) for w in per_seed.values(o.warmup_steps, n, "optim.warmup_steps")),
+       "optim.warmup_steps", "must be whole numbers of steps")
+  each("optim.warmup_steps", lambda v: v >= 0, "must be >= 0")
   need(o.decay_steps >= 0, "optim.decay_steps", "must be >= 0 (0 = train.num_steps)")
   decay_steps = o.decay_steps or config.train.num_steps
-  need(decay_steps > o.warmup_steps or o.schedule == "constant", "optim.decay_steps",
-       "(0 = train.num_steps) must exceed optim.warmup_steps")
+  warmup = int(hp["optim.warmup_steps"].max())  # the longest warm-up of any seed
+  need(decay_steps > warmup or o.schedule == "constant", "optim.decay_steps",
+       "(0 = train.num_steps) must exceed optim.warmup_steps (of every seed)")
   if o.schedule == "wsd":
     need(o.cooldown_steps >= 1, "optim.cooldown_steps", "must be >= 1 with schedule wsd")
-    need(decay_steps - o.cooldown_steps >= o.warmup_steps, "optim.cooldown_steps",
-         f"must be <= decay_steps - warmup_steps = {decay_steps} - {o.warmup_steps} with "
-         f"schedule wsd (decay_steps 0 = train.num_steps)")
-  need(o.grad_clip_norm >= 0, "optim.grad_clip_norm", "must be >= 0 (0 disables clipping)")
+    need(decay_steps - o.cooldown_steps >= warmup, "optim.cooldown_steps",
+         f"must be <= decay_steps - warmup_steps = {decay_steps} - {warmup} with "
+         f"schedule wsd (decay_steps 0 = train.num_steps; the longest warm-up of any seed)")
+  each("optim.grad_clip_norm", lambda v: v >= 0, "must be >= 0 (0 disables clipping)")
+  each("train.label_smoothing", lambda v: (v >= 0) & (v < 1), "must be in [0, 1)")
+  for which in ("init", "data"):
+    per_seed.seed_ids(config, which)  # raises ValueError naming seeds.<which>
   t = config.train
   need(t.num_steps >= 1, "train.num_steps", "must be >= 1")
   need(t.batch_size >= 1, "train.batch_size", "must be >= 1")

@@ -22,8 +22,10 @@ import os
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from sg_jax import composition
+from sg_jax import per_seed
 from sg_jax import tasks as tasks_lib
 
 # Shorthand keys accepted in the config string, mapped to config fields.
@@ -49,7 +51,19 @@ ALIASES = {
     "eval_every": "eval.every",
     "checkpoint_every": "checkpoint.every",
     "num_train": "data.num_train",
+    "weight_decay": "optim.weight_decay",
+    "wd": "optim.weight_decay",
+    "init_scale": "model.init_scale",
+    "label_smoothing": "train.label_smoothing",
 }
+
+
+def per_seed_field(value: Any) -> ml_collections.FieldReference:
+  """A config field that takes one value or one per seed (`per_seed.HPARAM_FIELDS`): typed
+  `object`, so that `--config.optim.weight_decay=0.1` and
+  `--config.optim.weight_decay="(0,0,0.1,0.1)"` both parse (ml_collections' literal parser),
+  while config.json keeps a single value as it was (`0.1`, not `[0.1]`)."""
+  return ml_collections.FieldReference(value, field_type=object)
 
 
 def base_config(task: str) -> ml_collections.ConfigDict:
@@ -70,6 +84,13 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # group equals the same seed trained alone.
   c.first_seed = 0
   c.num_seeds = 10
+  # The seed of each seed's initialisation and of its data order (with its dropout and masking
+  # draws), one value or one per seed; -1 = the seed's own id (first_seed + i). Crossing them
+  # separates where a seed starts from what it sees, e.g. 2 inits x 2 data orders as 4 seeds:
+  # --config.seeds.init="(0,1,0,1)" --config.seeds.data="(0,0,1,1)" (docs/usage.md).
+  c.seeds = ml_collections.ConfigDict()
+  c.seeds.init = (-1,)
+  c.seeds.data = (-1,)
   # Devices the seed axis is sharded over (0 = as many available devices as divide num_seeds).
   c.num_devices = 0
 
@@ -95,7 +116,11 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model.num_heads = 8
   # Released code: 4 x 512 = 2048.
   c.model.d_ff = 2048
-  c.model.dropout = 0.1
+  # Dropout rate, one value or one per seed (per_seed.HPARAM_FIELDS; as are the optim fields
+  # below from learning_rate to grad_clip_norm, init_scale and train.label_smoothing).
+  c.model.dropout = per_seed_field(0.1)
+  # Initial weight matrices and embeddings multiplied by this (Omnigrok's alpha; 1 = as drawn).
+  c.model.init_scale = per_seed_field(1.0)
   # Released code: untied output layer (the paper describes tied embeddings: tied=True).
   c.model.tied_embeddings = False
   # Computation dtype: float32 (default, for fidelity) or bfloat16 (fp32 master weights).
@@ -106,23 +131,26 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model.matmul_precision = "default"
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.learning_rate = 1e-4
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.eps = 1e-7
-  c.optim.weight_decay = 0.0
+  # Peak learning rate, Adam's b1, b2, eps and AdamW's decoupled weight decay (multiplied by the
+  # learning rate, as optax.adamw): one value or one per seed, e.g.
+  # --config.optim.weight_decay="(0,0,0.1,0.1)".
+  c.optim.learning_rate = per_seed_field(1e-4)
+  c.optim.b1 = per_seed_field(0.9)
+  c.optim.b2 = per_seed_field(0.999)
+  c.optim.eps = per_seed_field(1e-7)
+  c.optim.weight_decay = per_seed_field(0.0)
   # Learning-rate schedule: "linear" = warm-up then linear decay to 0 at decay_steps (reference);
   # "constant" = warm-up then constant; "wsd" = warm-up, constant, then linear cool-down to 0
   # over the last cooldown_steps steps before decay_steps.
   c.optim.schedule = "linear"
-  c.optim.warmup_steps = 10_000
+  c.optim.warmup_steps = per_seed_field(10_000)
   # Step at which the linear decay reaches 0 (reference: 2M, so lr is ~0.85e-4 at 300k);
   # 0 = train.num_steps.
   c.optim.decay_steps = 2_000_000
   # "wsd" only: length of the final linear cool-down (ends at decay_steps).
   c.optim.cooldown_steps = 0
   # Global-norm gradient clipping (released code 1.0; the paper states 10). 0 disables.
-  c.optim.grad_clip_norm = 1.0
+  c.optim.grad_clip_norm = per_seed_field(1.0)
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 300_000
@@ -148,6 +176,15 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # the training lengths; fewer are used where they cost under 2% more positions
   # (sg_jax.packing.packing_capacities): question formation gets 4-6 (3-4% padding).
   c.train.packing_buckets = 8
+  # Label smoothing of the training loss (one value or one per seed): the gradient is that of
+  # (1 - e) x cross-entropy + e x the cross-entropy against the uniform distribution over the
+  # vocabulary; train/loss stays the plain cross-entropy. 0 = off.
+  c.train.label_smoothing = per_seed_field(0.0)
+  # The optimiser's per-seed fields and the dropout rate as data of the compiled step (one
+  # program for any values: a second run with other values loads it from the compilation
+  # cache). Automatic when one of them holds one value per seed; False with one value each
+  # compiles them in as before, bit-identical to runs from before (docs/usage.md).
+  c.train.hparams_as_data = False
 
   c.eval = ml_collections.ConfigDict()
   # Evaluation interval (steps); the reference logs every 3k steps.
@@ -239,6 +276,11 @@ def set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> Non
     raise ValueError(f"config field {dotted!r} expects a number, got {value!r}")
   if isinstance(old, str) and not isinstance(value, str):
     value = str(value)
+  if dotted in per_seed.HPARAM_FIELDS:  # one value or one per seed, kept as given
+    floats = per_seed.HPARAM_FIELDS[dotted] == np.float32
+    conv = lambda v: float(v) if floats and isinstance(v, int) and not isinstance(v, bool) else v
+    node[leaf] = tuple(map(conv, value)) if isinstance(value, (tuple, list)) else conv(value)
+    return
   if isinstance(old, tuple) and not isinstance(value, (tuple, list)):
     value = (value,)  # a per-seed field given one value for all seeds
   elif isinstance(old, tuple):

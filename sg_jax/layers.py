@@ -65,9 +65,18 @@ class CoordinateDropout(nn.Module):
   does not depend on the layout of the batch: a padded `[batch, length]` batch and the same lines
   packed into one row (`packing.pack_lines`) drop exactly the same units, and a seed's
   masks do not depend on which other seeds it is trained with.
+
+  Attributes:
+    rate: the dropout rate (static); 0 = no dropout (nothing is drawn).
+    keep: None, or the rate as data (a per-seed value, `per_seed.hparam_arrays`): (scale
+      float32 [] = 1 / keep probability, threshold uint32 []), computed on the host from the
+      rate as this module and XLA compute them from `rate`, so a rate handed in drops the
+      units and scales by the value that the same rate compiled in would. Used only when
+      `rate` > 0 (the largest of the run's rates); a rate of 0 in it keeps every unit, unscaled.
   """
 
   rate: float
+  keep: Any = None
 
   @nn.compact
   def __call__(self, x: Array, token_ids: Array, index: Array, deterministic: bool) -> Array:
@@ -79,10 +88,15 @@ class CoordinateDropout(nn.Module):
       key = jax.random.bits(jax.random.wrap_key_data(key), (2,), jnp.uint32)
     bits = coordinate_hash(key, token_ids.astype(jnp.uint32), index.astype(jnp.uint32))
     bits = jnp.broadcast_to(bits, x.shape)
-    keep_prob = 1.0 - self.rate
-    threshold = jnp.uint32(min(int(keep_prob * 2.0 ** 32), 2 ** 32 - 1))
-    keep = bits < threshold
-    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
+    if self.keep is None:
+      keep_prob = 1.0 - self.rate
+      threshold = jnp.uint32(min(int(keep_prob * 2.0 ** 32), 2 ** 32 - 1))
+      return jnp.where(bits < threshold, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
+    # XLA compiles the division by a constant keep probability above as a multiplication by its
+    # float32 reciprocal; `scale` is that reciprocal, so both give the same bits.
+    scale, threshold = self.keep
+    keep = (bits < threshold) | (threshold == jnp.uint32(2 ** 32 - 1))  # rate 0: every unit
+    return jnp.where(keep, x * scale.astype(x.dtype), jnp.zeros_like(x))
 
 
 def default_token_ids_and_positions(batch: int, length: int) -> tuple[Array, Array]:

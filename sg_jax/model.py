@@ -47,7 +47,15 @@ class ModelConfig:
     num_heads: attention heads; must divide `d_model`.
     d_ff: feed-forward hidden width (2048 in the released code: 4 x 512).
     dropout: dropout rate on attention probabilities, residual branches, feed-forward hidden
-      layer and the input embedding + position sum.
+      layer and the input embedding + position sum. A run with one rate per seed builds its
+      model with the largest (dropout on when any seed has it) and hands each seed's rate in
+      as `dropout_keep`.
+    dropout_keep: None (the rate is `dropout`, compiled in), or this seed's rate as data:
+      (scale float32 [] = 1 / keep probability, uint32 [] hash threshold) from
+      `per_seed.hparam_arrays` ('dropout_scale', 'dropout_threshold'); set inside the traced
+      training step (`step.total_loss`), never from a config.
+    init_scale: the initial weight matrices and embeddings are multiplied by it (Omnigrok's
+      initialisation scale, Liu et al., ICLR 2023 §3); applied by `step.init_state`, per seed.
     tied_embeddings: use the transposed input embedding as the output layer (the paper's
       description) instead of a separate linear layer (the released code).
     max_len: longest sequence the sinusoidal position table covers.
@@ -68,6 +76,7 @@ class ModelConfig:
   num_heads: int = 8
   d_ff: int = 2048
   dropout: float = 0.1
+  init_scale: float = 1.0
   tied_embeddings: bool = False
   max_len: int = 512
   dtype: str = "float32"
@@ -76,6 +85,7 @@ class ModelConfig:
   matmul_precision: str = "default"
   attention: str = "causal"
   prefix_end_ids: tuple = ()
+  dropout_keep: Any = None
 
   def __post_init__(self):
     # The one statement of the model fields' rules: config_checks.validate checks a run config's
@@ -88,6 +98,7 @@ class ModelConfig:
          f"must be divisible by model.num_heads={self.num_heads}"),
         (self.d_ff >= 1, "d_ff", "must be >= 1"),
         (0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)"),
+        (self.init_scale > 0.0, "init_scale", "must be > 0"),
         (self.dtype in ("float32", "bfloat16"), "dtype", "must be float32 or bfloat16"),
         (self.layer_impl in layers.LAYER_IMPLS, "layer_impl", "must be auto, tuned or plain"),
         (self.matmul_precision in layers.MATMUL_PRECISIONS, "matmul_precision",
@@ -120,6 +131,13 @@ class ModelConfig:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _FROM_ARGUMENTS}
     values = {}
     for name, value in model_cfg.items():
+      if name in _PER_SEED and isinstance(value, (list, tuple)):
+        # One value per seed: each rule holds for every value (the largest and the smallest
+        # are checked); the model is built with the largest (`dropout`: on when any seed has
+        # it); each seed's own value is handed in by the training step.
+        for extreme in (min(value), max(value)):
+          cls(vocab_size=1, **{name: float(extreme)})
+        value = max(value)
       if name not in fields:
         raise ValueError(f"invalid config: model.{name} is not a model field (fields: "
                          f"{', '.join(fields)})")
@@ -129,7 +147,9 @@ class ModelConfig:
                prefix_end_ids=tuple(int(i) for i in prefix_end_ids), **values)
 
 
-_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention", "prefix_end_ids")
+_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention", "prefix_end_ids", "dropout_keep")
+# Model fields that take one value or one per seed (`per_seed.HPARAM_FIELDS`).
+_PER_SEED = ("dropout", "init_scale")
 
 
 def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> nn.initializers.Initializer:
@@ -230,7 +250,7 @@ class MultiHeadAttention(nn.Module):
     # Element (b, head, q, k) is identified by token q and (head, position of key k).
     index = (jnp.arange(h, dtype=jnp.uint32)[None, :, None, None] * jnp.uint32(cfg.max_len)
              + positions_BxL.astype(jnp.uint32)[:, None, None, :])
-    dropped = layers.CoordinateDropout(cfg.dropout, name="attention_dropout")(
+    dropped = layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name="attention_dropout")(
         weights_BxHxLxL, ids_BxL[:, None, :, None], index, deterministic)
     ctx_BxLxHxP = layers.attention_context(dropped, v_BxLxHxP, one_query, lay.precision)
     if lines is not None:
@@ -275,7 +295,7 @@ class TransformerLayer(nn.Module):
     cfg = self.config
     dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
     ids = ids_BxL[..., None]
-    drop = lambda y, name: layers.CoordinateDropout(cfg.dropout, name=name)(
+    drop = lambda y, name: layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name=name)(
         y, ids, layers.feature_index(y.shape[-1]), deterministic)
     attn_BxLxD = MultiHeadAttention(cfg, name="attention")(
         x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines, decode,
@@ -382,7 +402,8 @@ class TransformerLM(nn.Module):
       token_ids_BxL = default_ids
     table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), dtype)
     x_BxLxD = x_BxLxD + table[positions_BxL]
-    x_BxLxD = layers.CoordinateDropout(cfg.dropout, name="embedding_dropout")(
+    x_BxLxD = layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep,
+                                        name="embedding_dropout")(
         x_BxLxD, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
 
     if lines is None:  # no real token attends to the padding after its line

@@ -7,4 +7,4 @@ from sg_jax.objectives import mlm  # noqa: F401  (registers `mlm`)
 from sg_jax.objectives import prefix_lm  # noqa: F401  (registers `prefix_lm`)
 from sg_jax.objectives.base import (ATTENTIONS, Objective, from_config,  # noqa: F401
                                     masked_accuracy, mean_token_loss, model_config, names,
-                                    register, token_losses)
+                                    register, smoothing_gap, token_losses)

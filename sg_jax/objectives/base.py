@@ -52,6 +52,22 @@ def mean_token_loss(logits_BxLxV: Array, targets_BxL: Array) -> Array:
   return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
 
 
+def smoothing_gap(logits_BxLxV: Array, targets_BxL: Array) -> Array:
+  """float32 []: the label-smoothing term of a batch, uniform cross-entropy minus cross-entropy
+  averaged over the scored targets (id != 0) as `mean_token_loss` averages (0 without any).
+
+  Label smoothing with strength e (Szegedy et al., CVPR 2016 §7) trains on the cross-entropy
+  against the target mixed with the uniform distribution over the V vocabulary entries:
+  (1 - e) CE + e U = CE + e (U - CE), U = -(1/V) sum_v log p_v. `step.total_loss` adds
+  e x this gap, so e = 0 adds exactly 0 and a run's objective loss is unchanged.
+  """
+  log_p = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+  uniform = -jnp.mean(log_p, axis=-1)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+  mask = (targets_BxL != 0).astype(jnp.float32)
+  return jnp.sum((uniform - ce) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """Base class of the training objectives (a subclass is a frozen dataclass).
