@@ -8,7 +8,11 @@ device training its own seeds). A compiled call (`make_chunk_fn`) runs its steps
 `lax.scan`; the training set lives on device and each seed draws its own epoch permutations from
 its own key. Every random quantity of seed `s` at step `t` is a pure function of
 (`jax.random.key(s)`, `t`), so a resumed run equals an uninterrupted one and a seed trained in a
-group equals the same seed trained alone.
+group equals the same seed trained alone (`seeds.init` / `seeds.data` may give the
+initialisation and the data order, dropout and masking draws different seeds:
+`per_seed.seed_ids`). The scalar hyperparameters may differ per seed too: they then ride with
+the data as arrays (`per_seed.hparam_arrays`, `PerSeedAdamW`), so one compiled program serves
+any values of them.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from sg_jax import configlib
 from sg_jax import model as model_lib
 from sg_jax import objectives
+from sg_jax import per_seed
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax import workdir as workdir_lib
@@ -69,8 +75,14 @@ def make_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
     last `cooldown_steps` steps before `decay_steps` (0 after it).
 
   `decay_steps` = 0 means `num_steps` (the run's train.num_steps): the decay ends at the last step.
+  This is optax's schedule with the values compiled in: the schedule of one value of
+  `learning_rate` and `warmup_steps` (a per-seed field must hold one value: `schedule_at` takes
+  them per seed, as data).
+
+  Raises:
+    ValueError: `learning_rate` or `warmup_steps` holds several values (one per seed).
   """
-  lr, warmup = optim.learning_rate, optim.warmup_steps
+  lr, warmup = (_single(optim, name) for name in ("learning_rate", "warmup_steps"))
   decay_steps = optim.decay_steps or num_steps
   if optim.schedule == "constant":
     after = optax.constant_schedule(lr)
@@ -86,15 +98,181 @@ def make_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Sch
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
 
 
+def learning_rates(config: ml_collections.ConfigDict, step: int) -> np.ndarray:
+  """float64 [S]: each seed's learning rate at 0-based `step` (`make_schedule` of its own
+  learning rate and warm-up; `train/learning_rate`)."""
+  n = int(config.num_seeds)
+  lrs = per_seed.values(config.optim.learning_rate, n, "optim.learning_rate")
+  warmups = per_seed.values(config.optim.warmup_steps, n, "optim.warmup_steps")
+  out = []
+  for lr, warmup in zip(lrs, warmups):
+    optim = ml_collections.ConfigDict(json.loads(config.optim.to_json())
+                                      | {"learning_rate": lr, "warmup_steps": warmup})
+    out.append(float(make_schedule(optim, int(config.train.num_steps))(step)))
+  return np.asarray(out)
+
+
+def _single(section, name: str):
+  """The one value of a per-seed field (a scalar or a list of equal values)."""
+  value = section[name]
+  if isinstance(value, (list, tuple)):
+    if len(set(value)) != 1:
+      raise ValueError(f"optim.{name} holds one value per seed {tuple(value)}: this needs one "
+                       f"value (step.schedule_at takes them per seed)")
+    value = value[0]
+  return value
+
+
+def schedule_at(schedule: str, decay_steps: int, cooldown_steps: int, count: Array, lr: Array,
+                warmup: Array) -> Array:
+  """float32 []: `make_schedule`'s learning rate at `count` for one seed whose peak learning
+  rate `lr` (float32 []) and warm-up length `warmup` (int32 []) are data, not constants.
+
+  The arithmetic is optax's (`polynomial_schedule` with power 1, `join_schedules`) with the
+  same operations in the same order, and a division by a step count that is data done as XLA
+  compiles optax's division by a constant (times the float32 reciprocal), so that the value
+  equals `make_schedule`'s bit for bit for the same lr and warm-up
+  (tests/test_per_seed_hparams.py). A warm-up of 0 selects the
+  after-warm-up schedule at every step, as `make_schedule` does.
+
+  Args:
+    schedule: 'linear', 'constant' or 'wsd' (static).
+    decay_steps: the resolved end of the decay (0 already replaced by train.num_steps; static).
+    cooldown_steps: 'wsd' only (static).
+    count: int32 [] the optimiser's step count.
+  """
+  def linear(init, end, steps, c):  # optax.polynomial_schedule(power=1, transition_begin=0)
+    c = jnp.clip(c - 0, 0, steps)
+    if isinstance(steps, int):
+      frac = 1 - c / steps
+    else:  # XLA compiles optax's division by a constant as a product with its reciprocal
+      frac = 1 - c * (1 / steps.astype(jnp.float32))
+    return (init - end) * (frac ** 1) + end
+
+  def after(c):
+    if schedule == "constant":
+      return lr
+    if schedule == "wsd":
+      stable = decay_steps - cooldown_steps - warmup
+      return jnp.where(c < stable, lr, linear(lr, 0.0, cooldown_steps, c - stable))
+    return linear(lr, 0.0, decay_steps - warmup, c)
+
+  # The warm-up branch is selected only when warmup > 0 (0/0 in the other branch is dropped).
+  warm = linear(0.0, lr, jnp.maximum(warmup, 1), count)
+  return jnp.where(count < warmup, warm, after(count - warmup))
+
+
 def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int
                    ) -> optax.GradientTransformation:
   """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1) with
-  the learning rate of `make_schedule(optim, num_steps)`."""
-  adamw = optax.adamw(make_schedule(optim, num_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                      weight_decay=optim.weight_decay)
-  if optim.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(optim.grad_clip_norm), adamw)
+  the learning rate of `make_schedule(optim, num_steps)`: optax's chain with one value of each
+  field compiled in (the reference `PerSeedAdamW` is tested against; its state is the state of
+  the training step's optimiser)."""
+  o = {name: _single(optim, name) for name in ("b1", "b2", "eps", "weight_decay",
+                                                "grad_clip_norm")}
+  adamw = optax.adamw(make_schedule(optim, num_steps), b1=o["b1"], b2=o["b2"], eps=o["eps"],
+                      weight_decay=o["weight_decay"])
+  if o["grad_clip_norm"] > 0:
+    return optax.chain(optax.clip_by_global_norm(o["grad_clip_norm"]), adamw)
   return adamw
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeedAdamW:
+  """`make_optimizer`'s clipping + AdamW for one seed whose hyperparameters are data.
+
+  `update(grads, opt_state, params, hp)` takes this seed's values (`hp`: {name: []} from
+  `per_seed.hparam_arrays`: learning_rate, warmup_steps, b1, one_minus_b1, b2, one_minus_b2,
+  eps, weight_decay, grad_clip_norm), so one compiled step serves any values, and a seed in a
+  group with other values trains as it would alone. The state has the structure of optax's
+  chain (`make_optimizer`), so checkpoints of runs from before are restored as they were.
+  Every operation is optax's (0.2.x: `clip_by_global_norm`, `scale_by_adam`,
+  `add_decayed_weights`, `scale_by_learning_rate`) in the same order, with `1 - b` computed on
+  the host in float64 as optax computes it from a Python float, and a division by a data step
+  count done as XLA compiles optax's division by a constant: alone, the updates equal optax's
+  bit for bit (tests/test_per_seed_hparams.py; `optax.inject_hyperparams` does not: it
+  computes `1 - b1` in float32, optax#1532). Inside a whole training step XLA may still fuse
+  the arguments otherwise than constants (a 40-step `tiny` run without clipping ended 1 ulp
+  away), so runs whose fields hold one value each keep optax's chain with the values compiled
+  in (`per_seed.as_data`).
+
+  Attributes (static):
+    schedule, decay_steps, cooldown_steps: `schedule_at`'s (decay_steps resolved).
+    clip: whether any seed clips (`grad_clip_norm` > 0); a seed with 0 does not clip.
+    weight_decay: whether any seed has weight decay; off = optax's skip of a zero decay.
+    defaults: {name: float32/int32 [S]} the config's values, used when `update` gets no `hp`
+      (the first seed's) and by `make_chunk_fn` when its data carries no 'hparams'.
+    reference: `make_optimizer`'s chain, whose `init` gives the state.
+  """
+
+  schedule: str
+  decay_steps: int
+  cooldown_steps: int
+  clip: bool
+  weight_decay: bool
+  defaults: Any
+  reference: Any
+
+  def init(self, params):
+    """The optimiser state of one seed's `params` (optax's chain's)."""
+    return self.reference.init(params)
+
+  def update(self, grads, opt_state, params, hp: dict | None = None):
+    """(updates, new state) of one seed; `hp` None: the first seed's configured values."""
+    if hp is None:
+      hp = {name: jnp.asarray(value[0]) for name, value in self.defaults.items()}
+    if self.clip:
+      clip_state, (adam, decay_state, sched) = opt_state
+      g_norm = optax.tree.norm(grads)
+      max_norm = hp["grad_clip_norm"]
+      trigger = jnp.squeeze(g_norm < max_norm) | (max_norm <= 0)
+      grads = jax.tree_util.tree_map(
+          lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm), grads)
+    else:
+      adam, decay_state, sched = opt_state
+    b1, b2 = hp["b1"], hp["b2"]
+    mu = jax.tree_util.tree_map(lambda g, t: hp["one_minus_b1"] * (g ** 1) + b1 * t, grads,
+                                adam.mu)
+    nu = jax.tree_util.tree_map(lambda g, t: hp["one_minus_b2"] * (g ** 2) + b2 * t, grads,
+                                adam.nu)
+    count_inc = optax.safe_increment(adam.count)
+    mu_hat = optax.tree.bias_correction(mu, b1, count_inc)
+    nu_hat = optax.tree.bias_correction(nu, b2, count_inc)
+    eps = hp["eps"]
+    updates = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v + 0.0) + eps), mu_hat, nu_hat)
+    if self.weight_decay:
+      updates = jax.tree_util.tree_map(lambda g, p: g + hp["weight_decay"] * p, updates,
+                                       params)
+    lr = schedule_at(self.schedule, self.decay_steps, self.cooldown_steps, sched.count,
+                     hp["learning_rate"], hp["warmup_steps"])
+    step_size = -1 * lr
+    updates = jax.tree_util.tree_map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
+    inner = (type(adam)(count=count_inc, mu=mu, nu=nu), decay_state,
+             type(sched)(count=optax.safe_increment(sched.count)))
+    return updates, ((clip_state, inner) if self.clip else inner)
+
+
+def make_per_seed_optimizer(config: ml_collections.ConfigDict) -> PerSeedAdamW:
+  """The training step's optimiser of a run config (`PerSeedAdamW`)."""
+  optim, num_steps = config.optim, int(config.train.num_steps)
+  on = per_seed.switches(config)
+  defaults = per_seed.hparam_arrays(config)
+  # The chain whose state the step keeps: clipping present when any seed clips; its values
+  # are never used (the first seed's, for a structure only).
+  first = json.loads(optim.to_json())
+  for name in ("learning_rate", "b1", "b2", "eps", "weight_decay", "grad_clip_norm",
+               "warmup_steps"):
+    value = defaults[name][0].item()
+    if name == "grad_clip_norm":
+      value = 1.0 if on["optim.grad_clip_norm"] else 0.0
+    if name == "weight_decay":
+      value = 0.0
+    first[name] = value
+  first = ml_collections.ConfigDict(first)
+  return PerSeedAdamW(schedule=optim.schedule, decay_steps=optim.decay_steps or num_steps,
+                      cooldown_steps=optim.cooldown_steps, clip=on["optim.grad_clip_norm"],
+                      weight_decay=on["optim.weight_decay"], defaults=defaults,
+                      reference=make_optimizer(first, num_steps))
 
 
 def seed_keys(seeds: list[int]) -> Array:
@@ -111,11 +289,24 @@ PARAMS_KEY, DROPOUT_KEY, DATA_KEY, OBJECTIVE_KEY = 0, 1, 2, 3
 
 
 def init_state(key_data: Array, model: model_lib.TransformerLM,
-               tx: optax.GradientTransformation, extra_sums: tuple[str, ...] = ()
-               ) -> TrainState:
-  """Initial state of one seed from its key data (uint32 [2]); `extra_sums` names further
-  running sums (the loss terms' penalties, `terms.sum_name`)."""
-  params = model_lib.init_params(model.config, _subkey(key_data, PARAMS_KEY))
+               tx, extra_sums: tuple[str, ...] = (), init_key: Array | None = None,
+               init_scale: Array | None = None) -> TrainState:
+  """Initial state of one seed.
+
+  Args:
+    key_data: uint32 [2] key data of the seed's data order, dropout and masking draws (kept
+      in the state: `seeds.data`, `per_seed.seed_ids`).
+    tx: the optimiser (`PerSeedAdamW` or an optax transformation).
+    extra_sums: names of further running sums (the loss terms' penalties, `terms.sum_name`).
+    init_key: uint32 [2] key data of the initialisation (`seeds.init`); None = `key_data`.
+    init_scale: float32 [] factor on the initial weight matrices and embeddings (every
+      parameter of 2 or more dimensions; LayerNorm gains and biases stay as drawn: Omnigrok's
+      alpha, Liu et al., ICLR 2023 §3); None = 1 (nothing multiplied).
+  """
+  params = model_lib.init_params(
+      model.config, _subkey(key_data if init_key is None else init_key, PARAMS_KEY))
+  if init_scale is not None:
+    params = jax.tree_util.tree_map(lambda p: p * init_scale if p.ndim >= 2 else p, params)
   zero = jnp.zeros((), jnp.float32)
   sums = {"loss": zero, "grad_norm": zero, "steps": zero} | {name: zero for name in extra_sums}
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -151,7 +342,7 @@ def model_inputs(objective: objectives.Objective, data: dict, idx_B: Array,
 def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Objective,
                terms: tuple, lams_T: tuple, inputs_BxL: Array, targets_BxL: Array,
                dropout_key: Array | None, data: dict | None = None, idx_B: Array | None = None,
-               **model_kwargs) -> tuple[Array, tuple[Array, tuple, dict]]:
+               hp: dict | None = None, **model_kwargs) -> tuple[Array, tuple[Array, tuple, dict]]:
   """(objective loss + sum_t lams_T[t] * penalty_t, (objective loss, (penalty_t, ...),
   {objective metric: value})) of one seed's batch (float32 scalars; the metrics are the
   objective's `metric_names`, e.g. a masked LM's `masked_accuracy`).
@@ -162,8 +353,19 @@ def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Obj
     lams_T: each term's lambda for this seed and step (float32 [] each).
     dropout_key: this step's dropout key, or None (deterministic).
     data, idx_B: the training data and the step's lines, for the terms' per-line arrays.
+    hp: this seed's hyperparameters as data ({name: []}, `per_seed.hparam_arrays`), or None
+      (the model's compiled dropout rate, no label smoothing). With `hp`, dropout (when the
+      model has it: some seed's rate > 0) uses 'dropout_scale' / 'dropout_threshold' when
+      present (the seeds have different rates), and
+      'label_smoothing' (when present: some seed's is > 0) adds e x (uniform cross-entropy -
+      cross-entropy) to the minimised loss (`objectives.smoothing_gap`); the returned
+      objective loss stays the plain one.
     model_kwargs: describe packed rows (`pack_lines`).
   """
+  if hp is not None and "dropout_scale" in hp and dropout_key is not None \
+      and model.config.dropout > 0:
+    model = model_lib.TransformerLM(dataclasses.replace(
+        model.config, dropout_keep=(hp["dropout_scale"], hp["dropout_threshold"])))
   mutable = [model_lib.INTERMEDIATES] if any(t.needs_intermediates for t in terms) else False
   out = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
                     rngs=None if dropout_key is None else {"dropout": dropout_key},
@@ -171,6 +373,8 @@ def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Obj
   logits, sown = (out[0], out[1][model_lib.INTERMEDIATES]) if mutable else (out, None)
   loss = objective.loss(logits, targets_BxL)
   total, penalties = loss, []
+  if hp is not None and "label_smoothing" in hp:
+    total = total + hp["label_smoothing"] * objectives.smoothing_gap(logits, targets_BxL)
   for term, lam in zip(terms, lams_T):
     pen = term.penalty(params, sown, data, idx_B, model.config)
     total = total + lam * pen
@@ -181,31 +385,35 @@ def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Obj
 
 def loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, step: Array,
                    model: model_lib.TransformerLM, objective: objectives.Objective,
-                   terms: tuple = (), lams_T: tuple = (), capacity: int | None = None
-                   ) -> tuple[tuple[Array, tuple, dict], Any]:
+                   terms: tuple = (), lams_T: tuple = (), capacity: int | None = None,
+                   hp: dict | None = None) -> tuple[tuple[Array, tuple, dict], Any]:
   """((objective loss [], (penalty_t [], ...), {objective metric: []}), gradients like `params`)
   of one seed's step on
   the lines `idx_B` of `data`, with that step's dropout masks: the one training body's loss
-  (`model_inputs`, then `total_loss`). `key_data` is the seed's uint32 [2] key data."""
+  (`model_inputs`, then `total_loss`). `key_data` is the seed's uint32 [2] key data; `hp` its
+  hyperparameters as data (`total_loss`)."""
   inputs, targets, model_kwargs = model_inputs(objective, data, idx_B, capacity, key_data, step)
   dropout_key = jax.random.fold_in(_subkey(key_data, DROPOUT_KEY), step)
   (_, aux), grads = jax.value_and_grad(total_loss, has_aux=True)(
-      params, model, objective, terms, lams_T, inputs, targets, dropout_key, data, idx_B,
+      params, model, objective, terms, lams_T, inputs, targets, dropout_key, data, idx_B, hp,
       **model_kwargs)
   return aux, grads
 
 
 def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
-                    tx: optax.GradientTransformation, penalties: dict | None = None
-                    ) -> TrainState:
+                    tx, penalties: dict | None = None, hp: dict | None = None) -> TrainState:
   """The optimiser update of one seed from `loss_and_grads`; a non-finite loss/gradient freezes
   its parameters for good (marks the seed diverged; see `TrainState.diverged`).
 
   `penalties` ({sums key: float32 []}, the loss terms' penalties) are added to their running
-  sums; `loss` is the objective's loss (`train/loss`).
+  sums; `loss` is the objective's loss (`train/loss`). `tx` is a `PerSeedAdamW` (then `hp`:
+  this seed's hyperparameters, None = the configured first seed's) or an optax transformation.
   """
   grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if isinstance(tx, PerSeedAdamW):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, hp)
+  else:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   ok = finite & ~state.diverged
   # Only the parameters are guarded. Selecting the old optimiser state as well made XLA copy the
@@ -305,11 +513,12 @@ def line_sampler(data: dict, keys_S: Array, batch_size: int,
   return perms, sample
 
 
-def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
+def make_chunk_fn(model: model_lib.TransformerLM, tx,
                   batch_size: int, capacities: tuple[int, ...] | None,
                   pool_sizes: tuple[int, ...] | None = None, sharded: bool = False,
-                  objective: objectives.Objective | None = None, terms: tuple = ()
-                  ) -> Callable:
+                  objective: objectives.Objective | None = None, terms: tuple = (),
+                  label_smoothing: bool = False, dropout_as_data: bool = False,
+                  hparams: dict | None = None) -> Callable:
   """`chunk(state [S], data, start_step, num_steps) -> state`: `num_steps` steps of every seed.
 
   The one training body of sg_jax: the per-seed functions (`epoch_permutation`,
@@ -324,7 +533,8 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
       device, shared by all seeds; with per-seed composition also 'pools' and 'pool_sizes'
       (`line_sampler`; `pool_sizes` then lists their distinct values); with loss terms also
       their per-line arrays and per-seed '<name>_lambda', '<name>_start', '<name>_end'
-      (`terms.train_arrays`).
+      (`terms.train_arrays`); and 'hparams', the per-seed hyperparameters {name: [S_total]}
+      (`per_seed.hparam_arrays`; without it, `tx.defaults`, compiled in).
     start_step: int32 [] global step of the first step.
     num_steps: static.
 
@@ -332,20 +542,46 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
   (at this step, `terms.lambdas_at`) times its penalty; `train/loss` stays the objective's
   loss, `sums['<name>_loss']` adds each penalty and `sums[<metric>]` each of the objective's
   `metric_names`.
+
+  Per-seed hyperparameters (`per_seed.hparam_arrays`) come from data['hparams'], else from
+  `hparams` (the config's, compiled in). With a `PerSeedAdamW` as `tx` the optimiser's
+  (learning rate, warm-up, Adam's b1 / b2 / eps, weight decay, clipping) are read there, with
+  `dropout_as_data` the dropout rate, with `label_smoothing` (some seed's is > 0) the label
+  smoothing, so the compiled chunk serves any values of them (docs/usage.md "Per-seed
+  hyperparameters").
   """
   objective = objective or objectives.from_config({})
 
+  def local_hparams(data, num_local):
+    if "hparams" not in data and hparams is None:
+      return None
+    hp = dict(data["hparams"] if "hparams" in data else
+              {name: jnp.asarray(value) for name, value in hparams.items()})
+    if not label_smoothing:
+      hp.pop("label_smoothing", None)
+    if not dropout_as_data:
+      hp.pop("dropout_scale", None)
+      hp.pop("dropout_threshold", None)
+    hp.pop("init_scale", None)
+    first = next(iter(hp.values()))
+    if first.shape[0] != num_local:  # sharded: the device's block of seeds (`terms.lambdas_at`)
+      idx = jax.lax.axis_index(sharding.SEED_AXIS) * num_local + jnp.arange(num_local)
+      hp = {name: value[idx] for name, value in hp.items()}
+    return hp
+
   def chunk(state, data, start_step, num_steps):
     perms, sample = line_sampler(data, state.key, batch_size, pool_sizes, sharded)
+    hp = local_hparams(data, state.step.shape[0])
 
     # Only the gradients depend on the layout; the optimiser update runs outside the bucket
     # `switch`, whose branches then read the parameters and return fresh buffers (an update
     # inside the branches made XLA copy parameters and both moments every step).
     def grads_of(capacity):
       def run(params, keys, idx_SxB, lams_TxS, step):
-        def one(p, k, idx, lams):
-          return loss_and_grads(p, k, data, idx, step, model, objective, terms, lams, capacity)
-        return jax.vmap(one)(params, keys, idx_SxB, lams_TxS)
+        def one(p, k, idx, lams, h):
+          return loss_and_grads(p, k, data, idx, step, model, objective, terms, lams, capacity,
+                                h)
+        return jax.vmap(one)(params, keys, idx_SxB, lams_TxS, hp)
       return run
 
     def body(carry, t):
@@ -361,8 +597,8 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
         (loss, pens, metrics), grads = jax.lax.switch(
             bucket, [grads_of(c) for c in capacities], state.params, state.key, idx, lams, step)
       named = {terms_lib.sum_name(term): pen for term, pen in zip(terms, pens)} | metrics
-      state = jax.vmap(lambda s, l, g, p: apply_gradients(s, l, g, step, tx, p))(
-          state, loss, grads, named)
+      state = jax.vmap(lambda s, l, g, p, h: apply_gradients(s, l, g, step, tx, p, h))(
+          state, loss, grads, named, hp)
       return (state, perm), None
 
     (state, _), _ = jax.lax.scan(body, (state, perms(start_step)),
@@ -376,10 +612,12 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx: optax.GradientTransformati
 class TrainFns:
   """The compiled, seed-vmapped functions of a run."""
 
-  init: Callable  # key_data [S, 2] -> TrainState [S, ...]
+  # (key_data [S, 2], init key data [S, 2] or None, init scales float32 [S] or None)
+  #   -> TrainState [S, ...] (`init_state`)
+  init: Callable
   chunk: Callable  # (state, data, start_step, num_steps) -> state
   model: model_lib.TransformerLM
-  tx: optax.GradientTransformation
+  tx: Any  # PerSeedAdamW (`per_seed.as_data`) or optax's chain (`make_optimizer`)
   capacities: tuple[int, ...] | None  # packed-row buckets (None = padded batches)
   objective: objectives.Objective
   terms: tuple  # the active loss terms (`terms.active`)
@@ -425,18 +663,30 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   Cached on the whole config except the fields a resumed run may change freely
   (`workdir.RESUMABLE_CHANGES`, which never change what a step computes), so repeated runs in
   one process (tests, sweeps, notebooks) reuse the compiled functions and a field read inside
-  the step can never reuse functions compiled for another value of it.
+  the step can never reuse functions compiled for another value of it. The per-seed
+  hyperparameters (`per_seed.HPARAM_FIELDS`) are data of the programs (data['hparams']) when
+  `per_seed.as_data`: the functions of other values of them trace to the same programs, which
+  JAX's persistent compilation cache then serves (`compile_cache`).
   """
   cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh, pool_sizes)
   if cache_key not in _TRAIN_FNS_CACHE:
     objective = objectives.from_config(config)
     model = model_lib.TransformerLM(objectives.model_config(config, vocab_size))
-    tx = make_optimizer(config.optim, int(config.train.num_steps))
+    as_data = per_seed.as_data(config)
+    tx = (make_per_seed_optimizer(config) if as_data
+          else make_optimizer(config.optim, int(config.train.num_steps)))
     terms = terms_lib.active(config)
     sums = tuple(terms_lib.sum_name(term) for term in terms) + objective.metric_names
-    init = jax.jit(jax.vmap(lambda k: init_state(k, model, tx, sums)))
+
+    def init_all(keys, init_keys=None, init_scales=None):
+      return jax.vmap(lambda k, ik, sc: init_state(k, model, tx, sums, ik, sc))(
+          keys, init_keys, init_scales)
+
+    init = jax.jit(init_all)
     chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
-                             sharded=mesh is not None, objective=objective, terms=terms)
+                             sharded=mesh is not None, objective=objective, terms=terms,
+                             label_smoothing=per_seed.switches(config)["train.label_smoothing"],
+                             dropout_as_data=as_data, hparams=per_seed.hparam_arrays(config))
     if mesh is not None:
       chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
     chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))

@@ -34,6 +34,7 @@ from sg_jax import layers
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
 from sg_jax import objectives
+from sg_jax import per_seed
 from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
@@ -43,7 +44,8 @@ from sg_jax.analysis import uas
 from sg_jax.evaluator import make_eval_fn
 from sg_jax.input_pipeline import load_data, make_train_data, prepare_eval_batches
 from sg_jax.packing import padding_fraction
-from sg_jax.step import TrainFns, TrainState, make_schedule, make_train_fns, seed_keys
+from sg_jax import step as step_lib
+from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
 from sg_jax.tasks.io import run_data_dir
 from sg_jax.workdir import (CallSizer, Preempted, StopSignal, check_workdir_config,
                             check_writable)
@@ -249,7 +251,10 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
     except cost_check.MemoryEstimateError:
       workdir_lib.remove_created(created)
       raise
-  train_data = sharding.put_replicated(host_data, mesh)
+  # The per-seed hyperparameters ride with the data (`step.make_chunk_fn`; with
+  # `per_seed.as_data` one program serves any values: docs/usage.md "Per-seed hyperparameters").
+  train_data = sharding.put_replicated(host_data | {"hparams": per_seed.hparam_arrays(config)},
+                                       mesh)
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
@@ -268,8 +273,12 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
 
   writer = sharding.is_writer()
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
-  state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(
-      sharding.put_replicated(np.asarray(seed_keys(seeds)), mesh))
+  # Each seed's data order, dropout and masking draw from seeds.data, its initialisation from
+  # seeds.init (both the seed id by default: `per_seed.seed_ids`).
+  state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(*sharding.put_replicated(
+      (np.asarray(seed_keys(per_seed.seed_ids(config, "data"))),
+       np.asarray(seed_keys(per_seed.seed_ids(config, "init"))),
+       per_seed.hparam_arrays(config)["init_scale"]), mesh))
   ckpt = checkpointing.CheckpointWriter(workdir, max_to_keep=config.checkpoint.max_to_keep)
   summaries = None
   failed = False
@@ -452,11 +461,11 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   diverged = np.asarray(sharding.to_host(state.diverged))
   diverged_step = np.asarray(sharding.to_host(state.diverged_step), np.float64)
   n = np.maximum(sums["steps"], 1.0)
-  schedule = make_schedule(config.optim, int(config.train.num_steps))
+  learning_rate = step_lib.learning_rates(config, step - 1)  # one per seed
   metrics = {
       "train/loss": sums["loss"] / n,
       "train/grad_norm": sums["grad_norm"] / n,
-      "train/learning_rate": np.full(len(seeds), float(schedule(step - 1))),
+      "train/learning_rate": np.asarray(learning_rate),
       "train/diverged": diverged.astype(np.float64),
       "train/diverged_step": diverged_step,
   }
