@@ -187,12 +187,26 @@ def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_conf
                 ).max() > 1e-3
 
 
-def _run_main(workdir, data_dir, cache, *overrides):
+def test_one_value_each_keeps_optax_compiled_in_several_values_are_data():
+  single = _config(**{"optim.weight_decay": 0.1, "model.dropout": 0.2})
+  assert not per_seed.as_data(single)
+  assert not isinstance(step_lib.make_train_fns(single, 20).tx, step_lib.PerSeedAdamW)
+  assert per_seed.as_data(_config(**{"optim.weight_decay": (0.0, 0.1)}))
+  assert per_seed.as_data(_config(**{"train.hparams_as_data": True}))
+  # Label smoothing and the initialisation scale are data whenever used: no switch needed.
+  assert not per_seed.as_data(_config(**{"model.init_scale": (1.0, 2.0),
+                                         "train.label_smoothing": (0.0, 0.1)}))
+  mixed = step_lib.make_train_fns(_config(**{"optim.b2": (0.99, 0.999)}), 20)
+  assert isinstance(mixed.tx, step_lib.PerSeedAdamW)
+
+
+def _run_main(workdir, data_dir, cache, *overrides, num_steps=10):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   cmd = [sys.executable, "-m", "sg_jax.main", "--config=configs/question.py:tiny",
-         f"--workdir={workdir}", f"--config.data.dir={data_dir}", "--config.train.num_steps=10",
-         f"--compilation_cache_dir={cache}", "--notensorboard", *TEST_SIZED_FLAGS, *overrides]
+         f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+         f"--config.train.num_steps={num_steps}", f"--compilation_cache_dir={cache}",
+         "--notensorboard", *TEST_SIZED_FLAGS, *overrides]
   done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   return done.stderr
@@ -215,3 +229,37 @@ def test_two_runs_with_other_values_compile_the_train_step_once(tmp_path, tiny_d
     stored = json.load(f)
   assert stored["optim"]["weight_decay"] == [0.3, 0.2] and stored["optim"]["b1"] == [0.8, 0.95]
   assert stored["optim"]["learning_rate"] == 0.002
+
+
+@pytest.mark.slow
+def test_per_seed_values_resume_and_shard_like_an_uninterrupted_run_on_one_device(tmp_path,
+                                                                                    tiny_data):
+  from sg_jax import long_csv  # pylint: disable=import-outside-toplevel
+  cache = tmp_path / "cache"
+  values = ("--config.optim.weight_decay=(0.0,0.3)", "--config.optim.learning_rate=(0.001,0.003)",
+            "--config.model.dropout=(0.0,0.2)", "--config.seeds.init=(5,5)")
+  one = _run_main(tmp_path / "one", tiny_data, cache, *values, "--config.num_devices=1",
+                  num_steps=40)
+  assert "2 seeds on 1 device(s)" in one, one[-3000:]
+  part = _run_main(tmp_path / "two", tiny_data, cache, *values, num_steps=20)
+  assert "2 seeds on 2 device(s)" in part, part[-3000:]
+  resumed = _run_main(tmp_path / "two", tiny_data, cache, *values, num_steps=40)
+  assert "resumed from checkpoint step 20" in resumed, resumed[-3000:]
+  rows = {name: {(r["step"], r["seed"], r["name"]): r["value"]
+                 for r in long_csv.read_table(str(tmp_path / name / "metrics.csv"))}
+          for name in ("one", "two")}
+  final = {k: v for k, v in rows["one"].items() if k[0] == 40 and k[2].startswith(
+      ("train/loss", "in_domain/loss", "train/learning_rate"))}
+  assert len(final) >= 6
+  for key, value in final.items():
+    assert abs(rows["two"][key] - value) <= 1e-5, key
+  lr = {k[1]: v for k, v in final.items() if k[2] == "train/learning_rate"}
+  assert lr == {0: pytest.approx(1e-3), 1: pytest.approx(3e-3)}
+
+
+def test_report_groups_seeds_by_per_seed_hyperparameters_and_seeds():
+  from sg_jax.report import groups  # pylint: disable=import-outside-toplevel
+  config = _config(num_seeds=4, **{"optim.weight_decay": (0, 0, 0.1, 0.1),
+                                   "seeds.init": (0, 1, 0, 1), "model.dropout": 0.2})
+  assert groups.per_seed_fields(json.loads(config.to_json())) == {
+      "seeds.init": [0, 1, 0, 1], "optim.weight_decay": [0.0, 0.0, 0.1, 0.1]}
