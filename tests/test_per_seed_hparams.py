@@ -172,17 +172,20 @@ MIXED = {"optim.learning_rate": (1e-3, 3e-3), "optim.weight_decay": (0.0, 0.3),
 
 
 @pytest.mark.slow
-def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_config, tmp_path):
-  config = tiny_config(**MIXED, first_seed=3)
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_config, tmp_path,
+                                                                       packing):
+  config = tiny_config(**MIXED, first_seed=3, **{"train.packing": packing})
   _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
   together = _run(config, splits["train"], vocab, 20)
   for i in range(2):
     alone = tiny_config(**{k: v[i] for k, v in MIXED.items()}, first_seed=3 + i,
-                        num_seeds=1)
+                        num_seeds=1, **{"train.packing": packing})
     np.testing.assert_allclose(_flat(together, i), _flat(_run(alone, splits["train"], vocab, 20),
                                                          0), atol=1e-5, rtol=0)
   # The values matter: seed 3 trained with seed 4's values ends elsewhere.
-  swapped = tiny_config(**{k: v[1] for k, v in MIXED.items()}, first_seed=3, num_seeds=1)
+  swapped = tiny_config(**{k: v[1] for k, v in MIXED.items()}, first_seed=3, num_seeds=1,
+                        **{"train.packing": packing})
   assert np.abs(_flat(together, 0) - _flat(_run(swapped, splits["train"], vocab, 20), 0)
                 ).max() > 1e-3
 
