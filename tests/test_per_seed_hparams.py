@@ -266,3 +266,23 @@ def test_report_groups_seeds_by_per_seed_hyperparameters_and_seeds():
                                    "seeds.init": (0, 1, 0, 1), "model.dropout": 0.2})
   assert groups.per_seed_fields(json.loads(config.to_json())) == {
       "seeds.init": [0, 1, 0, 1], "optim.weight_decay": [0.0, 0.0, 0.1, 0.1]}
+
+
+def test_label_smoothing_gap_gives_optax_smoothed_cross_entropy():
+  from sg_jax import objectives  # pylint: disable=import-outside-toplevel
+  logits = jax.random.normal(jax.random.key(3), (2, 5, 7))
+  targets = jnp.asarray([[1, 4, 6, 0, 0], [2, 2, 3, 5, 0]])  # 0 = not scored
+  e = 0.1
+  ce = objectives.mean_token_loss(logits, targets)
+  smoothed = optax.softmax_cross_entropy(logits, optax.smooth_labels(
+      jax.nn.one_hot(targets, 7), e))  # (1 - e) one-hot + e / 7
+  mask = targets != 0
+  want = float(jnp.sum(smoothed * mask) / jnp.sum(mask))
+  assert float(ce + e * objectives.smoothing_gap(logits, targets)) == pytest.approx(want,
+                                                                                   rel=1e-6)
+  # By hand, V = 2: p = (0.75, 0.25), target id 1: CE = -log 0.25, U = -(log 0.75 + log 0.25)/2;
+  # the second token (target 0) is not scored.
+  two = jnp.log(jnp.asarray([[[3.0, 1.0], [1.0, 1.0]]]))
+  gap = objectives.smoothing_gap(two, jnp.asarray([[1, 0]]))
+  assert float(gap) == pytest.approx(-(np.log(0.75) + np.log(0.25)) / 2 + np.log(0.25),
+                                     rel=1e-6)
