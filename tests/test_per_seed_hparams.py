@@ -63,21 +63,19 @@ def test_per_seed_adamw_with_values_as_data_equals_optax_bit_for_bit(case):
 
   # Everything enters as an argument, as in training: no step count or gradient a constant
   # that XLA could fold (its folding may round otherwise than the compiled operation).
-  @jax.jit
-  def run_reference(params, state, grads):
-    for g in grads:
-      updates, state = reference.update(g, state, params)
-      params = optax.apply_updates(params, updates)
-    return params, state
+  def steps(update):
+    def body(carry, g):
+      params, state = carry
+      updates, state = update(g, state, params)
+      return (optax.apply_updates(params, updates), state), None
+    return lambda params, state, grads: jax.lax.scan(body, (params, state), grads)[0]
 
-  @jax.jit
-  def run_mine(params, state, grads, hp):  # the values are arguments: data of the program
-    for g in grads:
-      updates, state = mine.update(g, state, params, hp)
-      params = optax.apply_updates(params, updates)
-    return params, state
+  run_reference = jax.jit(steps(reference.update))
+  # The values are arguments: data of the program.
+  run_mine = jax.jit(lambda params, state, grads, hp: steps(
+      lambda g, s, p: mine.update(g, s, p, hp))(params, state, grads))
 
-  grads = [_grads(t) for t in range(14)]
+  grads = jax.tree_util.tree_map(lambda *g: jnp.stack(g), *[_grads(t) for t in range(14)])
   want = run_reference(_params(), reference.init(_params()), grads)
   got = run_mine(_params(), mine.init(_params()), grads, hp)
   assert jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(got)
