@@ -48,7 +48,7 @@ def as_tuple(value: Any) -> tuple:
 
 
 # The scalar hyperparameters that take one value or one per seed (docs/usage.md "Per-seed
-# hyperparameters"): dotted config field -> numpy dtype of its per-seed array. Their values
+# hyperparameters and split seeds"): dotted config field -> numpy dtype of its per-seed array. Their values
 # ride beside the training data (`hparam_arrays`); when `as_data`, the compiled training program
 # reads them there, so one program serves any values. Each field whose 0 means "off" (weight
 # decay, clipping, dropout, label smoothing) compiles its computation only when some seed's
@@ -112,8 +112,8 @@ def as_data(config: Any) -> bool:
   (one per seed), or `train.hparams_as_data` is true. Otherwise (one value each, every run
   from before these fields were per seed) they are compiled in as they always were, which
   keeps those runs bit-identical: as data, XLA fuses the step otherwise and a 40-step `tiny`
-  run ended 1 float32 ulp away (docs/usage.md "Per-seed hyperparameters"). Label smoothing
-  and the initialisation scale are data whenever used."""
+  run ended 1 float32 ulp away (docs/usage.md "Per-seed hyperparameters and split seeds").
+  Label smoothing and the initialisation scale are data whenever used."""
   if bool(get(config, "train.hparams_as_data", False)):
     return True
   return any(varies(config, field) for field in HPARAM_FIELDS

@@ -548,7 +548,7 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx,
   (learning rate, warm-up, Adam's b1 / b2 / eps, weight decay, clipping) are read there, with
   `dropout_as_data` the dropout rate, with `label_smoothing` (some seed's is > 0) the label
   smoothing, so the compiled chunk serves any values of them (docs/usage.md "Per-seed
-  hyperparameters").
+  hyperparameters and split seeds").
   """
   objective = objective or objectives.from_config({})
 

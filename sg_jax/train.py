@@ -252,7 +252,8 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
       workdir_lib.remove_created(created)
       raise
   # The per-seed hyperparameters ride with the data (`step.make_chunk_fn`; with
-  # `per_seed.as_data` one program serves any values: docs/usage.md "Per-seed hyperparameters").
+  # `per_seed.as_data` one program serves any values: docs/usage.md "Per-seed hyperparameters
+  # and split seeds").
   train_data = sharding.put_replicated(host_data | {"hparams": per_seed.hparam_arrays(config)},
                                        mesh)
   waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])

@@ -1,5 +1,5 @@
 """Per-seed hyperparameters (sg_jax.per_seed.HPARAM_FIELDS; docs/usage.md "Per-seed
-hyperparameters"): the optimiser with its values as data equals optax's with them compiled in,
+hyperparameters and split seeds"): the optimiser with its values as data equals optax's with them compiled in,
 bit for bit; a seed trained in a group with mixed values equals that seed trained alone; the
 config syntax and its checks; two runs with different values compile once."""
 
