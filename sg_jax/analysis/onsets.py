@@ -44,10 +44,10 @@ extremum as the location of the edge, and a threshold relative to the noise.
 A symmetric transition (a sigmoid) has its largest slope at its midpoint, and a symmetric
 smoothing kernel keeps it there, so the onset of `a + b / (1 + exp(-(t - t0) / w))` is `t0`.
 
-**A drop after the initial descent** (`later_fall`; `later_drop`). Chen et al. (ICLR 2024, abstract, §3,
-Fig. 1) see the structure onset "concurrent with a steep drop in loss" but give no rule for the
-drop, and their released code (github.com/angie-chen55/sudden-drops-in-the-loss: pre-training
-with the regulariser, attention extraction, the dependency probe) locates none. The steepest
+**A drop after the initial descent** (`later_fall`; `later_drop`). Chen et al. (ICLR 2024,
+abstract, §3, Fig. 1) see the structure onset "concurrent with a steep drop in loss" but give no
+rule for the drop, and their released code (github.com/angie-chen55/sudden-drops-in-the-loss:
+pre-training with the regulariser, attention extraction, the dependency probe) locates none. The steepest
 fall of a loss curve is its initial descent, so sg_jax uses a documented rule of its own, the
 steepest fall after the first plateau:
 
