@@ -1,7 +1,7 @@
 """Phase transitions (sg_jax/analysis/phases.py, the peak / change events of
 sg_jax/analysis/onsets.py, sg_jax/report/phases.py) on synthetic curves with known onsets:
 every signal's onset found, consecutive quantities placed between their checkpoints, the lags
-and their order with bootstrap CIs, the two figures and the summary section."""
+and their order with t CIs, the two figures and the summary section."""
 
 from __future__ import annotations
 

@@ -274,3 +274,14 @@ def test_an_unparsable_config_json_on_resume_names_the_file(tmp_path, tiny_confi
   path.write_bytes(b'{"task": "question", \xff')
   with pytest.raises(ValueError, match=f"^{path} is not readable JSON "):
     workdir_lib.check_workdir_config(str(tmp_path), tiny_config(data_dir=str(tmp_path)), False)
+
+
+def test_a_report_does_not_take_its_own_lock_for_a_run_in_progress(tmp_path):
+  """`sg_jax.report` holds the lock of the workdir it writes into; reading that run in the same
+  process must not mark it 'in progress' (it did, naming the report itself); another command's
+  hold still does."""
+  done = _run(str(tmp_path / "done"), {s: c for s, c in CURVES.items() if s != 2})
+  with workdir_lock.locked(done, "sg_jax.report"):
+    assert report.load_run(done).in_progress == ""
+  with workdir_lock.locked(done, "sg_jax.analyze"):
+    assert report.load_run(done).in_progress.startswith("in progress: sg_jax.analyze")

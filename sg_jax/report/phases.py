@@ -1,5 +1,6 @@
 """Phase transitions in the report: every curve of a run on one step axis, the onsets of each
-seed, their order and the lags between them with bootstrap confidence intervals over seeds.
+seed, their order and the lags between them with Student t confidence intervals over seeds
+(`sg_jax.stats.mean_interval`; the percentile bootstrap undercovers at 4-8 seeds).
 
 For a workdir whose analysis.csv has the training-dynamics columns (`cka_final`, `tvd_previous`,
 `twonn_dimension`; `sg_jax.analysis.training_dynamics`):
@@ -7,15 +8,15 @@ For a workdir whose analysis.csv has the training-dynamics columns (`cka_final`,
 * `phases_<run>.png`: one panel per curve of `sg_jax.analysis.phases.SIGNALS` the run has
   (training loss, UAS, CKA to the final checkpoint, TVD between consecutive checkpoints, TwoNN
   intrinsic dimension, tscore, generalisation accuracy), all on the same training-step axis:
-  each seed thin, the seed mean thick with its 95% bootstrap band over seeds
-  (`seed_stats.bootstrap_ci`), each seed's onset a dashed vertical line in the seed's colour;
+  each seed thin, the seed mean thick with its 95% t band over seeds
+  (`plotting.mean_band`), each seed's onset a dashed vertical line in the seed's colour;
 * `onset_order_<run>.png`: the signals sorted by their mean onset (earliest on top), each seed's
-  onset a dot, the seed mean with its 95% bootstrap CI a bar;
+  onset a dot, the seed mean with its 95% t CI a bar;
 * summary.md, "Phase transitions": the onset of every signal per seed with the seed mean and
   CI, the order of the mean onsets at their resolution, then per signal, in the order of the
   mean onsets, its resolution and its lag to the initial loss descent, to the later loss drop
   and to the generalisation rise (onset minus the reference's onset per seed; mean over the
-  seeds that have both, 95% bootstrap CI) with the seeds in which it comes before the
+  seeds that have both, 95% t CI) with the seeds in which it comes before the
   reference, is tied with it, or comes after it; summary_phases.csv has the same rows.
 
 Resolution (docs/dynamics.md, "Onset order at a resolution"): an onset is located no finer than
@@ -34,10 +35,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from sg_jax import stats
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.analysis import phases as phases_lib
 from sg_jax.analysis.onsets import NO_ONSET, Onset
-from sg_jax.report import seed_stats
 from sg_jax.report.plotting import legend_outside, mean_band, pyplot
 from sg_jax.report.reading import Run
 
@@ -71,7 +72,8 @@ def order(found: Onsets) -> list[tuple[str, float, float, float, int, float]]:
   rows = []
   for signal in signals:
     steps = _steps(found, signal)
-    mean, low, high = seed_stats.bootstrap_ci(steps)
+    ci = stats.mean_interval(steps)
+    mean, low, high = ci.estimate, ci.low, ci.high
     rows.append((signal, mean, low, high, int(np.sum(np.isfinite(steps))),
                  resolution(found, signal)))
   return sorted(rows, key=lambda r: (math.isnan(r[1]), r[1]))
@@ -106,14 +108,15 @@ def lag(found: Onsets, signal: str, reference: str) -> dict[str, float]:
 
   Returns:
     {'mean', 'low', 'high': the seed mean of onset(signal) - onset(reference) in steps and its
-    95% bootstrap CI; 'seeds': seeds with both; 'before', 'tied', 'after': seeds where
+    95% Student t CI (`stats.mean_interval`); 'seeds': seeds with both; 'before', 'tied', 'after': seeds where
     `signal` comes before `reference` by more than the coarser resolution, within it, or after
     it (`onsets.compare`)} (NaN mean without such seeds).
   """
   seeds = sorted(found)
   a, b = np.array(_steps(found, signal, seeds)), np.array(_steps(found, reference, seeds))
   both = np.isfinite(a) & np.isfinite(b)
-  mean, low, high = seed_stats.bootstrap_ci(a[both] - b[both])
+  ci = stats.mean_interval(a[both] - b[both])
+  mean, low, high = ci.estimate, ci.low, ci.high
   verdicts = [onsets_lib.compare(found[s][signal], found[s][reference])
               for s, ok in zip(seeds, both) if ok]
   return {"mean": mean, "low": low, "high": high, "seeds": int(both.sum()),
@@ -161,7 +164,7 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
            "Onset step of each curve per seed (`sg_jax.analysis.phases`: the smoothed curve's "
            "steepest fall / rise / change, its peak, or the largest loss drop after the initial "
            "descent, kept when it stands 3 x above the noise; '-' = none), seed mean with a 95% "
-           "bootstrap CI over seeds; lags = onset minus the reference's onset, per seed, over "
+           "t CI over seeds; lags = onset minus the reference's onset, per seed, over "
            "the seeds with both. Resolution = max(the gap between the curve's points around "
            "the onset, the smoothing sigma), median over seeds; two onsets closer than the "
            "coarser resolution are tied at this resolution (≈), and 'before / tied / after' "
@@ -256,7 +259,7 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
     ax.set_title(f"{label} ({name}; onset: {'; '.join(events)})", fontsize=9)
     ax.grid(alpha=0.3)
   axes[-1, 0].set_xlabel("training step")
-  handles = [plt.Line2D([], [], color="black", lw=1.8, label="seed mean (95% bootstrap band)")]
+  handles = [plt.Line2D([], [], color="black", lw=1.8, label="seed mean (95% t band)")]
   handles += [plt.Line2D([], [], color=colors[s], ls="--", label=f"seed {s} (onset dashed)")
               for s in seeds]
   legend_outside(axes[0, 0], handles, [h.get_label() for h in handles])
@@ -269,7 +272,7 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
 
 def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = ""):
   """The onset order (module docstring): per signal its seeds' onsets as dots, the seed mean
-  with its 95% bootstrap CI, a grey bar of +- half its resolution around the mean, and a
+  with its 95% t CI, a grey bar of +- half its resolution around the mean, and a
   letter per tie group (`tie_groups`: signals with one letter are tied at this resolution).
 
   Returns:
@@ -294,7 +297,7 @@ def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = "")
         ax.plot(step, y + 0.25 * (i / max(len(seeds) - 1, 1) - 0.5), "o", ms=5,
                 color=colors[seed], label=f"seed {seed}" if y == 0 else None)
     ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="D", color="black", ms=6,
-                capsize=4, label="seed mean, 95% bootstrap CI" if y == 0 else None)
+                capsize=4, label="seed mean, 95% t CI" if y == 0 else None)
   ax.set_yticks(range(len(ranked)),
                 [f"({chr(ord('A') + g % 26)}) {phases_lib.SIGNALS[r[0]][2]}"
                  for g, r in zip(groups, ranked)])

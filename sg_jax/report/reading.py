@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging as py_logging
 import os
+import socket
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -170,7 +171,9 @@ def diverged_seeds_text(runs: Sequence[Run]) -> str:
 def _in_progress(workdir: str, series: dict, num_steps: int | None) -> str:
   """Why a run's results are partial ('' when they are not): see `Run.in_progress`."""
   held = workdir_lock.holder(workdir)
-  if held is not None:
+  own = (held is not None and held.get("command") == "sg_jax.report"
+         and held.get("host") == socket.gethostname() and held.get("pid") == os.getpid())
+  if held is not None and not own:  # a report writing into the run it reads holds its lock
     return f"in progress: {workdir_lock.describe(held)} holds the workdir"
   last = max((int(steps[-1]) for by_seed in series.get(IN_ACC, {}).values()
               for steps, _ in [by_seed] if steps.size), default=None)
