@@ -564,9 +564,17 @@ def make_chunk_fn(model: model_lib.TransformerLM, tx,
       hp.pop("dropout_threshold", None)
     hp.pop("init_scale", None)
     first = next(iter(hp.values()))
-    if first.shape[0] != num_local:  # sharded: the device's block of seeds (`terms.lambdas_at`)
+    if first.shape[0] != num_local and sharded:  # the device's block (`terms.lambdas_at`)
       idx = jax.lax.axis_index(sharding.SEED_AXIS) * num_local + jnp.arange(num_local)
       hp = {name: value[idx] for name, value in hp.items()}
+    elif first.shape[0] != num_local:
+      # The config's values for a state of another number of seeds (a caller training its own
+      # group of seeds): only one value per field can serve them.
+      if "hparams" in data or any(len(set(np.asarray(v).tolist())) > 1
+                                  for v in hparams.values()):
+        raise ValueError(f"the per-seed hyperparameters hold {first.shape[0]} seeds' values "
+                         f"for a state of {num_local} seeds")
+      hp = {name: jnp.broadcast_to(value[0], (num_local,)) for name, value in hp.items()}
     return hp
 
   def chunk(state, data, start_step, num_steps):
