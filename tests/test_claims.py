@@ -313,3 +313,17 @@ def test_no_prediction_is_supported_only_with_power():
                                                    rng.normal(0, 1, 5)}) for d in (4, 6, 8)]
   row, = claims.evaluate(few, ids=["murty.sparsity_does_not_predict"])
   assert row["verdict"] == claims.NOT_TESTABLE and row["seeds needed"]
+
+
+def test_a_run_stopped_soon_after_saturation_is_not_a_depth_claims_run():
+  """Murty et al.'s claims are about training long after saturation: a run that ends at 1.5x
+  its saturation step (a dense onset run: 3k steps, saturated at 2k) is left out of them
+  (`select.LONG_TRAINING`), while the same seeds trained to 5x count."""
+  run = _run(6, 0.1 + _noise(8, 0.02, 2))
+  short = Run(workdir="", name="short", depth=6, task="question", num_steps=3000,
+              series={name: {s: (steps[steps <= 3000], values[steps <= 3000])
+                             for s, (steps, values) in by_seed.items()}
+                      for name, by_seed in run.series.items()}, config=run.config)
+  assert _verdicts("murty.grokking", [short]) == [claims.NO_RUNS]
+  assert _verdicts("murty.early_stopping", [short]) == [claims.NO_RUNS]
+  assert _verdicts("murty.grokking", [run]) == [claims.CONTRADICTED]

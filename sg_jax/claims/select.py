@@ -77,12 +77,32 @@ def is_plain(run: Run) -> bool:
              for x in np.atleast_1d(section["lambdas"]))
 
 
+# Murty et al.'s claims are about long training: 300k steps against in-domain saturation within
+# the first ~10k (docs/REFERENCE.md §1); grok_cpu trains 15x its saturation step. A run that stops
+# soon after saturation (a dense onset run of 3k steps) says nothing about them.
+LONG_TRAINING = 5
+
+
+def long_enough(run: Run) -> bool:
+  """Whether `run` trained at least `LONG_TRAINING` times its median saturation step (over the
+  seeds that saturated; a run where none saturated counts: its seeds never generalised in
+  domain, which the claims' own rules handle)."""
+  sat = [s for s in (saturation(run, seed) for seed in run.series.get(IN_ACC, {}))
+         if s is not None]
+  if not sat:
+    return True
+  last = max(int(steps[-1]) for steps, _ in run.series[IN_ACC].values() if steps.size)
+  return last >= LONG_TRAINING * max(float(np.median(sat)), 1.0)
+
+
 def depth_arms(runs: Sequence[Run]) -> dict[str, dict[int, list[tuple[Run, int]]]]:
-  """{task: {depth: [(run, seed)]}} of the plain runs (`is_plain`) that logged generalisation,
-  depths sorted; runs of unknown depth left out."""
+  """{task: {depth: [(run, seed)]}} of the plain runs (`is_plain`) that logged generalisation
+  and trained long after saturation (`long_enough`), depths sorted; runs of unknown depth left
+  out."""
   out: dict = collections.defaultdict(lambda: collections.defaultdict(list))
   for run in runs:
-    if run.depth is None or not is_plain(run) or not run.series.get(GEN_ACC):
+    if (run.depth is None or not is_plain(run) or not run.series.get(GEN_ACC)
+        or not long_enough(run)):
       continue
     for seed in sorted(run.series[GEN_ACC]):
       out[run.task][int(run.depth)].append((run, seed))
