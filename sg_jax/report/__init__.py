@@ -99,16 +99,16 @@ one's own runs):
                              Murty et al. 2023, §5);
                              summary_predictors_by_depth.csv and a "Predictors per depth" table:
                              each per depth and moment, seed mean with its CI.
-  summary_baselines.csv      (q) where the runs have UAS, tparseval or tscore rows: each
-                             beside its trivial baselines on the same sentences (positional
-                             heads; right-, left-branching and random trees), per run at each
-                             seed's last step; the "Baselines" section of summary.md
-                             (`baselines`; docs/analysis.md, "Baselines").
   claims.csv                 (p) every registered claim (`sg_jax.claims`: Murty et al.,
                              Bhaskar et al., Chen et al., sg_jax's own) tested on the runs of
                              the root: claim | setting | seeds per arm | test | statistic | p or
                              interval | detectable effect | verdict (+ seeds needed, source,
                              rule, note); the "Claims" section of summary.md (docs/claims.md).
+  summary_baselines.csv      (q) where the runs have UAS, tparseval or tscore rows: each
+                             beside its trivial baselines on the same sentences (positional
+                             heads; right-, left-branching and random trees), per run at each
+                             seed's last step; the "Baselines" section of summary.md
+                             (`baselines`; docs/analysis.md, "Baselines").
   summary.csv / summary.md   (e) one row per depth (final generalisation with a 95% t-interval
                              over seeds, bimodality from 6 seeds, seeds above the threshold with
                              a Clopper-Pearson interval and sustained, the Kaplan-Meier median
