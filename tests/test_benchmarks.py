@@ -118,7 +118,9 @@ def test_trajectory_workdir_is_read_by_the_analysis(tmp_path):
   embed = lambda r: np.asarray(r.state["params"]["embedding"]["embedding"])
   assert not np.allclose(embed(first), embed(last))
   out = analyze.analyze(str(tmp_path), groups=("weight_norm", "tscore"), num_sentences=20)
-  assert out == {"rows_written": 2 * 2 * 3, "checkpoints_analysed": 2}
+  # per step and seed: weight_norm 2 rows; tscore 4 (tscore and its random-tree, right- and
+  # left-branching baselines)
+  assert out == {"rows_written": 2 * 2 * (2 + 4), "checkpoints_analysed": 2}
   with pytest.raises(ValueError, match="transformed lines"):
     analysis_throughput.build_trajectory_workdir(str(tmp_path / "small"), num_train=20,
                                                  num_checkpoints=1)

@@ -425,8 +425,9 @@ def markdown_lines(rows: Sequence[dict], comparisons: Sequence[dict] = ()) -> li
               "Jonckheere-Terpstra test on the seeds (effect: tau in [-1, 1]). p (Holm): "
               "corrected over every test of the run's rows. "
               "Minimum detectable effect: the smallest true effect each test finds with "
-              "probability 0.8 at alpha 0.05 with these seeds (docs/analysis.md, "
-              "\"Statistics\"); an observed effect below it is not evidence of no effect."]
+              "probability 0.8 at alpha 0.05 with these seeds "
+              "(docs/analysis.md, \"Statistics\"); an observed effect below it is not "
+              "evidence of no effect."]
   return lines
 
 
