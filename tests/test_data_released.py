@@ -21,8 +21,9 @@ from sg_jax.tasks import dyck, io, mccoy, pcfg, trees
 _REF = os.environ.get("SG_JAX_REFERENCE_DATA")
 # Parsing every released file takes a minute or two: the full set only (pyproject.toml).
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not _REF, reason="SG_JAX_REFERENCE_DATA is unset (set it to the reference data folder, "
-    "e.g. ../shared/data, to compare with the released files)")]
+    not _REF, reason="SG_JAX_REFERENCE_DATA is unset (set it to a folder holding the released "
+    "McCoy et al. 2020 files under mccoy2020/ (question.gr, question_bracket.dev, ...) and a "
+    "Dyck split under dyck/, to compare with them)")]
 
 
 def _ref(*parts) -> pathlib.Path:
