@@ -108,7 +108,8 @@ def lag(found: Onsets, signal: str, reference: str) -> dict[str, float]:
 
   Returns:
     {'mean', 'low', 'high': the seed mean of onset(signal) - onset(reference) in steps and its
-    95% Student t CI (`stats.mean_interval`); 'seeds': seeds with both; 'before', 'tied', 'after': seeds where
+    95% Student t CI (`stats.mean_interval`); 'seeds': seeds with both; 'before', 'tied',
+    'after': seeds where
     `signal` comes before `reference` by more than the coarser resolution, within it, or after
     it (`onsets.compare`)} (NaN mean without such seeds).
   """

@@ -277,8 +277,8 @@ def _random_lines(level_rows: Sequence[dict]) -> list[str]:
              _f(r["jaccard_within_heads"]), span("jaccard_within_heads_random")]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "The core beside random masks of the same sparsity "
-            "(docs/pruning.md, \"The random-mask baseline\"): as many uniformly random head masks as pruning "
-            "seeds, each keeping as many heads as its subnetwork. Expected values are exact "
+            "(docs/pruning.md, \"The random-mask baseline\"): as many uniformly random head "
+            "masks as pruning seeds, each keeping as many heads as its subnetwork. Expected values are exact "
             "(hypergeometric); the 95% ranges are the 2.5% and 97.5% percentiles of "
             f"{core.RANDOM_MASK_DRAWS:,} seeded simulated sets of masks (where random cores "
             "lie, not an interval of a mean); P is the exact one-sided probability that random "
