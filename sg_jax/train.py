@@ -29,6 +29,7 @@ from sg_jax import compile_cache
 from sg_jax import composition
 from sg_jax import config_checks
 from sg_jax import cost_check
+from sg_jax import environment
 from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import metric_logging
@@ -289,6 +290,8 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
     # The workdir's own files change only once its checkpoints are known to fit this config.
     workdir_lib.write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
     workdir_lib.write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
+    if writer and (latest or 0) < int(config.train.num_steps):  # a session that will train:
+      environment.record(workdir, latest or 0, workdir_lib.write_json_atomic)  # its versions
     table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"), enabled=writer)
     summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"),
                                              tensorboard and writer)

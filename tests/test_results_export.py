@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from sg_jax import environment
 from sg_jax import fileio
 from sg_jax.report import pruning_tables
 from sg_jax.report import reading
@@ -44,7 +45,7 @@ def test_export_then_load_run_gives_identical_series(tmp_path):
   # no path of the exporting machine in what is committed
   assert manifest["command"] == "python -m sg_jax.main --workdir=WORKDIR"
   assert exported.config["data"]["dir"] == "WORKDIR/data"
-  assert set(manifest["versions"]) == set(export.PACKAGES)
+  assert set(manifest["versions"]) == set(environment.PACKAGES)
   assert set(manifest["files"]) == {"analysis.csv.gz", "analysis.csv.options.json",
                                     "config.json", "metrics.csv.gz", "pruning.csv.gz",
                                     "pruning_core.csv.gz", "vocab.json",

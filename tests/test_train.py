@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sg_jax import checkpointing
+from sg_jax import environment
 from sg_jax import metric_logging
 from sg_jax import train
 from sg_jax import workdir as workdir_lib
@@ -127,6 +128,11 @@ def test_run_writes_metrics_and_checkpoints_and_round_trips(tiny_config, tmp_pat
                                    state_hook=lambda state, step: calls.append(step) or state)
   assert again["step"] == 40 and again["trained_steps"] == 0 and calls == []
   assert len(metric_logging.read_table(str(tmp_path / "metrics.csv"))) == len(rows)
+  # The session that trained recorded its versions and PRNG settings; the no-op rerun did not.
+  session, = environment.read(str(tmp_path))
+  assert session["from_step"] == 0 and session["versions"]["jax"] == jax.__version__
+  assert session["jax_threefry_partitionable"] == bool(jax.config.jax_threefry_partitionable)
+  assert session["jax_default_prng_impl"] == str(jax.config.jax_default_prng_impl)
   np.testing.assert_array_equal(again["eval"]["in_domain/accuracy"],
                                 result["eval"]["in_domain/accuracy"])
 
@@ -356,3 +362,16 @@ def test_calls_measured_over_the_limit_shrink(tiny_config, tmp_path, monkeypatch
   # 10 steps in 11 s (the first call of each size is not measured): 5 steps from step 20, then
   # 5 steps in 11 s: 2 steps from step 30, then 2 steps in 11 s: 1 step from step 34.
   assert calls == [0, 10, 20, 25, 30, 32] + list(range(34, 40)), calls
+
+
+def test_environment_sessions_append_and_a_damaged_file_is_named(tmp_path):
+  """Each recorded session is appended (a resumed run keeps its earlier ones); a file that is not
+  JSON is refused in one line naming it."""
+  write = lambda path, text: open(path, "w").write(text)
+  first = environment.record(str(tmp_path), 0, write)
+  second = environment.record(str(tmp_path), 20, write)
+  assert [s["from_step"] for s in environment.read(str(tmp_path))] == [0, 20]
+  assert first["versions"] == second["versions"] == environment.package_versions()
+  (tmp_path / environment.FILE).write_bytes(b"\xff{")
+  with pytest.raises(ValueError, match="environment.json is not readable JSON"):
+    environment.read(str(tmp_path))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.metadata
 import io
 import json
 import os
@@ -35,32 +34,21 @@ from typing import Any
 
 import numpy as np
 
+from sg_jax import environment
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax.report import reading
 
 FORMAT = "sg_jax.results/1"
 MANIFEST = reading.EXPORT_MANIFEST
-COPIED = ("config.json", "vocab.json", "analysis.csv.options.json")
+COPIED = ("config.json", "vocab.json", "analysis.csv.options.json", environment.FILE)
 COMPRESSED = ("metrics.csv", "analysis.csv")
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy")
 # A study folder above this many bytes is reported as too large for the repository.
 STUDY_BUDGET_BYTES = 5 * 2**20
 
 
 class ExportError(ValueError):
   """The workdir cannot be exported (named in the message)."""
-
-
-def package_versions() -> dict[str, str]:
-  """{package: installed version} of `PACKAGES` ('not installed' where missing)."""
-  out = {}
-  for name in PACKAGES:
-    try:
-      out[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      out[name] = "not installed"
-  return out
 
 
 def git_commit(repo: str | None = None) -> dict[str, Any]:
@@ -170,7 +158,7 @@ def export_run(workdir: str, out: str, command: str = "", commit: str = "") -> d
   manifest = {"format": FORMAT, "name": os.path.basename(os.path.normpath(workdir)),
               "command": _scrub(command, workdir), **_progress(workdir),
               "trained_at_commit": commit or "unknown",
-              "exported_at_commit": git_commit(), "versions": package_versions(),
+              "exported_at_commit": git_commit(), "versions": environment.package_versions(),
               "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                         for name, data in sorted(files.items())}}
   if os.path.isdir(out):  # a re-export replaces the whole run, so no stale table survives
