@@ -57,7 +57,10 @@ one's own runs):
                              log-rank tests with their minimum detectable effect, Holm).
   dose_response_<run>.png    (k) the same runs, for each numeric per-seed field: final
                              generalisation (all gen lines and per construction) against the
-                             field's value, seed mean with a 95% t-interval.
+                             field's value, seed mean with a 95% t-interval. --group_by=FIELD
+                             groups (j) and draws (k) by the named per-seed fields only, the
+                             others pooled (e.g. one axis of a grid sweep:
+                             docs/sweeps_and_launch.md).
   pruning_accuracy_<run>.png (l) where the workdir has pruning.csv (`sg_jax.prune`): in-domain
                              vs out-of-domain accuracy of every subnetwork of the last pruned
                              step, one panel per sparsity level, colour = training seed, star =
@@ -137,6 +140,7 @@ from __future__ import annotations
 
 import collections
 import os
+from typing import Sequence
 
 from sg_jax import claims as claims_lib
 from sg_jax.analysis import registry
@@ -169,7 +173,8 @@ __all__ = ["GEN_ACC", "IN_ACC", "RULE_SERIES", "SKIP_RELATIVE", "ReportError", "
 
 def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.8,
                  saturation: float = 0.99, tie_tolerance: float = 0.0,
-                 pruning_all_steps: bool = False, objective: str | None = None) -> dict:
+                 pruning_all_steps: bool = False, objective: str | None = None,
+                 group_by: Sequence[str] = ()) -> dict:
   """Writes every figure and table of the report (see module docstring).
 
   A root whose runs train different objectives (`config.objective`) gets one whole report per
@@ -187,6 +192,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     tie_tolerance: in-domain accuracies within this of the best count as tied (b).
     pruning_all_steps: also draw the subnetworks' accuracies of every pruned step (l).
     objective: only the runs of this objective (None: all).
+    group_by: per-seed fields the seed groups (j) and dose responses (k) use, the others
+      pooled (`groups.seed_groups`; e.g. ['optim.weight_decay'] for a grid sweep's weight-decay
+      axis); empty: every per-seed field.
 
   Returns:
     {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]} (for a
@@ -205,7 +213,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   if len(present) > 1:
     return _objectives_report(root, out_dir, runs, present, threshold=threshold,
                               saturation=saturation, tie_tolerance=tie_tolerance,
-                              pruning_all_steps=pruning_all_steps)
+                              pruning_all_steps=pruning_all_steps, group_by=group_by)
   if not any(run.series.get(IN_ACC) or run.series.get(GEN_ACC) for run in runs):
     if any(run.diverged for run in runs):  # every seed diverged: nothing to summarise
       raise ReportError(f"every seed under {root} diverged ({diverged_seeds_text(runs)}): "
@@ -266,14 +274,14 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
 
   group_table, group_tests = [], []
   for run in runs:
-    seed_sets = groups.seed_groups(run)
+    seed_sets = groups.seed_groups(run, group_by)
     if not seed_sets:
       continue
     group_table += groups.group_rows(run, seed_sets, threshold=threshold)
-    group_tests += groups.comparison_rows(run, seed_sets, threshold=threshold)
+    group_tests += groups.comparison_rows(run, seed_sets, threshold=threshold, by=group_by)
     optional(f"groups_{run.name}.png", lambda p: groups.plot_groups(run, seed_sets, p, prefix))
     optional(f"dose_response_{run.name}.png",
-             lambda p: groups.plot_dose_response(run, p, prefix))
+             lambda p: groups.plot_dose_response(run, p, prefix, group_by))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
   if group_tests:

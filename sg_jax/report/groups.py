@@ -71,11 +71,35 @@ def per_seed_fields(config: Mapping) -> dict[str, list]:
           and len({repr(v) for v in value}) > 1}
 
 
-def seed_groups(run: Run) -> dict[str, list[int]]:
-  """{label: seeds} of a run's seed groups (`per_seed_fields`), in first-seed order; {} when the
-  run gives every seed the same config. Labels read `field=value, ...` (the section name left
-  out where the field name is unique)."""
-  fields = per_seed_fields(run.config)
+def grouping_fields(config: Mapping, by: Sequence[str] | None = None) -> dict[str, list]:
+  """{dotted field: [value per seed]} of the per-seed fields seeds are grouped by: every
+  `per_seed_fields` entry when `by` is empty, else those `by` names, in `by`'s order (a name
+  may be the field's last part, e.g. 'weight_decay' for 'optim.weight_decay'; a name that is no
+  per-seed field of this run, e.g. one value for all its seeds, is left out)."""
+  fields = per_seed_fields(config)
+  if not by:
+    return fields
+  out = {}
+  for name in by:
+    match = [f for f in fields if f == name or f.split(".")[-1] == name]
+    if len(match) > 1:
+      raise ValueError(f"--group_by {name!r} names several per-seed fields: {match}")
+    if match:
+      out[match[0]] = fields[match[0]]
+  return out
+
+
+def seed_groups(run: Run, by: Sequence[str] | None = None) -> dict[str, list[int]]:
+  """{label: seeds} of a run's seed groups, in first-seed order: seeds with the same value of
+  every per-seed field (`per_seed_fields`), or of the fields named in `by` only, the others
+  pooled (`grouping_fields`; e.g. a grid of weight decay x learning rate grouped by weight
+  decay); {} when every seed has the same value of them. Labels read `field=value, ...` (the
+  section name left out where the field name is unique).
+
+  Raises:
+    ValueError: a `by` name matching several per-seed fields.
+  """
+  fields = grouping_fields(run.config, by)
   if not fields:
     return {}
   first = int(run.config.get("first_seed", 0))
@@ -191,12 +215,13 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float =
   return rows
 
 
-def _dose_trend_rows(run: Run) -> list[dict]:
+def _dose_trend_rows(run: Run, by: Sequence[str] | None = None) -> list[dict]:
   """A trend of the final generalisation over the run's per-seed field when it has exactly one
-  and it is numeric (a dose response: regulariser strength, disambiguating lines): the
-  Jonckheere-Terpstra test on the seeds, levels in increasing order (`stats.ordered_trend`).
-  With several per-seed fields the levels of one pool the others', so none is tested."""
-  fields = per_seed_fields(run.config)
+  (or `by` names exactly one: `grouping_fields`) and it is numeric (a dose response: regulariser
+  strength, weight decay, disambiguating lines): the Jonckheere-Terpstra test on the seeds,
+  levels in increasing order (`stats.ordered_trend`). With several per-seed fields and no `by`
+  the levels of one pool the others', so none is tested."""
+  fields = grouping_fields(run.config, by)
   if len(fields) != 1:
     return []
   (field, values), = fields.items()
@@ -213,8 +238,8 @@ def _dose_trend_rows(run: Run) -> list[dict]:
            "min_p": test.min_p, "testable": test.testable}]
 
 
-def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8
-                    ) -> list[dict]:
+def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float = 0.8,
+                    by: Sequence[str] | None = None) -> list[dict]:
   """Each group after the first against the first (the reference), one dict per test:
 
   * the final generalisation (`out_of_domain/accuracy`) and each construction's: permutation
@@ -223,8 +248,9 @@ def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: fl
     effect: difference of fractions);
   * the first step above `threshold`: log-rank test (`stats.logrank`, seeds that never cross
     censored; effect: log hazard ratio, > 0: the group crosses sooner);
-  * where the run's only per-seed field is numeric, the trend of the final generalisation over
-    its levels (`stats.ordered_trend`, Jonckheere-Terpstra; effect: tau; `reference` empty).
+  * where the run's only per-seed field (or the only one `by` names, as `seed_groups`) is
+    numeric, the trend of the final generalisation over its levels (`stats.ordered_trend`,
+    Jonckheere-Terpstra; effect: tau; `reference` empty).
 
   Every row has `test`, `n` ("4 vs 4"), `effect`, `p`, `p_holm` (Holm over all rows of the
   run: the table tests these at once), `detectable` (minimum detectable effect at alpha 0.05,
@@ -259,7 +285,7 @@ def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: fl
                    "test": test.name, "n": " vs ".join(map(str, test.n)),
                    "effect": test.effect, "p": test.p, "detectable": test.detectable,
                    "min_p": test.min_p, "testable": test.testable})
-  rows += _dose_trend_rows(run)
+  rows += _dose_trend_rows(run, by)
   adjusted = stats.holm([r["p"] for r in rows])
   for r, p in zip(rows, adjusted):
     r["p_holm"] = float(p)
@@ -379,7 +405,8 @@ def markdown_lines(rows: Sequence[dict], comparisons: Sequence[dict] = ()) -> li
                 r.get("gen_final_above_seeds", ""), r.get("gen_sustained_seeds", "")]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "A group is the seeds given the same value of every per-seed config field (a "
-            "list with one value per seed in config.json). Intervals: the seed mean's 95% "
+            "list with one value per seed in config.json), or of the fields named by the "
+            "report's --group_by, the others pooled. Intervals: the seed mean's 95% "
             "Student t interval over the group's seeds (n named in the header, or in the cell "
             "when groups differ); onsets: `sg_jax.analysis.onsets` (docs/sas.md, \"Onsets\"); "
             "first step gen. > threshold: the first evaluation whose out_of_domain/accuracy "
@@ -431,17 +458,20 @@ def markdown_lines(rows: Sequence[dict], comparisons: Sequence[dict] = ()) -> li
   return lines
 
 
-def plot_dose_response(run: Run, path: str, title_prefix: str):
+def plot_dose_response(run: Run, path: str, title_prefix: str,
+                       by: Sequence[str] | None = None):
   """Final generalisation against each numeric per-seed config field (e.g. the number of
-  disambiguating questions): per value, the seed mean of the final `out_of_domain/accuracy`
+  disambiguating questions, the weight decay of a grid sweep, `seeds.init`), or each of those
+  `by` names (`grouping_fields`): per value, the seed mean of the final `out_of_domain/accuracy`
   and of each construction's (`out_of_domain/accuracy/<tag>`) with its 95% t-interval over the
-  seeds of each value (n in the legend title).
+  seeds of each value (n in the legend title), the seeds of the other per-seed fields' values
+  pooled.
 
   Returns:
     the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
     no numeric per-seed field or no generalisation rows.
   """
-  fields = {n: v for n, v in per_seed_fields(run.config).items()
+  fields = {n: v for n, v in grouping_fields(run.config, by).items()
             if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
   metrics = ["out_of_domain/accuracy"] + sorted(
       n for n in run.series if n.startswith("out_of_domain/accuracy/"))
