@@ -10,7 +10,7 @@ for every selected seed (vmapped over seeds; Murty et al., ACL 2023, §5; defini
 `--split`, and appends rows `step,seed,name,value` to `WORKDIR/analysis.csv` (`--output`). What
 the file already holds is skipped, so the command can be rerun after a crash or a stop
 (SIGINT/SIGTERM: exit 75, one line; each checkpoint's rows are written whole). It holds the
-workdir's lock (`sg_jax.workdir_lock`), so it is refused in one line while `sg_jax.main` or
+workdir's lock (`sg_jax.runtime.workdir_lock`), so it is refused in one line while `sg_jax.main` or
 another command writes into the workdir. A seed marked diverged in a checkpoint gets no rows
 there; the groups comparing with the final checkpoint (cka, tvd) run only once the run has
 reached train.num_steps; unreadable checkpoints are named after the readable ones are analysed
@@ -53,14 +53,13 @@ from __future__ import annotations
 import json
 import logging as py_logging
 import os
-import sys
 import time
 from typing import Sequence
 
-from sg_jax import early_stop
+from sg_jax.runtime import startup_signals
 
 if __name__ == "__main__":
-  early_stop.install()  # a stop signal during the imports below: one line, exit 75
+  startup_signals.install()  # a stop signal during the imports below: one line, exit 75
 
 # pylint: disable=wrong-import-position
 import jax
@@ -77,8 +76,10 @@ from sg_jax import long_csv
 from sg_jax import metric_logging
 from sg_jax import objectives
 from sg_jax import tasks
-from sg_jax import workdir as workdir_lib
-from sg_jax import workdir_lock
+from sg_jax.runtime import stop_signal
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
+from sg_jax.runtime.exit_codes import STOP_EXIT_SECONDS
 from sg_jax.analysis import pipeline, references, registry
 from sg_jax.analysis.pipeline import ENTROPY_INPUTS, SENTENCE_SETS
 from sg_jax.analysis.tree_projection import METHODS, NORMALISATIONS
@@ -86,7 +87,6 @@ from sg_jax.cli_options import parse_list  # noqa: F401  (the CLI's --steps/--se
 from sg_jax.model import ModelConfig
 from sg_jax.tasks import vocab as vocab_lib
 
-STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
 # options files written before an option existed used these values.
 LEGACY_OPTIONS = {"sentence_set": "all", "entropy_input": "line",
                   "dynamics_lines": registry.Options.dynamics_lines}
@@ -302,23 +302,23 @@ def analyze(workdir: str, *, steps: list[int] | None = None, seeds: list[int] | 
   (None: every registered group); `strict_groups` makes a group the task cannot compute
   (tparseval on dyck: no gold trees) an error instead of a warning (the CLI sets it when
   --metrics is given); `signal_exit_seconds`: the command line's bound on stopping at once
-  (`workdir.StopSignal`).
+  (`stop_signal.StopSignal`).
 
   SIGTERM/SIGINT stop the analysis at once: the checkpoints before are in the file, each written
   whole (`long_csv.LongCsv`), and a rerun computes the rest. A signal whose exception Python
-  dropped inside a callback (`workdir.quiet_stop_in_callbacks`) stops it before the next
+  dropped inside a callback (`stop_signal.quiet_stop_in_callbacks`) stops it before the next
   checkpoint.
 
   Returns:
     {'rows_written': n, 'checkpoints_analysed': m}.
 
   Raises:
-    workdir.Preempted: a stop signal (exit 75 on the command line).
+    stop_signal.Preempted: a stop signal (exit 75 on the command line).
     checkpointing.CheckpointError: no checkpoints, a requested step is missing, or a checkpoint
       is unreadable (raised after the readable ones are analysed, naming the unreadable steps).
     ValueError: bad options, unknown groups or seeds, missing gold trees, options differing
       from the file.
-    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+    workdir_lock.LockHeld: another command holds the workdir (`runtime.workdir_lock`); nothing
       was written.
   """
   if num_sentences < 1 or dynamics_lines < 1:
@@ -400,13 +400,13 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
   rows_written = analysed = 0
   warned_diverged: set[int] = set()
   t_start = time.time()
-  with workdir_lib.StopSignal(exit_after=signal_exit_seconds) as stop:
+  with stop_signal.StopSignal(exit_after=signal_exit_seconds) as stop:
     try:
       for n_step, step in enumerate(todo_steps):
         stop.set_immediate(True, f"at step {step} ({rows_written} new rows for the checkpoints "
                                  f"before it in {path}; the rerun computes the rest)")
         if stop.received:  # its StopNow was dropped in a callback: stop here
-          raise workdir_lib.StopNow(stop.received, stop.where)
+          raise stop_signal.StopNow(stop.received, stop.where)
         if step in unreadable:
           continue
         try:  # the metadata (seed ids) is cheap to read; parameters only when something is missing
@@ -486,8 +486,8 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
         summary = {r[2]: round(float(r[3]), 4) for r in rows if r[2] in markers}
         log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
                  len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
-    except workdir_lib.StopNow as e:
-      raise workdir_lib.Preempted(f"stopped by signal {e.signum} {e.where}") from None
+    except stop_signal.StopNow as e:
+      raise stop_signal.Preempted(f"stopped by signal {e.signum} {e.where}") from None
     finally:
       manager.close()
   log.info("done: %d rows for %d checkpoints in %.1fs -> %s", rows_written, analysed,
@@ -506,7 +506,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
   compile_cache.enable(_COMPILATION_CACHE_DIR.value)
-  try:
+  with command_errors():
     registry.load_modules(_MODULES.value)
     result = analyze(
         _WORKDIR.value, steps=parse_list(_STEPS.value, "steps"),
@@ -519,12 +519,6 @@ def main(argv):
         seeds_per_call=_SEEDS_PER_CALL.value, strict_groups=_METRICS.present,
         uas_min_count=_UAS_MIN_COUNT.value, dynamics_lines=_DYNAMICS_LINES.value,
         signal_exit_seconds=STOP_EXIT_SECONDS)
-  except workdir_lib.Preempted as e:
-    log.warning("%s; rerun the same command to resume", e)
-    sys.stderr.flush()
-    os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
-  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
-    sys.exit(f"error: {e}")
   print(f"analysis: {result['rows_written']} new rows from {result['checkpoints_analysed']} "
         "checkpoints")
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import collections
 import pathlib
-import sys
 import time
 
 from absl import app
 from absl import flags
 
 from sg_jax import tasks
+from sg_jax.runtime.commands import command_errors
 from sg_jax.tasks import io as io_lib
 
 _TASK = flags.DEFINE_enum("task", None, list(tasks.names()), "Task to generate.")
@@ -60,10 +60,8 @@ def summary_table(task, out_dir: pathlib.Path) -> str:
 
 
 def main(argv):
-  try:
+  with command_errors():  # DataError is a ValueError
     _main(argv)
-  except (OSError, ValueError) as e:  # DataError is a ValueError
-    sys.exit(f"error: {e}")
 
 
 def _main(argv):

@@ -26,20 +26,14 @@ import re
 import signal
 import sys
 
-from sg_jax import early_stop
-
-STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
+from sg_jax.runtime import startup_signals
+from sg_jax.runtime.exit_codes import STOP_EXIT_SECONDS
 
 
 if __name__ == "__main__":
   # The imports below take seconds and nothing is unsaved yet: a stop signal ends the process
   # with one line from here on, until train_and_evaluate installs its own handling.
-  early_stop.install()
-# TensorFlow (imported by clu for the TensorBoard summaries) logs its start-up notices (oneDNN,
-# CPU instructions, "All log messages before absl::InitializeLog()") at INFO level in C++; hide
-# INFO only, unless the user chose a level.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
+  startup_signals.install()
 from sg_jax import host_devices  # pylint: disable=wrong-import-position
 
 host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
@@ -50,14 +44,13 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
-from sg_jax import checkpointing
 from sg_jax import compile_cache
 from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
-from sg_jax import workdir as workdir_lib
-from sg_jax import workdir_lock
+from sg_jax.runtime import config_changes
+from sg_jax.runtime.commands import command_errors, exit_at_once
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file with an optional config string, e.g. configs/question.py:quick.",
@@ -65,12 +58,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and data.")
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
-    workdir_lib.config_change_help())
+    config_changes.config_change_help())
 _SKIP_MEMORY_CHECK = flags.DEFINE_bool(
     "skip_memory_check", False,
     "Start even when the run's estimated memory (training state of every seed, gradients, data, "
     "the largest program's activations: sg_jax.cost_check) exceeds the machine's.")
-_TENSORBOARD = flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard summaries (clu).")
+_TENSORBOARD = flags.DEFINE_bool(
+    "tensorboard", True,
+    "Also write TensorBoard summaries (WORKDIR/tensorboard; TensorFlow is not needed).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False,
     "Run as one of several processes (jax.distributed): on several hosts (TPU pods, multi-node "
@@ -109,26 +104,20 @@ def main(argv):
   watchdog = None
   if _MULTIHOST.value:
     watchdog = _start_processes(sg_log)
+  on_error = watchdog.check_now if watchdog is not None else None  # a save failed: a process died?
   try:
-    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                                      allow_config_change=_ALLOW_CONFIG_CHANGE.value,
-                                      tensorboard=_TENSORBOARD.value,
-                                      signal_exit_seconds=STOP_EXIT_SECONDS,
-                                      memory_check=not _SKIP_MEMORY_CHECK.value)
-    if watchdog is not None:
-      # JAX's shutdown does not wait for the other processes (recoverable mode, see
-      # sharding.initialize_distributed): without this barrier one could leave while another
-      # still writes, and its watchdog would take that for a lost process.
-      sharding.sync_processes("sg_jax.main: trained")
-      watchdog.stop()
-  except workdir_lib.Preempted as e:
-    sg_log.warning("%s; rerun the same command to resume", e)
-    _exit_at_once(workdir_lib.EXIT_PREEMPTED)
-  except (ValueError, OSError, checkpointing.CheckpointError, checkpointing.WorkdirError,
-          workdir_lock.LockHeld) as e:
-    if watchdog is not None:
-      watchdog.check_now()  # e.g. a checkpoint save failed because another process died
-    sys.exit(f"error: {e}")
+    with command_errors(on_error=on_error, exit_preempted=_exit_at_once):
+      result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                                        allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+                                        tensorboard=_TENSORBOARD.value,
+                                        signal_exit_seconds=STOP_EXIT_SECONDS,
+                                        memory_check=not _SKIP_MEMORY_CHECK.value)
+      if watchdog is not None:
+        # JAX's shutdown does not wait for the other processes (recoverable mode, see
+        # sharding.initialize_distributed): without this barrier one could leave while another
+        # still writes, and its watchdog would take that for a lost process.
+        sharding.sync_processes("sg_jax.main: trained")
+        watchdog.stop()
   except jax.errors.JaxRuntimeError as e:  # a collective or barrier failed: a process died
     if watchdog is None:
       raise
@@ -173,10 +162,7 @@ def _exit_at_once(code: int) -> None:
   programs and buffers took 6 s (quick preset) to 20 s (reference size) on a 2-core CPU, too long
   after a preemption notice."""
   sharding.leave(_HEARTBEAT.value)  # the other processes of a multi-process run see a clean exit
-  logging.shutdown()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)
+  exit_at_once(code)
 
 
 def parse_flags(argv):

@@ -1,4 +1,4 @@
-"""Run logging: command-line log setup, clu (TensorBoard) summaries and the closing summary.
+"""Run logging: command-line log setup, TensorBoard summaries and the closing summary.
 
 The per-seed `step,seed,name,value` table (`WORKDIR/metrics.csv`) is `long_csv.LongCsv`, kept
 here as `MetricsTable` (and `read_table`).
@@ -9,13 +9,24 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import sys
+import time
 import traceback
 from typing import Mapping, Sequence
 
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import tensor_pb2
+from tensorboard.compat.proto import types_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.summary.writer import record_writer
 
 from sg_jax import long_csv
+
+# What TensorBoard's scalar dashboard looks for on each value (as tf.summary.scalar writes it).
+_SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name="", description="")
 
 
 class _DropOrbaxErrors(logging.Filter):
@@ -75,22 +86,29 @@ read_table = long_csv.read_table
 
 
 class SummaryWriter:
-  """clu metric writer (TensorBoard event files under WORKDIR/tensorboard) for per-seed scalars.
+  """TensorBoard event files (WORKDIR/tensorboard) of per-seed scalars, written without TensorFlow.
 
-  Scalars are written as `name/seed_<id>` plus `name/mean` (over finite seeds). If clu's
-  TensorBoard writer cannot be created (TensorFlow missing), falls back to logging only.
+  Scalars are written as `name/seed_<id>` plus `name/mean` (over finite seeds), in the format
+  TensorFlow 2's `tf.summary.scalar` writes (a float32 tensor summary tagged for TensorBoard's
+  scalar plugin), with `tensorboard`'s own pure-Python record framing and protocol buffers: the
+  training path never imports TensorFlow (clu's TensorBoard writer did, and with it TensorFlow's
+  start-up notices). Each training session writes its own event file, named as TensorFlow names
+  them; TensorBoard reads all of a folder's files together.
   """
 
   def __init__(self, logdir: str, enabled: bool = True):
     self._writer = None
     if enabled:
-      try:
-        from clu import metric_writers  # imports TensorFlow
-        self._writer = metric_writers.create_default_writer(logdir, asynchronous=True)
-      except Exception as e:  # pragma: no cover - depends on the environment
-        logging.warning("TensorBoard summaries disabled (%s)", e)
+      os.makedirs(logdir, exist_ok=True)
+      name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.sg_jax"
+      self._writer = record_writer.RecordWriter(open(os.path.join(logdir, name), "wb"))
+      self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _write_event(self, event) -> None:
+    self._writer.write(event.SerializeToString())
 
   def write(self, step: int, seeds: Sequence[int], metrics: Mapping[str, np.ndarray]) -> None:
+    """Writes `metrics` ({name: [S] values}, one per seed of `seeds`) at `step`."""
     if self._writer is None:
       return
     scalars = {}
@@ -101,7 +119,12 @@ class SummaryWriter:
       finite = values[np.isfinite(values)]
       if finite.size:
         scalars[f"{name}/mean"] = float(finite.mean())
-    self._writer.write_scalars(int(step), scalars)
+    summary = summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(
+            tag=tag, metadata=_SCALAR_METADATA,
+            tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(v)]))
+        for tag, v in scalars.items()])
+    self._write_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
   def flush(self) -> None:
     if self._writer is not None:
@@ -110,6 +133,7 @@ class SummaryWriter:
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
+      self._writer = None
 
 
 # Columns of the final per-seed table (those the evaluation has: a masked LM has the

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import logging as py_logging
 import os
-import sys
 import time
 
-from sg_jax import early_stop
+from sg_jax.runtime import startup_signals
 from sg_jax import host_devices
 
 if __name__ == "__main__":
-  early_stop.install()  # a stop signal during the imports below: one line, exit 75
+  startup_signals.install()  # a stop signal during the imports below: one line, exit 75
   host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices, as training
 
 # pylint: disable=wrong-import-position
@@ -52,8 +51,10 @@ from absl import flags
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import sharding
-from sg_jax import workdir as workdir_lib
-from sg_jax import workdir_lock
+from sg_jax.runtime import stop_signal
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
+from sg_jax.runtime.exit_codes import STOP_EXIT_SECONDS
 from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import evaluate as evaluate_lib
 from sg_jax.pruning import hard_concrete
@@ -124,7 +125,6 @@ def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params
   return results, full, np.asarray(kl)
 
 
-STOP_EXIT_SECONDS = 2.0  # see workdir.StopSignal: the longest wait for the main thread to stop
 # Options files written before an option existed read as the value used then.
 LEGACY_OPTIONS = {"lr_warmup_steps": 200}
 # A table's schedule is set by the highest level of the command that created it: adding levels
@@ -148,7 +148,7 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
   otherwise `steps` (None = all). `num_steps` 0 and `sparsity_warmup_steps` -1 take
   `run.default_steps` of the highest level; `eval_lines` 0 takes the run's `eval.max_lines`;
   `num_devices` 0 lays the runs over every local device (`placement.run_mesh`).
-  `signal_exit_seconds`: the command line's bound on stopping at once (`workdir.StopSignal`).
+  `signal_exit_seconds`: the command line's bound on stopping at once (`stop_signal.StopSignal`).
 
   Returns:
     {'rows_written': n, 'runs': runs written, 'runs_trained': runs pruned (a seed's runs that
@@ -161,9 +161,9 @@ def prune(workdir: str, *, sparsities: list[float], steps: list[int] | None = No
       unreadable steps (raised after the readable ones are pruned, naming them).
     ValueError: bad options, unknown seeds, options differing from the CSV's, every seed of the
       run diverged (diverged seeds are skipped with a warning, docs/reliability.md).
-    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+    workdir_lock.LockHeld: another command holds the workdir (`runtime.workdir_lock`); nothing
       was written.
-    workdir.Preempted: a SIGTERM/SIGINT stopped the command: the rows of every checkpoint step
+    stop_signal.Preempted: a SIGTERM/SIGINT stopped the command: the rows of every checkpoint step
       finished before it are written, and the runs it was training are saved
       (`pruning.partial`) for a rerun to resume.
   """
@@ -226,12 +226,12 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
   seconds = 0.0
   # SIGTERM/SIGINT: before a step's runs start, stop at once (its earlier steps are written);
   # while they train, save them after the current call (`pruning.partial`) and stop; a second
-  # signal stops at once. Either way `workdir.Preempted` (exit 75 on the command line).
-  with workdir_lib.StopSignal(exit_after=signal_exit_seconds) as stop:
+  # signal stops at once. Either way `stop_signal.Preempted` (exit 75 on the command line).
+  with stop_signal.StopSignal(exit_after=signal_exit_seconds) as stop:
     try:
       for step in todo_steps:
         if stop.received:
-          raise workdir_lib.Preempted(
+          raise stop_signal.Preempted(
               f"stopped by signal {stop.received} after the runs of the checkpoints before step "
               f"{step} ({rows_written} new rows in {path})")
         stop.set_immediate(True, f"before pruning step {step} (its runs not started; "
@@ -308,7 +308,7 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
           if stop.received and trained < settings.num_steps:
             partial_lib.save(saved_path, sharding.to_host(states), np.concatenate(history),
                              saved_key)
-            raise workdir_lib.Preempted(
+            raise stop_signal.Preempted(
                 f"stopped by signal {stop.received} at pruning step {trained}/{settings.num_steps} "
                 f"of checkpoint step {step}: its {len(chosen) * len(pairs)} runs are saved in "
                 f"{saved_path} ({rows_written} new rows of finished runs in {path})")
@@ -385,8 +385,8 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
             f"were pruned ({rows_written} new rows in {path})")
       return {"rows_written": rows_written, "runs": runs_done, "runs_trained": runs_trained,
               "seconds": seconds, "steps": todo_steps}
-    except workdir_lib.StopNow as e:
-      raise workdir_lib.Preempted(f"stopped by signal {e.signum} {e.where}") from None
+    except stop_signal.StopNow as e:
+      raise stop_signal.Preempted(f"stopped by signal {e.signum} {e.where}") from None
 
 
 def define_flags() -> None:
@@ -428,7 +428,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
   f = flags.FLAGS
-  try:
+  with command_errors():
     result = prune(
         f.workdir, sparsities=parse_sparsities(f.sparsities),
         **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
@@ -439,12 +439,6 @@ def main(argv):
         weight_by_params=f.weight_by_params, binarise=f.binarise, num_lines=f.num_lines,
         batch_size=f.batch_size, eval_lines=f.eval_lines, steps_per_call=f.steps_per_call,
         num_devices=f.num_devices, output=f.output, signal_exit_seconds=STOP_EXIT_SECONDS)
-  except workdir_lib.Preempted as e:
-    log.warning("%s; rerun the same command to resume", e)
-    sys.stderr.flush()
-    os._exit(workdir_lib.EXIT_PREEMPTED)  # without XLA's teardown of compiled programs
-  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
-    sys.exit(f"error: {e}")
   print(f"pruning: {result['runs']} runs, {result['rows_written']} new rows "
         f"({result['seconds']:.1f} s of pruning) in {f.output}")
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import logging as py_logging
 import os
-import sys
 import time
 from typing import Sequence
 
@@ -50,7 +49,8 @@ from absl import flags
 from sg_jax import checkpointing
 from sg_jax import metric_logging
 from sg_jax import prune as prune_lib
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
 from sg_jax.cli_options import check_options, parse_list, step_selection
 from sg_jax.pruning import core
 from sg_jax.pruning import core_table
@@ -148,7 +148,7 @@ def prune_core(workdir: str, *, input_name: str = "pruning.csv",
       without masks, num_draws < 0, an unknown `ablate_units`, options differing from the
       output's.
     checkpointing.CheckpointError: the checkpoint of a step to ablate cannot be restored.
-    workdir_lock.LockHeld: another command holds the workdir (`sg_jax.workdir_lock`); nothing
+    workdir_lock.LockHeld: another command holds the workdir (`runtime.workdir_lock`); nothing
       was written.
   """
   if num_draws < 0 or eval_lines < 0:
@@ -427,15 +427,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
   f = flags.FLAGS
-  try:
+  with command_errors():
     result = prune_core(
         f.workdir, input_name=f.input, output=f.output,
         sparsities=parse_levels(f.sparsity),
         **step_selection(f.steps), seeds=parse_list(f.seeds, "seeds"),
         num_draws=f.num_draws, eval_lines=f.eval_lines, ablation=f.ablation,
         ablate_units=f.ablate_units, compare=parse_names(f.compare))
-  except (ValueError, OSError, checkpointing.CheckpointError, workdir_lock.LockHeld) as e:
-    sys.exit(f"error: {e}")
   print(result["table"])
   print(f"core analyses: {len(result['groups'])} groups, {len(result['evaluated'])} ablated, "
         f"{len(result['reused'])} reused; {result['rows']} rows in {result['path']}")

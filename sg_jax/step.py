@@ -34,8 +34,8 @@ from sg_jax import objectives
 from sg_jax import per_seed
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
-from sg_jax import workdir as workdir_lib
 from sg_jax.packing import pack_lines
+from sg_jax.runtime import config_changes
 
 Array = jax.Array
 
@@ -636,7 +636,7 @@ _TRAIN_FNS_CACHE: dict = {}
 
 def _compiled_fields(config: ml_collections.ConfigDict) -> tuple:
   """(dotted field, value) of every config field that may shape the compiled functions: all but
-  those `workdir.classify_config_change` calls 'free' (e.g. train.num_steps stays when the
+  those `config_changes.classify_config_change` calls 'free' (e.g. train.num_steps stays when the
   learning-rate schedule ends at it)."""
   values = json.loads(config.to_json())
   fields = []
@@ -644,7 +644,7 @@ def _compiled_fields(config: ml_collections.ConfigDict) -> tuple:
     value = values
     for part in name.split("."):
       value = value[part]
-    if workdir_lib.classify_config_change(name, values, values) != "free":
+    if config_changes.classify_config_change(name, values, values) != "free":
       fields.append((name, json.dumps(value, sort_keys=True)))
   return tuple(fields)
 
@@ -669,7 +669,7 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
       (`sharding.seed_sharding`) and the data replicated.
 
   Cached on the whole config except the fields a resumed run may change freely
-  (`workdir.RESUMABLE_CHANGES`, which never change what a step computes), so repeated runs in
+  (`config_changes.RESUMABLE_CHANGES`, which never change what a step computes), so repeated runs in
   one process (tests, sweeps, notebooks) reuse the compiled functions and a field read inside
   the step can never reuse functions compiled for another value of it. The per-seed
   hyperparameters (`per_seed.HPARAM_FIELDS`) are data of the programs (data['hparams']) when

@@ -51,9 +51,9 @@ from absl import logging
 
 from sg_jax import configlib
 from sg_jax import fileio
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.exit_codes import EXIT_PREEMPTED  # a job stopped by a signal: rerun resumes
 
-EXIT_PREEMPTED = 75  # same as sg_jax.train.EXIT_PREEMPTED (not imported: keeps start-up light)
 SWEEP_FILE = "sweep.json"
 
 FLAGS = flags.FLAGS
@@ -293,7 +293,7 @@ def run_sweep(config_arg: str, depths: Sequence[int], seeds: int, root: str, *,
 
   Raises:
     ValueError: as `plan`, or `parallel` < 1.
-    workdir_lock.LockHeld: another sweep runs on `root` (`sg_jax.workdir_lock`).
+    workdir_lock.LockHeld: another sweep runs on `root` (`sg_jax.runtime.workdir_lock`).
   """
   if parallel < 1:
     raise ValueError(f"--parallel must be >= 1, got {parallel}")

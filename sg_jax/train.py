@@ -1,13 +1,13 @@
 """Training loop: many seeds of the structural-grokking LM at once (Murty et al., ACL 2023).
 
-`train_and_evaluate` drives a run: it checks the workdir (`workdir`), loads the data
+`train_and_evaluate` drives a run: it checks the workdir (`runtime`), loads the data
 (`input_pipeline`), builds the seed-vmapped compiled functions (`step`, with `packing`), then
 alternates compiled calls of `train.steps_per_call` steps with logging, evaluation and
 checkpoints, resuming from the workdir's latest checkpoint.
 
 The loop blocks on the result of every compiled call before dispatching the next one, so a stop
 signal is acted on after the current call: calls are sized to take at most
-`train.max_call_seconds` (`workdir.CallSizer`). Metrics reach the host only at logging,
+`train.max_call_seconds` (`runtime.call_sizer`). Metrics reach the host only at logging,
 evaluation and checkpoint intervals.
 """
 
@@ -39,8 +39,9 @@ from sg_jax import per_seed
 from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
-from sg_jax import workdir as workdir_lib
-from sg_jax import workdir_lock
+from sg_jax.runtime import stop_signal
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime import writability
 from sg_jax.analysis import uas
 from sg_jax.evaluator import make_eval_fn
 from sg_jax.input_pipeline import load_data, make_train_data, prepare_eval_batches
@@ -48,8 +49,10 @@ from sg_jax.packing import padding_fraction
 from sg_jax import step as step_lib
 from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
 from sg_jax.tasks.io import run_data_dir
-from sg_jax.workdir import (CallSizer, Preempted, StopSignal, check_workdir_config,
-                            check_writable)
+from sg_jax.runtime.call_sizer import CallSizer
+from sg_jax.runtime.resume_check import check_workdir_config
+from sg_jax.runtime.stop_signal import Preempted, StopSignal
+from sg_jax.runtime.writability import check_writable
 
 log = logging.getLogger("sg_jax")
 
@@ -120,7 +123,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       checkpoint save stops the run at once); the checkpoints before it are intact and
       metrics.csv ends at the last of them.
     Preempted: a SIGTERM/SIGINT arrived (`Preempted.step`: the checkpoint to resume from).
-    workdir_lock.LockHeld: another command holds the workdir's lock (`sg_jax.workdir_lock`);
+    workdir_lock.LockHeld: another command holds the workdir's lock (`sg_jax.runtime.workdir_lock`);
       nothing in the workdir was changed.
   """
   with StopSignal(exit_after=signal_exit_seconds) as stop:
@@ -128,7 +131,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       return _train_and_evaluate(config, workdir, stop, allow_config_change=allow_config_change,
                                  state_hook=state_hook, tensorboard=tensorboard,
                                  memory_check=memory_check)
-    except workdir_lib.StopNow as e:
+    except stop_signal.StopNow as e:
       try:
         steps = checkpointing.all_steps(workdir)
       except Exception:  # pylint: disable=broad-except  (only for the message)
@@ -160,7 +163,7 @@ def _log_eval(loop: _Loop, step: int, state: TrainState, write: bool = True,
   """Evaluates every seed; writes the rows of `step` unless `write` is False.
 
   `interruptible`: a stop signal ends the evaluation between two of its batches by raising
-  `workdir.StopNow` (before any row is written).
+  `stop_signal.StopNow` (before any row is written).
 
   Returns:
     {'in_domain/accuracy': np [S], ...}, NaN for diverged seeds.
@@ -237,7 +240,7 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
     # removed, so that a failed first attempt leaves nothing behind.
-    workdir_lib.remove_created(created)
+    writability.remove_created(created)
     raise
   # Per-seed data composition: the distinct pool sizes shape the compiled sampler.
   pool_sizes = (tuple(sorted(set(host_data["pool_sizes"].tolist()))) if "pools" in host_data
@@ -250,7 +253,7 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
       cost_check.check(cost_check.estimate(config, one_seed, host_data, mesh.devices.size,
                                            vocab.size), list(mesh.devices.flat))
     except cost_check.MemoryEstimateError:
-      workdir_lib.remove_created(created)
+      writability.remove_created(created)
       raise
   # The per-seed hyperparameters ride with the data (`step.make_chunk_fn`; with
   # `per_seed.as_data` one program serves any values: docs/usage.md "Per-seed hyperparameters
@@ -288,10 +291,10 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
     latest, restored = checkpointing.restore_latest_good(
         ckpt.manager, workdir, sharding.abstract_like(state, mesh), config=config)
     # The workdir's own files change only once its checkpoints are known to fit this config.
-    workdir_lib.write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
-    workdir_lib.write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
+    writability.write_json_atomic(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+    writability.write_json_atomic(os.path.join(workdir, "vocab.json"), vocab.to_json())
     if writer and (latest or 0) < int(config.train.num_steps):  # a session that will train:
-      environment.record(workdir, latest or 0, workdir_lib.write_json_atomic)  # its versions
+      environment.record(workdir, latest or 0, writability.write_json_atomic)  # its versions
     table = metric_logging.MetricsTable(os.path.join(workdir, "metrics.csv"), enabled=writer)
     summaries = metric_logging.SummaryWriter(os.path.join(workdir, "tensorboard"),
                                              tensorboard and writer)
@@ -408,9 +411,9 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       # once, and the resumed run evaluates it first (`_evaluate_if_missing`).
       try:
         if received is not None:
-          raise workdir_lib.StopNow(received, "before the evaluation")
+          raise stop_signal.StopNow(received, "before the evaluation")
         last_eval = _log_eval(loop, step, state, interruptible=alone)
-      except workdir_lib.StopNow as e:
+      except stop_signal.StopNow as e:
         _save(loop, step, state)
         ckpt.wait()
         raise Preempted(f"signal {e.signum}: checkpoint written at step {step} without its "

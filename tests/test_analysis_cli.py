@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from sg_jax import analyze, checkpointing, configlib
-from sg_jax import workdir as workdir_lib
+from sg_jax.runtime import stop_signal
 from sg_jax.analysis import weight_norm
 from sg_jax.model import ModelConfig, init_params
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
@@ -100,7 +100,7 @@ def _signal_while_computing(monkeypatch, at_step, dropped=False):
       try:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.5)  # the handler runs here
-      except workdir_lib.StopNow:
+      except stop_signal.StopNow:
         if not dropped:
           raise
     return rows
@@ -120,7 +120,7 @@ def test_a_stopped_analysis_keeps_the_checkpoints_before_and_the_rerun_completes
   expected = _rows(os.path.join(copy, "straight.csv"))
   handler = signal.getsignal(signal.SIGINT)  # SIG_IGN when the suite runs as a background job
   _signal_while_computing(monkeypatch, at_step=0 if dropped else 10, dropped=dropped)
-  with pytest.raises(workdir_lib.Preempted, match=r"stopped by signal 2 at step 10 \("):
+  with pytest.raises(stop_signal.Preempted, match=r"stopped by signal 2 at step 10 \("):
     analyze.analyze(copy, output="stopped.csv", **options)
   monkeypatch.undo()
   kept = _rows(os.path.join(copy, "stopped.csv"))

@@ -17,7 +17,7 @@ import pytest
 from sg_jax import analyze, checkpointing, input_pipeline, metric_logging, objectives, prune
 from sg_jax import composition, prune_core, terms, train
 from sg_jax import step as step_lib
-from sg_jax import workdir as workdir_lib
+from sg_jax.runtime import stop_signal
 from sg_jax.analysis import onsets, registry
 from sg_jax.pruning import inputs as inputs_lib
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
@@ -116,7 +116,7 @@ def test_mlm_run_resumed_after_sigterm_equals_the_uninterrupted_run(tiny_config,
     return state
 
   workdir = str(tmp_path / "run")
-  with pytest.raises(workdir_lib.Preempted):
+  with pytest.raises(stop_signal.Preempted):
     train.train_and_evaluate(config, workdir, tensorboard=False, state_hook=stop_at_20)
   assert checkpointing.all_steps(workdir)[-1] < 40
   train.train_and_evaluate(config, workdir, tensorboard=False)

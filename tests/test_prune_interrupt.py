@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from sg_jax import prune
-from sg_jax import workdir as workdir_lib
+from sg_jax.runtime import stop_signal
+from sg_jax.runtime import exit_codes
 from sg_jax.pruning import partial, placement, table
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
@@ -67,7 +68,7 @@ def test_stopped_mid_step_then_rerun_equals_uninterrupted(source, tmp_path, monk
   stopped = _copy(source, tmp_path, "stopped")
   # calls 1-3 prune step 0; the 4th is the first call (5 of 12 pruning steps) of step 10.
   calls = _signal_after_calls(monkeypatch, 4)
-  with pytest.raises(workdir_lib.Preempted, match=r"signal 2 at pruning step 5/12 of checkpoint "
+  with pytest.raises(stop_signal.Preempted, match=r"signal 2 at pruning step 5/12 of checkpoint "
                                                   r"step 10") as e:
     prune.prune(stopped, **FAST)
   assert "partial_step10.npz" in str(e.value)
@@ -93,7 +94,7 @@ def test_stopped_mid_step_then_rerun_equals_uninterrupted(source, tmp_path, monk
 def test_a_saved_state_of_other_runs_is_ignored(source, tmp_path, monkeypatch, caplog):
   stopped = _copy(source, tmp_path, "other")
   _signal_after_calls(monkeypatch, 1)
-  with pytest.raises(workdir_lib.Preempted):
+  with pytest.raises(stop_signal.Preempted):
     prune.prune(stopped, **{**FAST, "last_only": True})
   monkeypatch.undo()
   calls = _signal_after_calls(monkeypatch, 99)
@@ -119,7 +120,7 @@ def test_command_line_exits_75_with_one_line(source, tmp_path):
       break
   proc.send_signal(signal.SIGINT)
   rest = proc.stderr.read()
-  assert proc.wait(timeout=120) == workdir_lib.EXIT_PREEMPTED, "".join(lines) + rest
+  assert proc.wait(timeout=120) == exit_codes.EXIT_PREEMPTED, "".join(lines) + rest
   tail = [l for l in rest.splitlines() if ": pruning step" not in l and "received signal" not in l]
   assert len(tail) == 1 and tail[0].endswith("rerun the same command to resume"), rest
   assert "runs are saved in" in tail[0]

@@ -20,11 +20,11 @@ from sg_jax import metric_logging
 from sg_jax import tasks
 from sg_jax import train
 from sg_jax.tasks import vocab as vocab_lib
-from sg_jax import workdir as workdir_lib
+from sg_jax.runtime import exit_codes
 from sg_jax import step as step_lib
 from sg_jax import input_pipeline
 from sg_jax import long_csv
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
 from run_files import params, rows  # pylint: disable=wrong-import-order
 
 # Subprocesses / end-to-end runs (minutes on 2 cores): the full set only (pyproject.toml).
@@ -99,7 +99,7 @@ def test_sigterm_checkpoints_exits_75_and_resume_equals_uninterrupted(data_dir, 
   wait_for_checkpoint(proc, workdir, 20)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=300)
-  assert proc.returncode == workdir_lib.EXIT_PREEMPTED, err[-2000:]
+  assert proc.returncode == exit_codes.EXIT_PREEMPTED, err[-2000:]
   steps = checkpointing.all_steps(workdir)
   assert steps[-1] < STEPS, steps
   # The signal-triggered checkpoint is the step the run stopped at (metrics end there too).
@@ -265,7 +265,7 @@ def test_signal_during_start_up_exits_75_in_one_line(data_dir, env, tmp_path, si
                                                      delay):
   code, err, seconds = _stop_during_start_up(data_dir, env, str(tmp_path / "run"), sig,
                                              after_line, delay)
-  assert code == workdir_lib.EXIT_PREEMPTED, err[-3000:]
+  assert code == exit_codes.EXIT_PREEMPTED, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
   assert f"stopped by signal {int(sig)}" in last and "rerun the same command" in last, err

@@ -22,8 +22,9 @@ from sg_jax import cost_check
 from sg_jax import fileio
 from sg_jax import long_csv
 from sg_jax import report
-from sg_jax import workdir_lock
 from sg_jax.report import reading
+from sg_jax.runtime import resume_check
+from sg_jax.runtime import workdir_lock
 from run_files import random_checkpoint_workdir  # pylint: disable=wrong-import-order
 
 STEPS = [0, 100, 200, 300, 400]
@@ -269,11 +270,10 @@ def test_a_failed_report_leaves_the_previous_one_and_no_partial_folder(tmp_path,
 
 
 def test_an_unparsable_config_json_on_resume_names_the_file(tmp_path, tiny_config):
-  from sg_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   path = tmp_path / "config.json"
   path.write_bytes(b'{"task": "question", \xff')
   with pytest.raises(ValueError, match=f"^{path} is not readable JSON "):
-    workdir_lib.check_workdir_config(str(tmp_path), tiny_config(data_dir=str(tmp_path)), False)
+    resume_check.check_workdir_config(str(tmp_path), tiny_config(data_dir=str(tmp_path)), False)
 
 
 def test_a_report_does_not_take_its_own_lock_for_a_run_in_progress(tmp_path):

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from sg_jax import configlib, workdir
+from sg_jax import configlib
+from sg_jax.runtime import config_changes, resume_check
 
 
 def _write_old_config(path, config, drop):
@@ -29,7 +30,7 @@ ADDED = ("model.layer_impl", "model.matmul_precision", "sas", "data.num_disambig
 def test_missing_fields_count_as_their_defaults(load_config, tmp_path):
   config = load_config("question", "tiny")
   _write_old_config(tmp_path, config, ADDED)
-  workdir.check_workdir_config(str(tmp_path), config, allow_config_change=False)  # no error
+  resume_check.check_workdir_config(str(tmp_path), config, allow_config_change=False)  # no error
 
 
 def test_a_new_value_of_a_missing_field_is_still_a_change(load_config, tmp_path):
@@ -37,17 +38,17 @@ def test_a_new_value_of_a_missing_field_is_still_a_change(load_config, tmp_path)
   _write_old_config(tmp_path, config, ADDED)
   configlib.set_field(config, "data.num_disambiguating", 100)
   with pytest.raises(ValueError, match=r"data.num_disambiguating \[0\] -> \[100\]"):
-    workdir.check_workdir_config(str(tmp_path), config, allow_config_change=True)
+    resume_check.check_workdir_config(str(tmp_path), config, allow_config_change=True)
   config = load_config("question", "tiny")
   configlib.set_field(config, "sas.lambdas", (0.01,))
   with pytest.raises(ValueError, match="sas.lambdas"):
-    workdir.check_workdir_config(str(tmp_path), config, allow_config_change=True)
+    resume_check.check_workdir_config(str(tmp_path), config, allow_config_change=True)
 
 
 def test_with_new_fields_keeps_stored_values():
   old = {"model": {"num_layers": 3}, "task": "question"}
   defaults = {"model": {"num_layers": 6, "layer_impl": "auto"}, "task": "question",
               "sas": {"lambdas": [0.0]}}
-  assert workdir.with_new_fields(old, defaults) == {
+  assert config_changes.with_new_fields(old, defaults) == {
       "model": {"num_layers": 3, "layer_impl": "auto"}, "task": "question",
       "sas": {"lambdas": [0.0]}}

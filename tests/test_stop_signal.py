@@ -5,7 +5,7 @@ import gc
 import signal
 import sys
 
-from sg_jax import workdir
+from sg_jax.runtime import stop_signal
 
 
 class _RaisesInDel:
@@ -19,8 +19,8 @@ class _RaisesInDel:
 def test_stop_now_inside_a_callback_is_dropped_other_errors_are_passed_on(monkeypatch):
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value).__name__))
-  with workdir.StopSignal():
-    obj = _RaisesInDel(workdir.StopNow(signal.SIGTERM, "during start-up"))
+  with stop_signal.StopSignal():
+    obj = _RaisesInDel(stop_signal.StopNow(signal.SIGTERM, "during start-up"))
     del obj
     gc.collect()
     assert not seen  # dropped: the loop stops on the recorded signal, in its one line

@@ -14,7 +14,9 @@ from sg_jax import checkpointing
 from sg_jax import environment
 from sg_jax import metric_logging
 from sg_jax import train
-from sg_jax import workdir as workdir_lib
+from sg_jax.runtime import call_sizer
+from sg_jax.runtime import config_changes
+from sg_jax.runtime import stop_signal
 from sg_jax import step as step_lib
 from sg_jax import packing
 from sg_jax import input_pipeline
@@ -186,13 +188,13 @@ def test_config_changes_on_resume_free_flag_and_never(tiny_config, tmp_path, sna
                                  str(tmp_path), tensorboard=False)
   assert out["step"] == 10
   ends_at_num_steps = {"optim": {"decay_steps": 0}}
-  assert workdir_lib.classify_config_change("train.num_steps", ends_at_num_steps,
+  assert config_changes.classify_config_change("train.num_steps", ends_at_num_steps,
                                       ends_at_num_steps) == "flag"
-  assert workdir_lib.classify_config_change("train.num_steps", {}, {}) == "free"
+  assert config_changes.classify_config_change("train.num_steps", {}, {}) == "free"
 
 
 def test_call_sizer_fits_calls_under_the_time_limit():
-  sizer = workdir_lib.CallSizer(100, 10.0, guess_seconds_per_step=3.0)
+  sizer = call_sizer.CallSizer(100, 10.0, guess_seconds_per_step=3.0)
   assert sizer.size_at(0) == 2  # largest divisor of 100 with 3 s x steps <= 10 s
   sizer.observe(2, 30.0)  # first call of this size: includes compilation, ignored
   assert sizer.size_at(2) == 2
@@ -201,9 +203,9 @@ def test_call_sizer_fits_calls_under_the_time_limit():
   sizer.observe(50, 100.0)  # first call of 50 steps (compilation)
   sizer.observe(50, 25.0)  # 0.5 s per step overruns: 20 steps
   assert sizer.size_at(100) == 20
-  assert workdir_lib.CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
-  assert workdir_lib.CallSizer(100, 10.0, 1e-6).size_at(0) == 100
-  assert workdir_lib.CallSizer(100, 10.0, 60.0).size_at(0) == 1
+  assert call_sizer.CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
+  assert call_sizer.CallSizer(100, 10.0, 1e-6).size_at(0) == 100
+  assert call_sizer.CallSizer(100, 10.0, 60.0).size_at(0) == 1
 
 
 def test_adapted_call_sizes_give_bit_identical_results(tiny_config, tmp_path, monkeypatch):
@@ -249,7 +251,7 @@ def test_sigterm_checkpoints_at_most_one_call_after_the_signal(tiny_config, tmp_
 
   config = tiny_config(**{"train.num_steps": 100})
   handler = signal.getsignal(signal.SIGTERM)
-  with pytest.raises(workdir_lib.Preempted, match="checkpoint written at step 40") as e:
+  with pytest.raises(stop_signal.Preempted, match="checkpoint written at step 40") as e:
     train.train_and_evaluate(config, str(tmp_path), tensorboard=False, state_hook=hook)
   assert e.value.step == 40
   assert checkpointing.all_steps(str(tmp_path)) == [0, 20, 40]
@@ -326,7 +328,7 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
 
   monkeypatch.setattr(train, "make_eval_fn", make_eval_fn)
   workdir = str(tmp_path / "run")
-  with pytest.raises(workdir_lib.Preempted, match="step 20 without its evaluation") as e:
+  with pytest.raises(stop_signal.Preempted, match="step 20 without its evaluation") as e:
     train.train_and_evaluate(config, workdir, tensorboard=False)
   monkeypatch.undo()
   assert e.value.step == 20 and checkpointing.all_steps(workdir) == [0, 20]
@@ -344,7 +346,7 @@ def test_calls_measured_over_the_limit_shrink(tiny_config, tmp_path, monkeypatch
   takes 11 s, against a 10 s limit) shrinks the next ones, even by less than a fifth."""
   import time  # pylint: disable=import-outside-toplevel
   import types  # pylint: disable=import-outside-toplevel
-  sizer = workdir_lib.CallSizer(100, 10.0, guess_seconds_per_step=1e-4)
+  sizer = call_sizer.CallSizer(100, 10.0, guess_seconds_per_step=1e-4)
   assert sizer.size_at(0) == 100
   sizer.observe(100, 60.0)  # the first call of a size includes its compilation: ignored
   sizer.observe(100, 11.0)  # 0.11 s per step: 50 steps fit

@@ -1,4 +1,4 @@
-"""One writer per workdir (`sg_jax.workdir_lock`): the lock's logic, in-process, against holders
+"""One writer per workdir (`sg_jax.runtime.workdir_lock`): the lock's logic, in-process, against holders
 built by hand (a live process of this host, a dead one, a reused pid, another host). The
 commands' refusals (two `main`, two `analyze`, `analyze` while `main` trains, kill -9) are in
 tests/test_reliability.py."""
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
 
 
 def _write_holder(workdir, **fields):
@@ -117,7 +117,7 @@ def test_a_read_only_workdir_runs_without_a_lock_only_when_allowed(tmp_path, mon
 
 def test_a_lock_held_by_another_process_of_this_host_is_refused(tmp_path):
   """A real second process holding the lock (created, flocked) refuses this one."""
-  code = ("import sys, time; from sg_jax import workdir_lock; "
+  code = ("import sys, time; from sg_jax.runtime import workdir_lock; "
           f"workdir_lock.acquire({workdir_lock.lock_path(str(tmp_path))!r}, 'sg_jax.main'); "
           "print('held', flush=True); time.sleep(60)")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

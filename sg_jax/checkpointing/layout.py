@@ -18,10 +18,12 @@ import sys
 import ml_collections
 import orbax.checkpoint as ocp
 
+from sg_jax.runtime.exit_codes import OneLineError
+
 CHECKPOINT_DIR = "checkpoints"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(OneLineError, RuntimeError):
   """A checkpoint directory is missing, unreadable or inconsistent."""
 
 
@@ -30,7 +32,7 @@ class CheckpointMismatch(CheckpointError):
   written with another config (model, seeds, vocabulary), which is not corruption."""
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(OneLineError, RuntimeError):
   """The workdir cannot be written (unwritable, disk full); earlier results are intact."""
 
 

@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from sg_jax import configlib
 from sg_jax.checkpointing.layout import (CheckpointError, CheckpointMismatch, all_steps,
                                          checkpoint_dir, error_cause, make_manager, read_meta)
+from sg_jax.runtime import config_changes
 
 log = logging.getLogger("sg_jax")
 
@@ -312,10 +313,10 @@ def _same_config(manager, step: int, config: ml_collections.ConfigDict | None) -
     old = read_meta(manager, step)["config"]
   except Exception:  # pylint: disable=broad-except  (then the stored shapes decide)
     return False
-  from sg_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  (cycle)
   new = json.loads(config.to_json())
-  old = workdir_lib.with_new_fields(old, json.loads(configlib.base_config(config.task).to_json()))
-  return all(workdir_lib.classify_config_change(name, old, new) != "never"
+  defaults = json.loads(configlib.base_config(config.task).to_json())
+  old = config_changes.with_new_fields(old, defaults)
+  return all(config_changes.classify_config_change(name, old, new) != "never"
              for name, _, _ in configlib.differences(old, new))
 
 

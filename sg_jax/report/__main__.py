@@ -11,7 +11,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
 from sg_jax.analysis import registry
 from sg_jax.report import build_report, find_runs, log
 from sg_jax.report.reading import default_out_dir
@@ -48,15 +49,13 @@ def main(argv):
   log.addHandler(handler)
   log.setLevel(py_logging.INFO)
   log.propagate = False
-  try:
+  # ReportError, a --modules entry that cannot be imported, an unreadable file (named), a full
+  # disk or read-only output folder, a workdir another command writes into: one line each
+  with command_errors():
     registry.load_modules(FLAGS.modules)
     result = write_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
                           saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance,
                           pruning_all_steps=FLAGS.pruning_all_steps)
-  except (ValueError, OSError, workdir_lock.LockHeld) as e:
-    # ReportError, a --modules entry that cannot be imported, an unreadable file (named), a
-    # full disk or read-only output folder, a workdir another command writes into
-    sys.exit(f"error: {e}")
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
         f"{result['out_dir']}")
   for row in result["depths"]:
@@ -70,7 +69,7 @@ def main(argv):
 
 def _lock_file(root: str, out_dir: str) -> str:
   """The lock the report takes: that of the workdir `out_dir` lies in (a single run's
-  `<root>/report`: one writer per workdir, `sg_jax.workdir_lock`), else `.<name>.lock` beside
+  `<root>/report`: one writer per workdir, `runtime.workdir_lock`), else `.<name>.lock` beside
   `out_dir` (two reports into one folder)."""
   target = os.path.realpath(out_dir)
   for workdir in find_runs(root):

@@ -15,7 +15,7 @@ import numpy as np
 
 from sg_jax import fileio
 from sg_jax import long_csv
-from sg_jax import workdir_lock
+from sg_jax.runtime import workdir_lock
 from sg_jax.analysis import registry
 
 IN_ACC = "in_domain/accuracy"

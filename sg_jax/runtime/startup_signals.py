@@ -1,15 +1,16 @@
-"""Stop signals during a command's start-up, before its imports (seconds of JAX, orbax, TF) finish.
+"""Stop signals during a command's start-up, before its imports (seconds of JAX, orbax) finish.
 
 Nothing is unsaved then, so SIGTERM/SIGINT end the process at once with one line and exit code 75
-(`workdir.EXIT_PREEMPTED`), instead of a KeyboardInterrupt traceback from inside an import. The
-command replaces these handlers with its own (`workdir.StopSignal`) once it starts working. This
-module imports nothing of sg_jax or JAX, so that it can be installed first.
+(`exit_codes.EXIT_PREEMPTED`), instead of a KeyboardInterrupt traceback from inside an import.
+The command replaces these handlers with its own (`stop_signal.StopSignal`) once it starts
+working. This module imports nothing of JAX (only `exit_codes`), so that it can be installed
+first.
 """
 
 import os
 import signal
 
-EXIT_PREEMPTED = 75  # = workdir.EXIT_PREEMPTED (not imported: workdir imports JAX)
+from sg_jax.runtime.exit_codes import EXIT_PREEMPTED
 
 
 def _stop_during_imports(signum, frame):

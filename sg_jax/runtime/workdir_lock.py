@@ -31,12 +31,14 @@ import sys
 import threading
 import time
 
+from sg_jax.runtime.exit_codes import OneLineError
+
 log = logging.getLogger("sg_jax")
 
 LOCK_NAME = "sg_jax.lock"
 
 
-class LockHeld(RuntimeError):
+class LockHeld(OneLineError, RuntimeError):
   """Another command holds the lock (the message names it and what to do)."""
 
 
