@@ -121,7 +121,8 @@ def layer_impls(text: str) -> list[str]:
 
 def train_layout(config, split, seeds_per_device: int):
   """(host data dict, packing capacities or None) as `sg_jax.train` lays out the training set."""
-  return input_pipeline.make_train_data(config, split, seeds_per_device)
+  data_options = input_pipeline.DataOptions.from_config(config)
+  return input_pipeline.make_train_data(data_options, split, seeds_per_device)
 
 
 def train_fns(config, vocab_size: int, capacities, mesh=None):

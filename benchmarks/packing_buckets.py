@@ -47,7 +47,8 @@ def packed_padding(lengths: np.ndarray, capacities, batch: int, seeds_per_device
 def measure(config, vocab, split, capacities, num_seeds: int, args) -> dict:
   """Compile seconds, first-call seconds and steady seed-steps/s of one layout."""
   mesh = sharding.seed_mesh(num_seeds, 0)
-  host, _ = input_pipeline.make_train_data(config, split, per_device(num_seeds))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  host, _ = input_pipeline.make_train_data(data_options, split, per_device(num_seeds))
   fns = step_lib.make_train_fns(config, vocab.size, capacities, mesh)
   with compile_cache.CompileWatch() as watch:
     first, calls = time_vmapped(fns, host, step_lib.seed_keys(list(range(num_seeds))), mesh,

@@ -61,8 +61,9 @@ def main(argv=None) -> dict:
     runs = {}
     for name, per in (("single", False), ("per_seed", True)):
       config = _config(tmp, args.num_train, per)
-      _, vocab, splits = input_pipeline.load_data(config, tmp)
-      host, capacities = input_pipeline.make_train_data(config, splits["train"], 4)
+      data_options = input_pipeline.DataOptions.from_config(config)
+      _, vocab, splits = input_pipeline.load_data(data_options, tmp)
+      host, capacities = input_pipeline.make_train_data(data_options, splits["train"], 4)
       fns = step_lib.make_train_fns(config, vocab.size, capacities)
       hp = per_seed.hparam_arrays(config)
       data = jax.tree_util.tree_map(jnp.asarray, host | {"hparams": hp})

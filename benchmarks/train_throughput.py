@@ -96,8 +96,8 @@ def padding_fraction(config, lengths: np.ndarray, num_seeds: int, padded_length:
                      max_devices: int = 0) -> float:
   """Expected padding fraction of computed token positions (`packing.padding_fraction`; seeds of
   one device share a packing bucket)."""
-  return packing_lib.padding_fraction(config, lengths, per_device(num_seeds, max_devices),
-                                padded_length)
+  return packing_lib.padding_fraction(packing_lib.BatchLayout.from_config(config), lengths,
+                                      per_device(num_seeds, max_devices), padded_length)
 
 
 def padding_summary(args, split) -> str:

@@ -109,7 +109,8 @@ def main() -> None:
   runs = {}
   for name, config in configs.items():
     data = dict(host_data)
-    data.update(terms.train_arrays(config, task, examples, host_data["inputs"].shape[1],
+    data.update(terms.train_arrays(terms.active(config), terms.schedules_from_config(config),
+                                   task, examples, host_data["inputs"].shape[1],
                                    num_lines=host_data["inputs"].shape[0]))
     fns = step_lib.make_train_fns(config, vocab.size, capacities, mesh)
     dev_data = sharding.put_replicated(data, mesh)

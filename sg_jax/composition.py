@@ -94,8 +94,12 @@ class Mix:
     return self == Mix()
 
 
-def seed_mixes(config: ml_collections.ConfigDict) -> list[Mix]:
-  """Each seed's `Mix`, in seed order.
+def mixes_from_config(config: ml_collections.ConfigDict) -> tuple[Mix, ...]:
+  """Each seed's `Mix`, in seed order: the typed form of the run config's `data` composition
+  fields, built once at the top of a run (`input_pipeline.DataOptions.from_config`).
+
+  Returns:
+    S `Mix` (S = `num_seeds`).
 
   Raises:
     ValueError: a field with a wrong number of values or an out-of-range value.
@@ -116,12 +120,13 @@ def seed_mixes(config: ml_collections.ConfigDict) -> list[Mix]:
     if not 0 < m.subset_fraction <= 1:
       raise ValueError(f"invalid config: data.subset_fraction must be in (0, 1] "
                        f"(got {m.subset_fraction})")
-  return mixes
+  return tuple(mixes)
 
 
-def active(config: ml_collections.ConfigDict) -> bool:
-  """Whether any seed's composition differs from the plain training split."""
-  return not all(m.is_default for m in seed_mixes(config))
+def active(mixes: Sequence[Mix]) -> bool:
+  """Whether any seed's composition (`mixes`, one per seed) differs from the plain training
+  split."""
+  return not all(m.is_default for m in mixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,28 +216,29 @@ def disambiguating_examples(task, count: int, data_seed: int, held_out: Sequence
   raise ValueError(f"could not draw {count} disambiguating lines outside the held-out splits")
 
 
-def extra_training_examples(config: ml_collections.ConfigDict, task, data_dir: str) -> list:
+def extra_training_examples(mixes: Sequence[Mix], data_seed: int, task, data_dir: str) -> list:
   """The lines composition appends to the training split: the largest `num_disambiguating` any
-  seed takes, drawn outside the task's other splits (read from `data_dir`); [] when no seed
-  takes any. Deterministic in `data.seed`, so every reader of the training set gets the same
-  lines (`input_pipeline.load_data`, the loss terms' arrays of `training_examples`)."""
-  need = max(m.num_disambiguating for m in seed_mixes(config))
+  seed's mix (`mixes`) takes, drawn outside the task's other splits (read from `data_dir`); []
+  when no seed takes any. Deterministic in `data_seed` (the run's `data.seed`), so every reader
+  of the training set gets the same lines (`input_pipeline.load_data`, the loss terms' arrays
+  of `training_examples`)."""
+  need = max(m.num_disambiguating for m in mixes)
   if need <= 0:
     return []
   held_out = []
   for split in task.split_names:
     if split != "train":
       held_out += task.read_split(data_dir, split)
-  return disambiguating_examples(task, need, int(config.data.seed), held_out)
+  return disambiguating_examples(task, need, int(data_seed), held_out)
 
 
-def training_examples(config: ml_collections.ConfigDict, task, data_dir: str) -> list:
+def training_examples(mixes: Sequence[Mix], data_seed: int, task, data_dir: str) -> list:
   """The examples of the training set on device, row i = example i: the training split read
   from `data_dir`, then the disambiguating lines (`extra_training_examples`) when composition
   is active."""
   examples = task.read_split(data_dir, "train")
-  if active(config):
-    examples += extra_training_examples(config, task, data_dir)
+  if active(mixes):
+    examples += extra_training_examples(mixes, data_seed, task, data_dir)
   return examples
 
 
@@ -268,10 +274,9 @@ def pools_array(pools: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
   return {"pools": out, "pool_sizes": np.array([len(p) for p in pools], np.int32)}
 
 
-def metric_rows(config: ml_collections.ConfigDict, pool_sizes: np.ndarray) -> dict:
-  """{'data/<field>': [S] values, 'data/pool_size': [S]}: each seed's mix as metrics.csv rows
-  (step 0; `subject_mix` is recorded in config.json only, being text)."""
-  mixes = seed_mixes(config)
+def metric_rows(mixes: Sequence[Mix], pool_sizes: np.ndarray) -> dict:
+  """{'data/<field>': [S] values, 'data/pool_size': [S]}: each seed's mix (`mixes`) as
+  metrics.csv rows (step 0; `subject_mix` is recorded in config.json only, being text)."""
   rows = {f"data/{name}": np.array([float(getattr(m, name)) for m in mixes])
           for name in FIELDS if name != "subject_mix"}
   rows["data/pool_size"] = np.asarray(pool_sizes, np.float64)

@@ -1,8 +1,8 @@
 """Validation of a resolved run config, before any compute (`validate`).
 
 The rules of a feature live in the feature's module, and `validate` calls them: the task name
-(`sg_jax.tasks`), the per-seed data composition (`composition.seed_mixes`), the model section
-(`model.ModelConfig`), the objective (`objectives.from_config`) and the loss terms
+(`sg_jax.tasks`), the per-seed data composition (`composition.mixes_from_config`), the model
+section (`model.ModelConfig`), the objective (`objectives.from_config`) and the loss terms
 (`terms.validate`: SAS and any other registered term); the fields of the run itself (seeds,
 optimiser, training, evaluation, checkpoints) are checked here. This module imports JAX (through
 the model); `sg_jax.configlib`, which config files import, does not.
@@ -38,7 +38,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.num_devices >= 0, "num_devices", "must be >= 0 (0 = all)")
   need(config.data.num_train >= 0, "data.num_train", "must be >= 0")
   need(config.data.max_length >= 0, "data.max_length", "must be >= 0 (0 = no cap)")
-  composition.seed_mixes(config)  # raises ValueError naming a bad composition field
+  composition.mixes_from_config(config)  # raises ValueError naming a bad composition field
   # The model section's rules live with the model (`ModelConfig.__post_init__`).
   model_lib.ModelConfig.from_config(config.model, vocab_size=1)
   o = config.optim

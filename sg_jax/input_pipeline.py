@@ -3,11 +3,14 @@
 `load_data` generates (if needed), reads, checks and encodes the task's splits; `make_train_data`
 turns the training split into the host arrays the compiled step reads (and the packing buckets);
 `prepare_eval_batches` lays out the held-out splits in evaluation batches (evaluated by
-`evaluator.make_eval_fn`). The split files live in `tasks.io.run_data_dir(config.data, workdir)`.
+`evaluator.make_eval_fn`). The split files live in `tasks.io.run_data_dir(options, workdir)`.
+They read a `DataOptions`, the typed form of the run config's data fields, built once at the top
+of a run (`DataOptions.from_config`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -17,17 +20,66 @@ import numpy as np
 from sg_jax import composition
 from sg_jax import evaluation
 from sg_jax import tasks
-from sg_jax.packing import packing_capacities
+from sg_jax.packing import BatchLayout, packing_capacities
 from sg_jax.tasks import io as tasks_io
 
 log = logging.getLogger("sg_jax")
 
 
-def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: int
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+  """What the data of a run reads of its config.
+
+  Attributes:
+    task: the run's task with its options (`tasks.from_config`).
+    dir: the folder of the split files ('' = generate them into WORKDIR/data); `data.dir`.
+    seed: the data generator's seed (`data.seed`; also that of the disambiguating lines).
+    num_train: generated training lines (0 = the task's default); `data.num_train`.
+    mixes: each seed's data composition, S `composition.Mix` (S = `num_seeds`).
+    first_seed: the id of the first seed (for messages).
+    layout: the training batches' layout (`packing.BatchLayout`).
+    eval_max_lines: lines evaluated per held-out split (0 = all); `eval.max_lines`.
+  """
+
+  task: tasks.Task
+  dir: str
+  seed: int
+  num_train: int
+  mixes: tuple[composition.Mix, ...]
+  first_seed: int
+  layout: BatchLayout
+  eval_max_lines: int
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "DataOptions":
+    """The data options of a resolved run config.
+
+    Raises:
+      ValueError: unknown task, or a bad composition field (`composition.mixes_from_config`).
+    """
+    return cls(task=tasks.from_config(config), dir=str(config.data.dir),
+               seed=int(config.data.seed), num_train=int(config.data.num_train),
+               mixes=composition.mixes_from_config(config), first_seed=int(config.first_seed),
+               layout=BatchLayout.from_config(config), eval_max_lines=int(config.eval.max_lines))
+
+  def data_dir(self, workdir: str) -> str:
+    """The folder of the run's split files (`tasks.io.run_data_dir`)."""
+    return tasks_io.run_data_dir(self, workdir)
+
+  def training_examples(self, workdir: str) -> list:
+    """The examples of the training set on device, row for row
+    (`composition.training_examples`)."""
+    return composition.training_examples(self.mixes, self.seed, self.task,
+                                         self.data_dir(workdir))
+
+
+def make_train_data(options: DataOptions, split, seeds_per_device: int
                     ) -> tuple[dict, tuple[int, ...] | None]:
   """Host arrays of the training split and the packing buckets (None when packing is off).
 
   Args:
+    options: the run's data options (its layout; with composition its mixes).
+    split: the training `EncodedSplit` (`load_data`).
     seeds_per_device: seeds that share one packing bucket per step (those of one device when
       `make_train_fns` gets the mesh; all seeds otherwise).
 
@@ -43,43 +95,44 @@ def make_train_data(config: ml_collections.ConfigDict, split, seeds_per_device: 
           "targets": np.asarray(split.targets, np.int32),
           "lengths": np.asarray(split.lengths, np.int32)}
   if "disambiguating" in split.extras:
-    data.update(seed_pools(config, split))
+    data.update(seed_pools(options, split))
   capacities = None
-  if config.train.packing:
-    capacities = packing_capacities(data["lengths"], int(config.train.batch_size),
-                                    seeds_per_device,
-                                    data["inputs"].shape[1], int(config.train.packing_buckets))
+  layout = options.layout
+  if layout.packing:
+    capacities = packing_capacities(data["lengths"], layout.batch_size, seeds_per_device,
+                                    data["inputs"].shape[1], layout.packing_buckets)
   return data, capacities
 
 
-def seed_pools(config: ml_collections.ConfigDict, split) -> dict[str, np.ndarray]:
+def seed_pools(options: DataOptions, split) -> dict[str, np.ndarray]:
   """Each seed's training lines (`composition.pool`) from the line facts of `split`, logged as a
   summary per distinct mix.
 
   Raises:
     ValueError: a pool smaller than one batch.
   """
-  constructions = tasks.from_config(config).constructions
+  constructions = options.task.constructions
   extras = split.extras
   facts = composition.LineFacts(
       identity=extras["identity"], construction=extras["subject"], shape=extras["shape"],
       shapes=(), num_split=int(np.sum(~extras["disambiguating"])))
-  mixes = composition.seed_mixes(config)
+  mixes, batch_size = options.mixes, options.layout.batch_size
   pools = [composition.pool(m, facts, constructions) for m in mixes]
   for k, p in enumerate(pools):
-    if len(p) < config.train.batch_size:
-      raise ValueError(f"invalid config: the data mix of seed {config.first_seed + k} keeps "
-                       f"{len(p)} training lines, fewer than train.batch_size "
-                       f"({config.train.batch_size})")
-  for line in composition.summary(mixes, pools, facts, constructions, config.first_seed):
+    if len(p) < batch_size:
+      raise ValueError(f"invalid config: the data mix of seed {options.first_seed + k} keeps "
+                       f"{len(p)} training lines, fewer than train.batch_size ({batch_size})")
+  for line in composition.summary(mixes, pools, facts, constructions, options.first_seed):
     log.info("%s", line)
   return composition.pools_array(pools)
 
 
-def _add_composition(config, task, data_dir: str, examples: list) -> tuple[list, dict]:
+def _add_composition(options: DataOptions, data_dir: str, examples: list
+                     ) -> tuple[list, dict]:
   """(training lines + the disambiguating lines, their facts as per-line arrays) of a run with
   per-seed data composition (`composition`)."""
-  extra = composition.extra_training_examples(config, task, data_dir)
+  task = options.task
+  extra = composition.extra_training_examples(options.mixes, options.seed, task, data_dir)
   if extra:
     log.info("data composition: %d disambiguating lines (transformed, relative clause on the "
              "subject) drawn outside the %s splits", len(extra),
@@ -91,10 +144,10 @@ def _add_composition(config, task, data_dir: str, examples: list) -> tuple[list,
                             >= facts.num_split}
 
 
-def load_data(config: ml_collections.ConfigDict, workdir: str):
+def load_data(options: DataOptions, workdir: str):
   """Generates (if needed) and encodes the task's splits.
 
-  The task is `tasks.from_config(config)`. Splits are read with `task.read_split` (question
+  The task is `options.task`. Splits are read with `task.read_split` (question
   and tense: the bracketed files `question_bracket.train`, ..., that hold the trees, each checked
   against its plain twin `question.train` when both exist); the files read are logged.
 
@@ -106,9 +159,9 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
       outside the vocabulary (file and line in the message).
     ValueError: the batch is larger than the training split.
   """
-  task = tasks.from_config(config)
-  data_dir = tasks_io.run_data_dir(config.data, workdir)
-  task.ensure_data(data_dir, seed=config.data.seed, num_train=config.data.num_train or None)
+  task = options.task
+  data_dir = options.data_dir(workdir)
+  task.ensure_data(data_dir, seed=options.seed, num_train=options.num_train or None)
   vocab = task.vocab()
   splits = {}
   for name, split in (("train", "train"), ("in_domain", task.in_domain_split),
@@ -120,15 +173,16 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
     log.info("%s data: %d lines from %s%s", name, len(examples), path, checked)
     check_vocabulary(examples, vocab, path, task.name)
     facts = {}
-    if name == "train" and composition.active(config):
-      examples, facts = _add_composition(config, task, data_dir, examples)
+    if name == "train" and composition.active(options.mixes):
+      examples, facts = _add_composition(options, data_dir, examples)
     splits[name] = task.encode(examples, vocab)
     splits[name].extras.update(facts)
     if name != "train" and task.constructions:
       splits[name].extras["construction"] = construction_ids(task, examples,
-                                                             config.eval.max_lines)
-  if len(splits["train"]) < config.train.batch_size:
-    raise ValueError(f"invalid config: train.batch_size ({config.train.batch_size}) exceeds the "
+                                                             options.eval_max_lines)
+  batch_size = options.layout.batch_size
+  if len(splits["train"]) < batch_size:
+    raise ValueError(f"invalid config: train.batch_size ({batch_size}) exceeds the "
                      f"number of training lines ({len(splits['train'])})")
   return task, vocab, splits
 

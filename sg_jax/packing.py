@@ -2,10 +2,13 @@
 
 `pack_lines` builds the row of one seed's batch; `packing_capacities` chooses the row lengths
 (buckets) a run compiles, from the training set's length distribution; `padding_fraction`
-estimates the padding a layout computes.
+estimates the padding a layout computes. `BatchLayout` is the typed form of the run config's
+`train` fields these read (built once at the top of a run).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +16,28 @@ import ml_collections
 import numpy as np
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+  """How a step's training lines are laid out (the run config's `train.batch_size`,
+  `train.packing` and `train.packing_buckets`).
+
+  Attributes:
+    batch_size: lines per step per seed.
+    packing: pack each step's lines into one row (`pack_lines`); False: padded [batch, length].
+    packing_buckets: most row-capacity buckets (`packing_capacities`).
+  """
+
+  batch_size: int
+  packing: bool
+  packing_buckets: int
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "BatchLayout":
+    """The layout a resolved run config sets."""
+    return cls(batch_size=int(config.train.batch_size), packing=bool(config.train.packing),
+               packing_buckets=int(config.train.packing_buckets))
 
 
 def pack_lines(inputs_NxL: Array, targets_NxL: Array, lengths_N: Array, idx_B: Array,
@@ -159,7 +184,7 @@ def packing_capacities(lengths: np.ndarray, batch_size: int, num_seeds: int, pad
   return best
 
 
-def padding_fraction(config: ml_collections.ConfigDict, lengths: np.ndarray, num_seeds: int,
+def padding_fraction(layout: BatchLayout, lengths: np.ndarray, num_seeds: int,
                      padded_length: int, num_steps: int = 2000, seed: int = 1) -> float:
   """Expected fraction of computed token positions that are padding during training.
 
@@ -168,11 +193,11 @@ def padding_fraction(config: ml_collections.ConfigDict, lengths: np.ndarray, num
   per device when training on a mesh), estimated over `num_steps` random steps.
   """
   lengths = np.asarray(lengths)
-  batch = int(config.train.batch_size)
-  if not config.train.packing:
+  batch = layout.batch_size
+  if not layout.packing:
     return float(1.0 - lengths.mean() / padded_length)
   caps = np.asarray(packing_capacities(lengths, batch, num_seeds, padded_length,
-                                       config.train.packing_buckets))
+                                       layout.packing_buckets))
   rng = np.random.default_rng(seed)
   totals = lengths[rng.integers(0, len(lengths), size=(num_steps, num_seeds, batch))].sum(-1)
   chosen = caps[np.searchsorted(caps, totals.max(-1))]

@@ -44,7 +44,7 @@ from sg_jax.runtime import workdir_lock
 from sg_jax.runtime import writability
 from sg_jax.analysis import uas
 from sg_jax.evaluator import make_eval_fn
-from sg_jax.input_pipeline import load_data, make_train_data, prepare_eval_batches
+from sg_jax.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
 from sg_jax.packing import padding_fraction
 from sg_jax import step as step_lib
 from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
@@ -228,14 +228,17 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
                   state_hook, tensorboard, memory_check) -> dict:
   try:
     check_workdir_config(workdir, config, allow_config_change)
-    task, vocab, splits = load_data(config, workdir)
+    # The typed options of the functions below (built once here; none of them reads `config`).
+    data_options = DataOptions.from_config(config)
+    loss_terms = terms_lib.active(config)
+    schedules = terms_lib.schedules_from_config(config)
+    task, vocab, splits = load_data(data_options, workdir)
     seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
     mesh = sharding.seed_mesh(len(seeds), config.num_devices)
     per_device = len(seeds) // mesh.devices.size
-    host_data, capacities = make_train_data(config, splits["train"], per_device)
+    host_data, capacities = make_train_data(data_options, splits["train"], per_device)
     host_data.update(terms_lib.train_arrays(  # {} without active loss terms
-        config, task, lambda: composition.training_examples(config, task,
-                                                            run_data_dir(config.data, workdir)),
+        loss_terms, schedules, task, lambda: data_options.training_examples(workdir),
         host_data["inputs"].shape[1], num_lines=host_data["inputs"].shape[0]))
   except Exception:
     # Bad data or config: a workdir this run created (with any data generated into it) is
@@ -260,7 +263,8 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   # and split seeds").
   train_data = sharding.put_replicated(host_data | {"hparams": per_seed.hparam_arrays(config)},
                                        mesh)
-  waste = padding_fraction(config, host_data["lengths"], per_device, host_data["inputs"].shape[1])
+  waste = padding_fraction(data_options.layout, host_data["lengths"], per_device,
+                           host_data["inputs"].shape[1])
   log.info("training batches: %s; expected padding %.1f%% of computed token positions",
            f"packed rows, capacities {capacities}" if capacities else "padded", 100 * waste)
   log.info("persistent compilation cache: %s", jax.config.jax_compilation_cache_dir or "off")
@@ -313,7 +317,8 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
     last_eval = {}
     if latest is None:
       if pool_sizes is not None:  # each seed's data mix, beside its metrics
-        table.write(0, seeds, composition.metric_rows(config, host_data["pool_sizes"]))
+        table.write(0, seeds,
+                    composition.metric_rows(data_options.mixes, host_data["pool_sizes"]))
       last_eval = _log_eval(loop, 0, state)
       _save(loop, 0, state)
     else:
@@ -358,7 +363,8 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   if not last_eval:  # the run had already finished: report its final evaluation again
     last_eval = metric_logging.logged_eval(table, step, seeds) or _log_eval(loop, step, state, write=False)
   return {"step": step, "seeds": seeds, "eval": last_eval, "state": state,
-          "trained_steps": step - loop.start_step, "per_seed": terms_lib.lambdas_per_seed(config)}
+          "trained_steps": step - loop.start_step,
+          "per_seed": terms_lib.lambdas_per_seed(schedules)}
 
 
 def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,

@@ -43,9 +43,9 @@ def test_per_seed_values_and_bad_values(load_config):
   config = load_config("question", "tiny,seeds=4")
   configlib.set_field(config, "data.num_disambiguating", (0, 0, 100, 100))
   configlib.set_field(config, "data.exclude_identity", True)  # one value for all seeds
-  mixes = composition.seed_mixes(config)
+  mixes = composition.mixes_from_config(config)
   assert [m.num_disambiguating for m in mixes] == [0, 0, 100, 100]
-  assert all(m.exclude_identity for m in mixes) and composition.active(config)
+  assert all(m.exclude_identity for m in mixes) and composition.active(mixes)
   configlib.set_field(config, "data.subset_fraction", (0.5, 1.0))
   with pytest.raises(ValueError, match="2 values for 4 seeds"):
     config_checks.validate(config)
@@ -103,9 +103,9 @@ def test_a_seed_in_a_mixed_group_equals_the_seed_trained_alone(tiny_config, tmp_
   assert sizes[1] == sizes[0] + 40 and sizes[2] < sizes[1]
   # seed 0's mix is the default, so its lone run took the plain path (no pools): the group's pool
   # of every line drew exactly the plain path's lines
-  assert not composition.active(tiny_config(**{**fields, "num_seeds": 1, "first_seed": 0,
-                                               "data.num_disambiguating": 0,
-                                               "data.exclude_identity": False}))
+  assert not composition.active(composition.mixes_from_config(tiny_config(
+      **{**fields, "num_seeds": 1, "first_seed": 0, "data.num_disambiguating": 0,
+         "data.exclude_identity": False})))
 
 
 def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
@@ -113,14 +113,17 @@ def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
   appended disambiguating ones included), row for row with the training data."""
   config = tiny_config(**{"num_seeds": 2, "data.num_disambiguating": (0, 20),
                           "sas.lambdas": (0.0, 0.01)})
-  task, _, splits = input_pipeline.load_data(config, str(tmp_path))
-  data, _ = input_pipeline.make_train_data(config, splits["train"], 2)
-  examples = composition.training_examples(config, task, config.data.dir)
-  arcs = terms.train_arrays(config, task, examples, data["inputs"].shape[1],
+  data_options = input_pipeline.DataOptions.from_config(config)
+  task, _, splits = input_pipeline.load_data(data_options, str(tmp_path))
+  data, _ = input_pipeline.make_train_data(data_options, splits["train"], 2)
+  examples = data_options.training_examples(str(tmp_path))
+  loss_terms, schedules = terms.active(config), terms.schedules_from_config(config)
+  arcs = terms.train_arrays(loss_terms, schedules, task, examples, data["inputs"].shape[1],
                             num_lines=data["inputs"].shape[0])
   np.testing.assert_array_equal(arcs["sas_lambda"], np.float32([0.0, 0.01]))
   assert arcs["dep_head"].shape[0] == data["inputs"].shape[0] == len(splits["train"])
-  extra = composition.extra_training_examples(config, task, config.data.dir)
+  extra = composition.extra_training_examples(data_options.mixes, data_options.seed, task,
+                                              config.data.dir)
   assert len(extra) == 20
   # the last row's arcs are those of the last disambiguating line
   from sg_jax.tasks import dependencies  # pylint: disable=import-outside-toplevel
@@ -128,4 +131,5 @@ def test_sas_arcs_cover_the_disambiguating_lines_too(tiny_config, tmp_path):
                                         data["inputs"].shape[1])["dep_head"][0]
   np.testing.assert_array_equal(arcs["dep_head"][-1], want)
   with pytest.raises(ValueError, match="cover"):
-    terms.train_arrays(config, task, examples, data["inputs"].shape[1], num_lines=5)
+    terms.train_arrays(loss_terms, schedules, task, examples, data["inputs"].shape[1],
+                       num_lines=5)

@@ -276,7 +276,8 @@ def test_training_data_checks_the_plain_file_too(tmp_path):
   config.data.dir = str(tmp_path)
   config.data.num_train = 30
   with pytest.raises(DataError, match=r"question_bracket.train:4: word 2 .* has 'zzz'"):
-    input_pipeline.load_data(config, str(tmp_path / "run"))
+    data_options = input_pipeline.DataOptions.from_config(config)
+    input_pipeline.load_data(data_options, str(tmp_path / "run"))
 
 
 def test_write_error_names_the_file_being_written(tmp_path, monkeypatch):

@@ -50,8 +50,9 @@ HOW_TO_UPDATE = ("training numbers changed: if the change is intended, record th
 
 
 def _train_20_steps(config, workdir):
-  _, vocab, splits = input_pipeline.load_data(config, workdir)  # reads config.data.dir
-  host, capacities = input_pipeline.make_train_data(config, splits["train"], 2)
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, vocab, splits = input_pipeline.load_data(data_options, workdir)  # reads config.data.dir
+  host, capacities = input_pipeline.make_train_data(data_options, splits["train"], 2)
   fns = step_lib.make_train_fns(config, vocab.size, capacities)
   state = fns.init(step_lib.seed_keys([0, 1]))
   data = jax.tree_util.tree_map(jnp.asarray, host)

@@ -185,8 +185,9 @@ def test_training_steps_with_plain_layers_equal_tuned(tiny_config, tmp_path):
   losses, params, fns_of = {}, {}, {}
   for impl in ("tuned", "plain"):
     config = tiny_config(**{"model.layer_impl": impl, "train.packing": False})
-    _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
-    host, caps = input_pipeline.make_train_data(config, splits["train"], 2)
+    data_options = input_pipeline.DataOptions.from_config(config)
+    _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
+    host, caps = input_pipeline.make_train_data(data_options, splits["train"], 2)
     fns = fns_of[impl] = step_lib.make_train_fns(config, vocab.size, caps)
     state = fns.init(step_lib.seed_keys([0, 1]))
     state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host),

@@ -67,7 +67,7 @@ def test_registries_refuse_unknown_and_clashing_names(tiny_config):
 def test_strengths_and_windows_per_seed(tiny_config):
   config = tiny_config(**{"sas.lambdas": (0.5, -0.5), "sas.starts": (0, 4), "sas.ends": (0, 9)})
   (term,) = terms.active(config)
-  arrays = terms.seed_arrays(config, term)
+  arrays = terms.seed_arrays(term, terms.schedules_from_config(config)["sas"])
   lam = lambda t: np.asarray(terms.lambdas_at(arrays, term, 2, jnp.int32(t)))
   np.testing.assert_array_equal(lam(0), [0.5, 0.0])
   np.testing.assert_array_equal(lam(4), [0.5, -0.5])

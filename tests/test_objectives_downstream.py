@@ -30,7 +30,8 @@ def test_pruning_lines_are_the_objectives_loss_positions(tiny_config, tmp_path):
   """`mlm`: one fixed BERT masking (targets only where masked, [MASK] in the inputs); `prefix_lm`:
   the stored inputs, targets from the task token on; `lm`: the stored lines."""
   config = tiny_config()
-  task, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  task, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
   train_split = splits["train"]
   stored_in, stored_t = np.asarray(train_split.inputs[:50]), np.asarray(train_split.targets[:50])
   lm_in, lm_t = inputs_lib.objective_lines(objectives.from_config(config), train_split, 50)
@@ -75,12 +76,16 @@ def test_mlm_sas_seed_in_a_group_equals_the_seed_alone(tiny_config, tmp_path):
   packed rows equal padded ones."""
   fields = {"objective": "mlm", "sas.variant": "max"}
   config = tiny_config(**fields, **{"sas.lambdas": (0.0, 0.5)})
-  task, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  task, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
 
   def trained(config, seeds):
-    host, capacities = input_pipeline.make_train_data(config, splits["train"], len(seeds))
-    host.update(terms.train_arrays(config, task, lambda: composition.training_examples(
-        config, task, config.data.dir), host["inputs"].shape[1], num_lines=host["inputs"].shape[0]))
+    data_options = input_pipeline.DataOptions.from_config(config)
+    host, capacities = input_pipeline.make_train_data(data_options, splits["train"], len(seeds))
+    host.update(terms.train_arrays(
+        terms.active(config), terms.schedules_from_config(config), task,
+        lambda: data_options.training_examples(str(tmp_path)), host["inputs"].shape[1],
+        num_lines=host["inputs"].shape[0]))
     fns = step_lib.make_train_fns(config, vocab.size, capacities)
     state = fns.init(step_lib.seed_keys(seeds))
     host = jax.tree_util.tree_map(jnp.asarray, host)

@@ -123,7 +123,8 @@ def _flat(tree):
 
 
 def _train_params(config, vocab, split, seeds, steps):
-  host, capacities = input_pipeline.make_train_data(config, split, len(seeds))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  host, capacities = input_pipeline.make_train_data(data_options, split, len(seeds))
   fns = step_lib.make_train_fns(config, vocab.size, capacities)
   state = fns.init(step_lib.seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
@@ -136,7 +137,8 @@ def _train_params(config, vocab, split, seeds, steps):
 def test_training_padded_equals_packed_and_grouped_equals_alone(objective, tiny_config,
                                                                  tmp_path):
   config = tiny_config(objective=objective)
-  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
   padded, sums = _train_params(config, vocab, splits["train"], [0, 1], 20)
   config.train.packing = True
   packed, _ = _train_params(config, vocab, splits["train"], [0, 1], 20)

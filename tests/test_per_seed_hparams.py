@@ -149,7 +149,8 @@ def test_command_line_parses_one_value_and_a_tuple_per_seed(monkeypatch):
 
 def _run(config, split, vocab, steps):
   """Final params [S, ...] of `config`'s seeds trained together, with their values as data."""
-  host, capacities = input_pipeline.make_train_data(config, split, int(config.num_seeds))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  host, capacities = input_pipeline.make_train_data(data_options, split, int(config.num_seeds))
   fns = step_lib.make_train_fns(config, vocab.size, capacities)
   hp = per_seed.hparam_arrays(config)
   state = fns.init(step_lib.seed_keys(per_seed.seed_ids(config, "data")),
@@ -174,7 +175,8 @@ MIXED = {"optim.learning_rate": (1e-3, 3e-3), "optim.weight_decay": (0.0, 0.3),
 def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_config, tmp_path,
                                                                        packing):
   config = tiny_config(**MIXED, first_seed=3, **{"train.packing": packing})
-  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
   together = _run(config, splits["train"], vocab, 20)
   for i in range(2):
     alone = tiny_config(**{k: v[i] for k, v in MIXED.items()}, first_seed=3 + i,

@@ -317,7 +317,8 @@ def test_unknown_word_in_data_names_file_and_line(data_dir, tmp_path):
   config = configlib.base_config("question")
   config.data.dir = str(bad)
   with pytest.raises(tasks.DataError) as error:
-    input_pipeline.load_data(config, str(tmp_path))
+    data_options = input_pipeline.DataOptions.from_config(config)
+    input_pipeline.load_data(data_options, str(tmp_path))
   message = str(error.value)
   assert message.startswith(f"{bad / 'question_bracket.dev'}:3: "), message
   assert "word 'blorp' is not in the question vocabulary" in message, message

@@ -135,4 +135,5 @@ def test_bad_sas_config_is_refused(tiny_config):
     config_checks.validate(tiny_config(**{"sas.variant": "mean"}))
   config = tiny_config(task="dyck", **{"sas.lambdas": (0.1,)})
   with pytest.raises(ValueError, match="declares no gold dependencies"):
-    terms.train_arrays(config, tasks.from_config(config), [], 8)
+    terms.train_arrays(terms.active(config), terms.schedules_from_config(config),
+                       tasks.from_config(config), [], 8)

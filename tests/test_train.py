@@ -31,7 +31,8 @@ def flat(tree):
 
 def _train_params(config, vocab, split, seeds, steps, packing=False):
   config.train.packing = packing
-  host, capacities = input_pipeline.make_train_data(config, split, len(seeds))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  host, capacities = input_pipeline.make_train_data(data_options, split, len(seeds))
   fns = step_lib.make_train_fns(config, vocab.size, capacities)  # cached per group size
   state = fns.init(step_lib.seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
@@ -42,7 +43,8 @@ def _train_params(config, vocab, split, seeds, steps, packing=False):
 @pytest.mark.slow
 def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
   config = tiny_config()
-  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
   together, _ = _train_params(config, vocab, splits["train"], [5, 6, 7], 50)
   for i, seed in enumerate((5, 6, 7)):
     alone, _ = _train_params(config, vocab, splits["train"], [seed], 50)
@@ -57,7 +59,8 @@ def test_vmapped_seeds_equal_each_seed_trained_alone(tiny_config, tmp_path):
 def test_packed_training_equals_padded_training_with_dropout(tiny_config, tmp_path):
   config = tiny_config()
   assert config.model.dropout == 0.1
-  _, vocab, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
   padded, none = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=False)
   packed, caps = _train_params(config, vocab, splits["train"], [0, 1], 30, packing=True)
   # The largest bucket holds the 8 longest lines together (rounded up to a multiple of 8).
@@ -85,13 +88,14 @@ def test_pack_lines_lays_out_lines_with_own_positions_and_line_indices():
 
 def test_padding_fraction_of_packed_rows_is_small(tiny_config, tmp_path):
   config = tiny_config()
-  _, _, splits = input_pipeline.load_data(config, str(tmp_path))
+  data_options = input_pipeline.DataOptions.from_config(config)
+  _, _, splits = input_pipeline.load_data(data_options, str(tmp_path))
   lengths, width = splits["train"].lengths, splits["train"].inputs.shape[1]
   config.train.packing = False
-  padded = packing.padding_fraction(config, lengths, 4, width)
+  padded = packing.padding_fraction(packing.BatchLayout.from_config(config), lengths, 4, width)
   np.testing.assert_allclose(padded, 1 - lengths.mean() / width)
   config.train.packing = True
-  packed = packing.padding_fraction(config, lengths, 4, width)
+  packed = packing.padding_fraction(packing.BatchLayout.from_config(config), lengths, 4, width)
   assert packed < 0.5 * padded
 
 

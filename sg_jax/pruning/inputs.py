@@ -83,7 +83,8 @@ def load_lines(restored, workdir: str, *, num_lines: int, batch_size: int, eval_
   """
   config = restored.config
   objective = objectives.from_config(config)
-  task, _, splits = input_pipeline.load_data(config, workdir)
+  data_options = input_pipeline.DataOptions.from_config(config)
+  task, _, splits = input_pipeline.load_data(data_options, workdir)
   out = {"task": task, "objective": objective,
          "train": _lines(objective, splits["train"], num_lines, batch_size)}
   if split is not None:

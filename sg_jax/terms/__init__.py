@@ -4,6 +4,6 @@ module with a registered `LossTerm` subclass and a config section of the same na
 
 from sg_jax.terms import sas  # noqa: F401  (registers `sas`)
 from sg_jax.terms import tree  # noqa: F401  (registers `tree`, added after `sas`)
-from sg_jax.terms.base import (LossTerm, active, lambdas_at, lambdas_per_seed,  # noqa: F401
-                               names, register, seed_arrays, sum_name, train_arrays,
-                               validate)
+from sg_jax.terms.base import (LossTerm, Schedule, active, lambdas_at,  # noqa: F401
+                               lambdas_per_seed, names, register, schedules_from_config,
+                               seed_arrays, sum_name, train_arrays, validate)

@@ -50,8 +50,12 @@ class LossTerm:
 
   @classmethod
   def default_section(cls) -> ml_collections.ConfigDict:
-    """The term's config section with lambda 0 (off): the generic fields plus its options."""
-    return ml_collections.ConfigDict({"lambdas": (0.0,), "starts": (0,), "ends": (0,)})
+    """The term's config section with lambda 0 (off): the generic fields, then its options
+    with the defaults its dataclass fields declare (in declaration order)."""
+    section = ml_collections.ConfigDict({"lambdas": (0.0,), "starts": (0,), "ends": (0,)})
+    for field in dataclasses.fields(cls):
+      section[field.name] = field.default
+    return section
 
   @classmethod
   def from_section(cls, section: ml_collections.ConfigDict) -> "LossTerm":
@@ -63,12 +67,10 @@ class LossTerm:
     """Raises ValueError naming a bad field of the term's options or the run (override)."""
     del config
 
-  def train_arrays(self, config: ml_collections.ConfigDict, task, examples: list,
-                   length: int) -> dict[str, np.ndarray]:
+  def train_arrays(self, task, examples: list, length: int) -> dict[str, np.ndarray]:
     """Per-line arrays the penalty reads, added to the training data (default: none).
 
     Args:
-      config: the run config.
       task: the run's `tasks.base.Task`.
       examples: the training set's examples, row i of the training arrays = examples[i].
       length: the training arrays' padded length L.
@@ -76,7 +78,7 @@ class LossTerm:
     Returns:
       {name: array [num_lines, ...]}; names must not clash with other terms'.
     """
-    del config, task, examples, length
+    del task, examples, length
     return {}
 
   def penalty(self, params: Any, sown: Any, data: dict, idx_B: Array, model_config) -> Array:
@@ -154,24 +156,57 @@ def validate(config: ml_collections.ConfigDict) -> None:
     cls.from_section(section).check(config)
 
 
-def seed_arrays(config: ml_collections.ConfigDict, term: LossTerm) -> dict[str, np.ndarray]:
-  """{'<name>_lambda': float32 [S], '<name>_start', '<name>_end': int32 [S]} of one term (end 0
-  becomes `NO_END`)."""
-  n, section = int(config.num_seeds), config[term.name]
-  ends = per_seed.array(section.get("ends", (0,)), n, f"{term.name}.ends", np.int64)
-  return {f"{term.name}_lambda": per_seed.array(_lambdas(section), n, f"{term.name}.lambdas",
-                                                np.float32),
-          f"{term.name}_start": per_seed.array(section.get("starts", (0,)), n,
-                                               f"{term.name}.starts", np.int32),
-          f"{term.name}_end": np.where(ends == 0, NO_END, ends).astype(np.int32)}
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """One term's per-seed strengths and step windows: its section's generic fields, resolved
+  for S seeds (`schedules_from_config`).
+
+  Attributes:
+    lambdas: float32 [S] the strengths.
+    starts: int32 [S] each seed's first step.
+    ends: int32 [S] each seed's end (exclusive), `NO_END` for the section's 0.
+  """
+
+  lambdas: np.ndarray
+  starts: np.ndarray
+  ends: np.ndarray
 
 
-def train_arrays(config: ml_collections.ConfigDict, task, examples: list | Callable[[], list],
-                 length: int, num_lines: int | None = None) -> dict[str, np.ndarray]:
+def schedules_from_config(config: ml_collections.ConfigDict) -> dict[str, Schedule]:
+  """{name: Schedule} of every active term (`active`) of a resolved run config, built once at
+  the top of a run.
+
+  Raises:
+    ValueError: a field with a wrong number of values (naming `<term>.<field>`).
+  """
+  out = {}
+  for term in active(config):
+    n, section = int(config.num_seeds), config[term.name]
+    ends = per_seed.array(section.get("ends", (0,)), n, f"{term.name}.ends", np.int64)
+    out[term.name] = Schedule(
+        lambdas=per_seed.array(_lambdas(section), n, f"{term.name}.lambdas", np.float32),
+        starts=per_seed.array(section.get("starts", (0,)), n, f"{term.name}.starts", np.int32),
+        ends=np.where(ends == 0, NO_END, ends).astype(np.int32))
+  return out
+
+
+def seed_arrays(term: LossTerm, schedule: Schedule) -> dict[str, np.ndarray]:
+  """{'<name>_lambda': float32 [S], '<name>_start', '<name>_end': int32 [S]}: one term's
+  `schedule` as the training data carries it (`lambdas_at` reads it)."""
+  return {f"{term.name}_lambda": schedule.lambdas, f"{term.name}_start": schedule.starts,
+          f"{term.name}_end": schedule.ends}
+
+
+def train_arrays(terms: tuple[LossTerm, ...], schedules: dict[str, Schedule], task,
+                 examples: list | Callable[[], list], length: int,
+                 num_lines: int | None = None) -> dict[str, np.ndarray]:
   """Everything the active terms add to the training data: each term's per-line arrays and its
   per-seed strengths and windows ({} without active terms).
 
   Args:
+    terms: the run's active terms (`active`).
+    schedules: their per-seed strengths and windows (`schedules_from_config`).
+    task: the run's task.
     examples: the training set's examples (`composition.training_examples`), row for row, or
       a function returning them (called only when a term is active).
     length: the training arrays' padded length.
@@ -181,7 +216,7 @@ def train_arrays(config: ml_collections.ConfigDict, task, examples: list | Calla
     ValueError: the examples do not cover `num_lines` rows, or a term's own refusal (e.g. SAS
       on a task without gold dependencies).
   """
-  if not active(config):
+  if not terms:
     return {}
   if callable(examples):
     examples = examples()
@@ -189,17 +224,16 @@ def train_arrays(config: ml_collections.ConfigDict, task, examples: list | Calla
     raise ValueError(f"the loss terms' arrays cover {len(examples)} training lines but the "
                      f"training set has {num_lines}")
   out = {}
-  for term in active(config):
-    out.update(term.train_arrays(config, task, examples, length))
-    out.update(seed_arrays(config, term))
+  for term in terms:
+    out.update(term.train_arrays(task, examples, length))
+    out.update(seed_arrays(term, schedules[term.name]))
   return out
 
 
-def lambdas_per_seed(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """{'<term>.lambda': float32 [S]} each active term's strength per seed (the closing table of
-  a run, `metric_logging.format_summary`)."""
-  return {f"{term.name}.lambda": seed_arrays(config, term)[f"{term.name}_lambda"]
-          for term in active(config)}
+def lambdas_per_seed(schedules: dict[str, Schedule]) -> dict[str, np.ndarray]:
+  """{'<term>.lambda': float32 [S]} each active term's strength per seed (`schedules`; the
+  closing table of a run, `metric_logging.format_summary`)."""
+  return {f"{name}.lambda": schedule.lambdas for name, schedule in schedules.items()}
 
 
 def lambdas_at(data: dict, term: LossTerm, num_local: int, step: Array) -> Array:

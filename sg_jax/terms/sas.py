@@ -70,12 +70,6 @@ class SasOptions(base.LossTerm):
   direction: str = "both"
 
   @classmethod
-  def default_section(cls) -> ml_collections.ConfigDict:
-    section = super().default_section()
-    section.variant, section.p, section.direction = "sum", 1.0, "both"
-    return section
-
-  @classmethod
   def from_section(cls, section) -> "SasOptions":
     return cls(variant=str(section.variant), p=float(section.p),
                direction=str(section.direction))
@@ -92,14 +86,13 @@ class SasOptions(base.LossTerm):
     if not self.p > 0:
       raise ValueError(f"invalid config: sas.p must be > 0, got {self.p}")
 
-  def train_arrays(self, config, task, examples: list, length: int) -> dict[str, np.ndarray]:
+  def train_arrays(self, task, examples: list, length: int) -> dict[str, np.ndarray]:
     """{'dep_head': int32 [num_lines, length]} the gold arcs of the training lines
     (`dependencies.dependency_arrays`).
 
     Raises:
       ValueError: the task declares no gold dependencies.
     """
-    del config
     if not getattr(task, "has_gold_dependencies", False):
       raise ValueError(f"invalid config: sas.lambdas is nonzero but the {task.name} task "
                        "declares no gold dependencies")

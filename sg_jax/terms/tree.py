@@ -82,12 +82,6 @@ class TreeOptions(base.LossTerm):
   normalise: bool = False
 
   @classmethod
-  def default_section(cls) -> ml_collections.ConfigDict:
-    section = super().default_section()
-    section.layer, section.dims, section.normalise = -1, 0.25, False
-    return section
-
-  @classmethod
   def from_section(cls, section) -> "TreeOptions":
     return cls(layer=int(section.layer), dims=float(section.dims),
                normalise=bool(section.get("normalise", False)))
@@ -114,7 +108,7 @@ class TreeOptions(base.LossTerm):
                        f"{config.get('objective', 'lm')!r} uses {attention} attention; TreeReg's "
                        "chart assumes a causal LM")
 
-  def train_arrays(self, config, task, examples: list, length: int) -> dict[str, np.ndarray]:
+  def train_arrays(self, task, examples: list, length: int) -> dict[str, np.ndarray]:
     """{'tree_nodes': int32 [num_lines, N - 1, 3]} the gold nodes of each training line's
     declarative tree (`gold_nodes`); N = the most declarative words of any line.
 
@@ -122,7 +116,6 @@ class TreeOptions(base.LossTerm):
       ValueError: the task has no gold trees, or a line's tree is missing or does not cover
         its declarative words (naming the line).
     """
-    del config
     if not getattr(task, "has_gold_trees", False):
       raise ValueError(f"invalid config: tree.lambdas is nonzero but the {task.name} task has "
                        "no gold trees")
