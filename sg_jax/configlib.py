@@ -1,4 +1,4 @@
-"""Shared config defaults, the presets, and the `key=value` config-string parser.
+"""Shared config defaults, the `key=value` config-string parser and its presets (`sg_jax.presets`).
 
 Every file in `configs/` calls `base_config(task)` and `apply_config_string(config, arg)`, so
 `--config=configs/tense.py:depth=8,seeds=4,quick` works the same for every task (in the style of
@@ -27,6 +27,7 @@ import numpy as np
 from sg_jax import composition
 from sg_jax import per_seed
 from sg_jax import tasks as tasks_lib
+from sg_jax.presets import GROK_CPU, PAPER, PRESETS, QUICK, TINY  # noqa: F401
 
 # Shorthand keys accepted in the config string, mapped to config fields.
 ALIASES = {
@@ -101,8 +102,6 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.data.seed = 0
   # Number of generated training lines (0 = the task's default, e.g. 100,000 for question).
   c.data.num_train = 0
-  # Dyck only: longest generated string in tokens (0 = no cap; see configs/dyck.py).
-  c.data.max_length = 0
   # Training-data composition, one value for all seeds or one per seed (sg_jax/composition.py,
   # docs/data.md "Composition"): num_disambiguating, exclude_identity, num_types, subject_mix,
   # subset_fraction; the defaults train on the split as generated.
@@ -193,8 +192,6 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.eval.batch_size = 250
   # Lines evaluated per split (0 = all). Tense decodes at most 2,000 lines (reference).
   c.eval.max_lines = 0
-  # Dyck: count only closing brackets whose opening bracket is at least this many tokens back.
-  c.eval.dyck_min_distance = 0
   # Tense: greedy decoding with a key/value cache (the same tokens as False, which runs a full
   # forward pass per decoded token and is kept for comparison).
   c.eval.kv_cache = True
@@ -205,8 +202,6 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # lines of each held-out split scored against their grammar's foils at every evaluation
   # (<split>/preference...); 0 disables. Tasks without foils (Dyck) log none.
   c.eval.preference_lines = 256
-  # Dyck: offer closing -> opening bracket arcs as gold dependencies (then UAS is logged too).
-  c.eval.dyck_bracket_arcs = False
   # Dense-early schedule: also evaluate every `dense_every` steps up to step `dense_until`
   # (0 = off, the default: only every `eval.every` steps).
   c.eval.dense_until = 0
@@ -239,6 +234,13 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.checkpoint.every = 3_000
   # Checkpoints kept (0 = keep all: the analysis needs the whole trajectory).
   c.checkpoint.max_to_keep = 0
+  # Fields only one task reads, declared by the task (`Task.config_fields`: Dyck's
+  # data.max_length, eval.dyck_min_distance, eval.dyck_bracket_arcs); every registered task's,
+  # so that the configs of all tasks (and old runs' config.json) have the same fields.
+  for task_class in tasks_lib.REGISTRY.values():
+    for dotted, default in task_class.config_fields.items():
+      section, name = dotted.rsplit(".", 1)
+      c[section][name] = default
   return c
 
 
@@ -390,82 +392,6 @@ def apply_config_string(config: ml_collections.ConfigDict, arg: str | None,
       raise ValueError(unknown_field_message(config, key, aliases=True))
     set_field(config, ALIASES.get(key, key), value)
   return config
-
-
-QUICK = {
-    # Small enough to show learning on a 2-core CPU in a couple of minutes.
-    "num_seeds": 4,
-    "data.num_train": 10_000,
-    "model.num_layers": 2,
-    "model.d_model": 128,
-    "model.num_heads": 4,
-    "model.d_ff": 512,
-    "optim.learning_rate": 1e-3,
-    "optim.warmup_steps": 300,
-    "optim.schedule": "constant",
-    "train.num_steps": 3_000,
-    "train.log_every": 500,
-    "eval.every": 1_000,
-    "eval.max_lines": 1_000,
-    "checkpoint.every": 1_000,
-}
-
-PAPER = {
-    # The paper's stated variant (docs/REFERENCE.md table): 4 heads, tied embeddings, clipping 10.
-    "model.num_heads": 4,
-    "model.tied_embeddings": True,
-    "optim.grad_clip_norm": 10.0,
-}
-
-TINY = {
-    # The quick preset shrunk until a whole run (training, evaluations, checkpoints, resume)
-    # takes seconds: what tests and scripts use to exercise the loop, not to learn anything.
-    **QUICK,
-    "num_seeds": 2,
-    "data.num_train": 400,
-    "model.num_layers": 1,
-    "model.d_model": 32,
-    "model.num_heads": 2,
-    "model.d_ff": 64,
-    "optim.warmup_steps": 10,
-    "train.num_steps": 40,
-    "train.steps_per_call": 10,
-    "train.log_every": 10,
-    "eval.every": 20,
-    "eval.max_lines": 64,
-    "checkpoint.every": 20,
-}
-
-GROK_CPU = {
-    # Question formation's grok_cpu preset (configs/question.py; its docstring gives the
-    # differences from the paper and why; configs/tense.py derives tense's from it). Not a shared
-    # preset: each task's config file offers its own.
-    # Structural grokking at laptop scale: a 6-layer post-LN LM (the paper's best depth for question
-    # formation) with d_model 128 on 100k question-formation lines; AdamW 3e-4, 2k warm-up,
-    # constant, then a linear cool-down to 0 over the last 10k of 30k steps. Evaluated and
-    # checkpointed every 1k steps (2,000 lines per split). About 50 minutes for 4 seeds on 2 cores.
-    "num_seeds": 4,
-    "data.num_train": 100_000,
-    "model.num_layers": 6,
-    "model.d_model": 128,
-    "model.num_heads": 4,
-    "model.d_ff": 512,
-    "optim.learning_rate": 3e-4,
-    "optim.warmup_steps": 2_000,
-    "optim.schedule": "wsd",
-    "optim.decay_steps": 0,  # = train.num_steps: the cool-down always ends at the last step
-    "optim.cooldown_steps": 10_000,
-    "train.num_steps": 30_000,
-    "train.log_every": 500,
-    "eval.every": 1_000,
-    "eval.max_lines": 2_000,
-    "checkpoint.every": 1_000,
-}
-
-
-# Presets every task's config file accepts; a task's own presets live in its config file
-# (configs/question.py and configs/tense.py: grok_cpu).
-PRESETS = {"quick": QUICK, "paper": PAPER, "tiny": TINY}
 
 
 def _config_args(args: list[str]) -> tuple[str | None, list[str]]:

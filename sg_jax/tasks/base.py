@@ -108,6 +108,10 @@ class Task(Protocol):
       each split's metrics per tag, `<split>/accuracy/<tag>`); () = none.
     foil_kinds: the kinds of minimal-pair foils `foils` makes (the preference metric,
       `sg_jax.preference`); () = none.
+    config_fields: the run-config fields only this task reads, {dotted field: default} (Dyck:
+      `data.max_length`, ...), read by its `from_config`. `configlib.base_config` adds every
+      registered task's, so a config of any task has the same fields (as an old run's
+      config.json does) and a new task's options never edit the shared config.
   """
   name: ClassVar[str]
   split_names: ClassVar[tuple]
@@ -120,6 +124,7 @@ class Task(Protocol):
   has_gold_dependencies: ClassVar[bool] = False
   constructions: ClassVar[tuple] = ()
   foil_kinds: ClassVar[tuple] = ()
+  config_fields: ClassVar[dict] = {}
 
   @classmethod
   def from_config(cls, config) -> "Task":

@@ -207,6 +207,14 @@ class DyckTask(base.Task):
     self.max_length = max_length
     self.min_distance = min_distance
 
+  # This task's fields of the run config (`Task.config_fields`): `data.max_length`, the longest
+  # generated string in tokens (0 = no cap; configs/dyck.py sets 100); `eval.dyck_min_distance`,
+  # count only closing brackets whose opening bracket is at least this many tokens back (10 =
+  # the paper's long-dependency variant); `eval.dyck_bracket_arcs`, offer closing -> opening
+  # bracket arcs as gold dependencies (then UAS is logged too).
+  config_fields = {"data.max_length": 0, "eval.dyck_min_distance": 0,
+                   "eval.dyck_bracket_arcs": False}
+
   @classmethod
   def from_config(cls, config) -> "DyckTask":
     """`data.max_length` (0 = no limit), `eval.dyck_min_distance` and `eval.dyck_bracket_arcs`
