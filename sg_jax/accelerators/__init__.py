@@ -1,0 +1,14 @@
+"""Compiling sg_jax for TPUs and GPUs on a CPU-only machine, and what the compiler says.
+
+* `targets`: the accelerators (published memory, peaks, bandwidth) and compile-only JAX devices
+  for them (libtpu; the jax-cuda12 plugin with XLA's GPU target descriptions in `gpu_specs/`).
+* `programs`: a run's training and evaluation programs, built as `sg_jax.main` builds them,
+  compiled for a target; memory and cost analyses.
+* `roofline`: FLOPs and bytes per seed-step, arithmetic intensity, memory- or compute-bound.
+* `hlo_checks`: no f64, no host transfer or callback, no collective in a seed-sharded step.
+* `table`: the table `python -m sg_jax.aot` prints.
+* `profiling`: `--profile_steps=A:B` of `sg_jax.main` (a JAX profiler trace of those steps).
+
+docs/performance.md, "Compiling for TPU and GPU ahead of time", says what a compile proves and
+what it does not.
+"""
