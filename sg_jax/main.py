@@ -49,6 +49,7 @@ from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
 from sg_jax import train
+from sg_jax.accelerators import profiling
 from sg_jax.runtime import config_changes
 from sg_jax.runtime.commands import command_errors, exit_at_once
 
@@ -93,6 +94,11 @@ _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "config loads the compiled programs from it instead of compiling them again. Unset: "
     "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/sg_jax/jax_cache (~/.cache/sg_jax/"
     "jax_cache); '' turns the cache off.")
+_PROFILE_STEPS = flags.DEFINE_string(
+    "profile_steps", "",
+    "A:B: write a JAX profiler trace of training steps A to B into WORKDIR/profile "
+    "(tensorboard --logdir WORKDIR/profile, with tensorboard-plugin-profile; "
+    "sg_jax.accelerators.profiling). Unset: no trace.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -106,7 +112,8 @@ def main(argv):
     watchdog = _start_processes(sg_log)
   on_error = watchdog.check_now if watchdog is not None else None  # a save failed: a process died?
   try:
-    with command_errors(on_error=on_error, exit_preempted=_exit_at_once):
+    with command_errors(on_error=on_error, exit_preempted=_exit_at_once), \
+        profiling.StepProfiler(_PROFILE_STEPS.value, _WORKDIR.value):
       result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                         allow_config_change=_ALLOW_CONFIG_CHANGE.value,
                                         tensorboard=_TENSORBOARD.value,

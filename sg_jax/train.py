@@ -39,6 +39,7 @@ from sg_jax import per_seed
 from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
+from sg_jax.accelerators import profiling
 from sg_jax.runtime import stop_signal
 from sg_jax.runtime import workdir_lock
 from sg_jax.runtime import writability
@@ -389,6 +390,7 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
       ckpt.wait()
       raise Preempted(f"signal {received}: checkpoint written at step {step}", step)
     end = _next_boundary(step, config, sizer.size_at(step))
+    end = profiling.call_end(step, end)  # --profile_steps: cut at A and B, trace A..B
     if state_hook is not None:
       state = state_hook(state, step)
     # A call from the step just checkpointed loses nothing when a signal stops it at once.
