@@ -1,34 +1,51 @@
-r"""Sweep driver: one training job per depth, run or resumed one after another (or N at once).
+r"""Sweep driver: a grid over config fields, one training job per combination of its job axes,
+run or resumed one after another (or N at once).
 
   python -m sg_jax.sweep --config=configs/question.py --depths=2,4,6,8,10 --seeds=10 \
       --root=runs/qf
+  python -m sg_jax.sweep --config=configs/question.py:grok_cpu --grid=model.num_layers=4,6 \
+      --grid=optim.weight_decay=0,0.1,1 --seeds=4 --root=runs/wd
   python -m sg_jax.sweep --config=configs/question.py:quick --depths=1,2 --seeds=4 \
       --root=runs/qf_quick --override=model.d_model=64 --override=train.num_steps=600 --analyze
   python -m sg_jax.sweep ... -- --allow_config_change     # flags after `--` go to sg_jax.main
 
-Depth D runs as the subprocess
+`--grid=section.field=v1,v2,...` (repeatable) is one axis of the grid; `--depths=D1,D2` is
+`--grid=model.num_layers=D1,D2` (its default, 2,4,6,8,10, applies only without --grid). A field
+that takes one value per seed (`sg_jax.sweeps.grid.seed_axis_fields`: learning rate, weight
+decay and the other scalar hyperparameters, `seeds.init` / `seeds.data`, the data composition,
+the loss terms' strengths and windows) goes onto the seed axis of each job: `--seeds` seeds per
+value (per combination of such fields), laid out value by value. Every other field (depth,
+width, heads, feed-forward width, training-set size, ...) makes separate jobs. The job of depth
+D and other job-axis values runs as the subprocess
 
   python -m sg_jax.main --config=<file>:<config string>,depth=D,seeds=S \
-      --workdir=<root>/depth<D> [--config.<override> ...] [flags after --]
+      --workdir=<root>/<job name> [--config.<override> ...] [--config.<job field>=<value> ...] \
+      [--config.<seed field>=(<one value per seed>) ...] [flags after --]
 
-so every job is an ordinary `sg_jax.main` run: rerunning the sweep resumes each unfinished job
-from its latest checkpoint, and a depth whose latest checkpoint step equals the requested
-`train.num_steps` (read with `sg_jax.checkpointing.all_steps` and the workdir's `config.json`) is
-skipped. Jobs are queued on this machine (`--parallel=1`, the default, runs one at a time: each
-job already uses every local device through its seed axis); `--parallel=N` runs N at once.
-`--analyze` runs `python -m sg_jax.analyze --workdir=<root>/depth<D>` after each finished depth
-(extra analysis flags through `--analyze_flag`).
+(`<job name>`: `depth<D>` for a grid over depth alone, else e.g. `depth4-d_model64`; `run`
+without job axes), so every job is an ordinary `sg_jax.main` run: rerunning the sweep resumes
+each unfinished job from its latest checkpoint, and a job whose latest checkpoint step equals the
+requested `train.num_steps` (read with `sg_jax.checkpointing.all_steps` and the workdir's
+`config.json`) is skipped. Jobs are queued on this machine (`--parallel=1`, the default, runs
+one at a time: each job already uses every local device through its seed axis); `--parallel=N`
+runs N at once. `--analyze` runs `python -m sg_jax.analyze --workdir=<root>/<job name>` after
+each finished job (extra analysis flags through `--analyze_flag`).
 
-The sweep index `root/sweep.json` records the config, depths, seeds, overrides, analysis flags
-and, per depth, the workdir (relative to the root), the exact command, its status (pending,
-running, finished, skipped, failed, preempted), return code, latest checkpoint step, log file,
-analysis status (finished, failed, interrupted) and UTC timestamps. It
-is rewritten atomically after every change, so it can be read while the sweep runs. Each job's
-output goes to `root/logs/depth<D>.log` (`.analyze.log` for the analysis).
+The sweep index `root/sweep.json` records the config, the grid (`grid`: each axis's field,
+values and whether it is a job or a seed axis, and the seeds per grid point), seeds, overrides,
+analysis flags and, per job (keyed by its depth for a grid over depth alone, as before grids,
+else by its name), the workdir (relative to the root), its other job-axis values
+(`grid_values`), the seed-to-value map (`seeds`: seed id -> {field: value}), the exact command,
+its status (pending, running, finished, skipped, failed, preempted), return code, latest
+checkpoint step, log file, analysis status (finished, failed, interrupted) and UTC timestamps.
+It is rewritten atomically after every change, so it can be read while the sweep runs. A rerun
+on a root whose sweep.json records another grid (other fields, values, order or seeds per grid
+point; a sweep.json from before grids records its depths and seeds) is refused in one line.
+Each job's output goes to `root/logs/<job name>.log` (`.analyze.log` for the analysis).
 
-Exit code: 0 when every depth finished, 75 (like `sg_jax.main`) when the sweep was interrupted by
+Exit code: 0 when every job finished, 75 (like `sg_jax.main`) when the sweep was interrupted by
 SIGTERM/SIGINT (rerun the same command to resume; an analysis stopped midway is redone), 1 when a
-job failed.
+job failed or the command was refused.
 """
 
 from __future__ import annotations
@@ -43,7 +60,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -51,8 +68,11 @@ from absl import logging
 
 from sg_jax import configlib
 from sg_jax import fileio
+from sg_jax import per_seed
 from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
 from sg_jax.runtime.exit_codes import EXIT_PREEMPTED  # a job stopped by a signal: rerun resumes
+from sg_jax.sweeps import grid as grid_lib
 
 SWEEP_FILE = "sweep.json"
 
@@ -71,11 +91,12 @@ def split_config_arg(config_arg: str) -> tuple[str, str]:
   return config_arg, ""
 
 
-def job_config_arg(config_arg: str, depth: int, seeds: int) -> str:
-  """The `--config` value of depth `depth`'s job: the given string plus `depth=D,seeds=S`
-  (appended last, so they win over the same keys in the string)."""
+def job_config_arg(config_arg: str, depth: int | None, seeds: int) -> str:
+  """The `--config` value of a job: the given string plus `depth=D,seeds=S` (`depth=D` only when
+  the depth is a job axis; appended last, so they win over the same keys in the string)."""
   path, string = split_config_arg(config_arg)
-  items = [s for s in string.split(",") if s.strip()] + [f"depth={depth}", f"seeds={seeds}"]
+  items = [s for s in string.split(",") if s.strip()]
+  items += ([] if depth is None else [f"depth={depth}"]) + [f"seeds={seeds}"]
   return f"{path}:{','.join(items)}"
 
 
@@ -94,21 +115,57 @@ def parse_override(text: str) -> tuple[str, str]:
   return field.strip(), value.strip()
 
 
-def job_command(config_arg: str, depth: int, seeds: int, workdir: str,
-                overrides: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
-  """argv of depth `depth`'s training job (see module docstring)."""
+def _flag_value(value: Any) -> str:
+  """A value as `--config.<field>=` text that ml_collections parses back to it."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  return repr(tuple(value)) if isinstance(value, (tuple, list)) else repr(value)
+
+
+def _grid_flags(job_values: Mapping[str, Any], seed_values: Mapping[str, Sequence]
+                ) -> list[tuple[str, Any]]:
+  """(field, value) of the grid's `--config.<field>=<value>` flags of a job: its job-axis values
+  other than the depth (which goes into the config string), then its per-seed values."""
+  out = [(f, v) for f, v in job_values.items() if f != grid_lib.DEPTH_FIELD]
+  return out + [(f, tuple(v)) for f, v in seed_values.items()]
+
+
+def job_command(config_arg: str, job_values: Mapping[str, Any] | int, seeds: int, workdir: str,
+                overrides: Sequence[str] = (), extra: Sequence[str] = (),
+                seed_values: Mapping[str, Sequence] | None = None) -> list[str]:
+  """argv of one training job (see module docstring).
+
+  Args:
+    job_values: {job-axis field: value} (an int: the depth alone, as `--depths`).
+    seeds: the job's number of seeds S.
+    seed_values: {seed-axis field: one value per seed, [S]}.
+  """
+  if not isinstance(job_values, Mapping):
+    job_values = {grid_lib.DEPTH_FIELD: job_values}
+  depth = job_values.get(grid_lib.DEPTH_FIELD)
   cmd = [sys.executable, "-m", "sg_jax.main",
          f"--config={job_config_arg(config_arg, depth, seeds)}", f"--workdir={workdir}"]
   cmd += [f"--config.{f}={v}" for f, v in map(parse_override, overrides)]
+  cmd += [f"--config.{f}={_flag_value(v)}"
+          for f, v in _grid_flags(job_values, seed_values or {})]
   return cmd + list(extra)
 
 
-def resolve_config(config_arg: str, depth: int, seeds: int, overrides: Sequence[str] = ()):
-  """The config a job will train with (config file + string + depth/seeds + overrides).
+def resolve_config(config_arg: str, job_values: Mapping[str, Any] | int | None, seeds: int,
+                   overrides: Sequence[str] = (),
+                   seed_values: Mapping[str, Sequence] | None = None):
+  """The config a job will train with (config file + string + depth/seeds + overrides + the
+  grid's other job-axis values and per-seed values).
 
   Raises:
-    ValueError: missing config file, no get_config in it, or a bad override (naming it).
+    ValueError: missing config file, no get_config in it, a bad override or grid field
+      (naming it: an unknown field with the nearest known ones).
   """
+  if job_values is not None and not isinstance(job_values, Mapping):
+    job_values = {grid_lib.DEPTH_FIELD: job_values}
+  job_values = job_values or {}
   path, _ = split_config_arg(config_arg)
   if not os.path.isfile(path):
     raise ValueError(f"config file {path!r} does not exist")
@@ -117,11 +174,17 @@ def resolve_config(config_arg: str, depth: int, seeds: int, overrides: Sequence[
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ValueError(f"config file {path!r} has no get_config()")
+  depth = job_values.get(grid_lib.DEPTH_FIELD)
   config = module.get_config(split_config_arg(job_config_arg(config_arg, depth, seeds))[1])
   for text in overrides:
     field, value = parse_override(text)
     # pylint: disable-next=protected-access
     configlib.set_field(config, field, configlib._parse_value(value))
+  for field, value in _grid_flags(job_values, seed_values or {}):
+    try:
+      configlib.set_field(config, field, value)
+    except ValueError as e:
+      raise ValueError(f"--grid {field}: {e}") from None
   return config
 
 
@@ -148,24 +211,25 @@ def is_finished(workdir: str, num_steps: int) -> bool:
   return latest_step(workdir) == num_steps
 
 
+class GridChanged(ValueError):
+  """A sweep root's sweep.json records another grid than the one asked for."""
+
+
 class SweepIndex:
   """`root/sweep.json`, rewritten atomically under a lock after every change."""
 
   def __init__(self, root: str, header: dict[str, Any]):
     self.path = os.path.join(root, SWEEP_FILE)
     self._lock = threading.Lock()
-    old = {}
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        old = json.load(f)
-    # Depths of earlier invocations that this one does not list are kept.
+    old = read_index(root)
+    # Jobs of earlier invocations that this one does not list are kept.
     self.data = {**header, "jobs": dict(old.get("jobs", {})), "created": old.get("created", _now()),
                  "updated": _now()}
     self.write()
 
-  def update(self, depth: int, **fields) -> None:
+  def update(self, key: str | int, **fields) -> None:
     with self._lock:
-      self.data["jobs"].setdefault(str(depth), {}).update(fields)
+      self.data["jobs"].setdefault(str(key), {}).update(fields)
       self.data["updated"] = _now()
       self._write_locked()
 
@@ -175,6 +239,37 @@ class SweepIndex:
 
   def _write_locked(self) -> None:
     fileio.write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
+
+
+def read_index(root: str) -> dict:
+  """The sweep.json of `root` ({} when there is none).
+
+  Raises:
+    ValueError: a sweep.json that is not JSON (naming it).
+  """
+  path = os.path.join(root, SWEEP_FILE)
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+
+def check_same_grid(root: str, recorded: Mapping) -> None:
+  """Refuses a grid other than the one `root/sweep.json` records (a sweep.json from before grids
+  records its depths and seeds: `grid.legacy_record`).
+
+  Raises:
+    GridChanged: in one line naming both grids.
+  """
+  old = grid_lib.legacy_record(read_index(root))
+  if old is not None and not grid_lib.same_grid(old, recorded):
+    raise GridChanged(
+        f"{os.path.join(root, SWEEP_FILE)} records the grid {grid_lib.describe(old)}, this "
+        f"command asks for {grid_lib.describe(recorded)}: rerun with the recorded grid to "
+        "resume, or give another --root")
 
 
 class Runner:
@@ -216,21 +311,21 @@ class Runner:
           pass
 
   def run_job(self, job: dict) -> str:
-    depth = job["depth"]
+    key, label = job["key"], job["label"]
     status = job["initial_status"]
     if self.stopping:  # the sweep was stopped before this job's turn
       return "pending" if status != "skipped" else status
     if status != "skipped":
-      self.index.update(depth, status="running", started=_now(), ended=None, returncode=None)
-      print(f"[sweep] depth {depth}: training -> {job['log']}", flush=True)
+      self.index.update(key, status="running", started=_now(), ended=None, returncode=None)
+      print(f"[sweep] {label}: training -> {job['log']}", flush=True)
       rc = self._run(job["command"], os.path.join(self.root, job["log"]))
       step = latest_step(job["workdir_path"])
       status = ("finished" if rc == 0 else "preempted" if rc == EXIT_PREEMPTED else "failed")
-      self.index.update(depth, status=status, ended=_now(), returncode=rc, latest_step=step)
-      print(f"[sweep] depth {depth}: {status} (exit code {rc}, latest checkpoint {step})",
+      self.index.update(key, status=status, ended=_now(), returncode=rc, latest_step=step)
+      print(f"[sweep] {label}: {status} (exit code {rc}, latest checkpoint {step})",
             flush=True)
     if status in ("finished", "skipped") and job["analyze_command"] and not self.stopping:
-      self.index.update(depth, analysis="running")
+      self.index.update(key, analysis="running")
       rc = self._run(job["analyze_command"], os.path.join(self.root, job["analyze_log"]))
       if rc != 0 and self.stopping:
         # Stopped by the sweep's own signal (sg_jax.analyze exits 75; another command may die
@@ -240,8 +335,8 @@ class Runner:
         analysis, status = f"failed (exit code {rc})", "failed"
       else:
         analysis = "finished"
-      self.index.update(depth, analysis=analysis, analysis_ended=_now())
-      print(f"[sweep] depth {depth}: analysis {analysis} -> {job['analyze_log']}", flush=True)
+      self.index.update(key, analysis=analysis, analysis_ended=_now())
+      print(f"[sweep] {label}: analysis {analysis} -> {job['analyze_log']}", flush=True)
     return status
 
   def run(self, jobs: list[dict]) -> list[str]:
@@ -249,76 +344,139 @@ class Runner:
       return list(pool.map(self.run_job, jobs))
 
 
-def plan(config_arg: str, depths: Sequence[int], seeds: int, root: str,
-         overrides: Sequence[str] = (), extra: Sequence[str] = (), analyze: bool = False,
-         analyze_flags: Sequence[str] = ()) -> list[dict]:
-  """One job description per depth: commands, workdir, log files and whether it is finished.
+def grid_axes(config_arg: str, depths: Sequence[int], grid: Sequence[str],
+              overrides: Sequence[str] = ()) -> list[tuple[str, tuple]]:
+  """The sweep's axes [(field, values)]: `depths` (model.num_layers) first, then each `--grid`
+  text; an int value of a float field becomes a float (`0` -> `0.0` for a weight decay).
 
   Raises:
-    ValueError: bad depths/seeds, or a config that cannot be resolved.
+    ValueError: no axis at all, a bad or repeated axis (`grid.parse_grid`), an unknown field
+      (with the nearest known ones), or a field both on the grid and in `overrides`.
   """
-  if not depths or any(d < 1 for d in depths):
+  if not depths and not grid:
+    raise ValueError("nothing to sweep: give --depths=D1,D2,... or --grid=section.field=v1,v2,...")
+  axes = grid_lib.parse_grid(grid, depths)
+  config = resolve_config(config_arg, None, 1)
+  overridden = {parse_override(t)[0] for t in overrides}
+  out = []
+  for field, values in axes:
+    if not configlib.has_field(config, field):
+      raise ValueError(f"--grid: {configlib.unknown_field_message(config, field)}")
+    if field in overridden:
+      raise ValueError(f"{field} is both on the grid and in --override: give it in one place")
+    old = per_seed.as_tuple(per_seed.get(config, field))
+    floats = bool(old) and isinstance(old[0], float)
+    out.append((field, tuple(float(v) if floats and isinstance(v, int)
+                             and not isinstance(v, bool) else v for v in values)))
+  return out
+
+
+def _check_per_seed_counts(config, label: str) -> None:
+  """Every per-seed field of a job's config holds one value or one per seed.
+
+  Raises:
+    ValueError: naming the job and the field (`per_seed.values`).
+  """
+  n = int(config.num_seeds)
+  for field in grid_lib.seed_axis_fields():
+    if configlib.has_field(config, field):
+      try:
+        per_seed.values(per_seed.get(config, field), n, field)
+      except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+
+
+def plan(config_arg: str, depths: Sequence[int], seeds: int, root: str,
+         overrides: Sequence[str] = (), extra: Sequence[str] = (), analyze: bool = False,
+         analyze_flags: Sequence[str] = (), grid: Sequence[str] = ()) -> list[dict]:
+  """One job description per combination of the job axes (`sg_jax.sweeps.grid`): key, label,
+  commands, workdir, log files, the seed-to-value map and whether it is finished.
+
+  Args:
+    depths: the `--depths` shorthand for a model.num_layers axis ([] for none).
+    seeds: seeds per grid point.
+    grid: `--grid` texts, 'section.field=v1,v2,...'.
+
+  Raises:
+    ValueError: bad depths/seeds/grid, a per-seed field whose value count is neither 1 nor the
+      job's seeds, or a config that cannot be resolved.
+  """
+  if depths and any(not isinstance(d, int) or d < 1 for d in depths):
     raise ValueError(f"--depths must be positive integers, got {list(depths)}")
-  if len(set(depths)) != len(depths):
-    raise ValueError(f"--depths lists a depth twice: {list(depths)}")
   if seeds < 1:
     raise ValueError(f"--seeds must be >= 1, got {seeds}")
+  axes = grid_axes(config_arg, depths, grid, overrides)
   jobs = []
-  for depth in depths:
-    config = resolve_config(config_arg, depth, seeds, overrides)
-    name = f"depth{depth}"
-    workdir = os.path.join(root, name)
+  for job in grid_lib.expand(axes, seeds):
+    config = resolve_config(config_arg, job.job_values, job.num_seeds, overrides,
+                            job.seed_values)
+    only_depth = list(job.job_values) == [grid_lib.DEPTH_FIELD]
+    label = f"depth {job.job_values[grid_lib.DEPTH_FIELD]}" if only_depth else f"job {job.name}"
+    _check_per_seed_counts(config, label)
+    workdir = os.path.join(root, job.name)
     finished = is_finished(workdir, config.train.num_steps)
     analyze_cmd = None
     if analyze:
       analyze_cmd = [sys.executable, "-m", "sg_jax.analyze", f"--workdir={workdir}",
                      *analyze_flags]
-    jobs.append({"depth": depth, "workdir": name, "workdir_path": workdir,
-                 "num_steps": int(config.train.num_steps),
-                 "command": job_command(config_arg, depth, seeds, workdir, overrides, extra),
-                 "analyze_command": analyze_cmd, "log": os.path.join("logs", f"{name}.log"),
-                 "analyze_log": os.path.join("logs", f"{name}.analyze.log"),
+    first = int(config.get("first_seed", 0))
+    jobs.append({"key": job.key, "label": label, "workdir": job.name, "workdir_path": workdir,
+                 "num_steps": int(config.train.num_steps), "num_seeds": job.num_seeds,
+                 "job_values": job.job_values,
+                 "seed_map": {str(first + k): p for k, p in enumerate(job.points)},
+                 "command": job_command(config_arg, job.job_values, job.num_seeds, workdir,
+                                        overrides, extra, job.seed_values),
+                 "analyze_command": analyze_cmd, "log": os.path.join("logs", f"{job.name}.log"),
+                 "analyze_log": os.path.join("logs", f"{job.name}.analyze.log"),
                  "initial_status": "skipped" if finished else "pending"})
   return jobs
 
 
 def run_sweep(config_arg: str, depths: Sequence[int], seeds: int, root: str, *,
               parallel: int = 1, overrides: Sequence[str] = (), extra: Sequence[str] = (),
-              analyze: bool = False, analyze_flags: Sequence[str] = ()) -> dict[int, str]:
-  """Runs or resumes every depth's job and writes `root/sweep.json`.
+              analyze: bool = False, analyze_flags: Sequence[str] = (),
+              grid: Sequence[str] = ()) -> dict[str, str]:
+  """Runs or resumes every job of the grid and writes `root/sweep.json`.
 
   Returns:
-    {depth: final status}, status in finished | skipped | failed | preempted | pending (not
-    started because the sweep was stopped).
+    {job key: final status} (key: the depth for a sweep over depths only, else the job's workdir
+    name), status in finished | skipped | failed | preempted | pending (not started because the
+    sweep was stopped).
 
   Raises:
     ValueError: as `plan`, or `parallel` < 1.
+    GridChanged: `root/sweep.json` records another grid (or other seeds per grid point).
     workdir_lock.LockHeld: another sweep runs on `root` (`sg_jax.runtime.workdir_lock`).
   """
   if parallel < 1:
     raise ValueError(f"--parallel must be >= 1, got {parallel}")
-  jobs = plan(config_arg, depths, seeds, root, overrides, extra, analyze, analyze_flags)
+  jobs = plan(config_arg, depths, seeds, root, overrides, extra, analyze, analyze_flags, grid)
+  recorded = grid_lib.record(grid_axes(config_arg, depths, grid, overrides), seeds)
   os.makedirs(root, exist_ok=True)
   # One sweep per root (its sweep.json); each job's main and analyze lock their own workdir.
   with workdir_lock.locked(root, "sg_jax.sweep"):
+    check_same_grid(root, recorded)
     os.makedirs(os.path.join(root, "logs"), exist_ok=True)
-    return _run_jobs(jobs, config_arg, depths, seeds, root, parallel=parallel,
-                     overrides=overrides, extra=extra, analyze=analyze,
-                     analyze_flags=analyze_flags)
+    header = {"config": config_arg, "grid": recorded, "seeds": seeds,
+              "overrides": list(overrides), "extra_flags": list(extra), "parallel": parallel,
+              "analyze": analyze, "analyze_flags": list(analyze_flags)}
+    if [a["field"] for a in recorded["axes"]] == [grid_lib.DEPTH_FIELD]:
+      header["depths"] = list(recorded["axes"][0]["values"])  # as sweeps over depths wrote
+    return _run_jobs(jobs, root, header, parallel)
 
 
-def _run_jobs(jobs, config_arg, depths, seeds, root, *, parallel, overrides, extra, analyze,
-              analyze_flags) -> dict[int, str]:
-  index = SweepIndex(root, {
-      "config": config_arg, "depths": list(depths), "seeds": seeds,
-      "overrides": list(overrides), "extra_flags": list(extra), "parallel": parallel,
-      "analyze": analyze, "analyze_flags": list(analyze_flags)})
+def _run_jobs(jobs, root, header, parallel) -> dict[str, str]:
+  index = SweepIndex(root, header)
   for job in jobs:
-    index.update(job["depth"], workdir=job["workdir"], num_steps=job["num_steps"],
+    index.update(job["key"], workdir=job["workdir"], num_steps=job["num_steps"],
                  command=shlex.join(job["command"]), log=job["log"],
                  status=job["initial_status"])
+    if job["job_values"] and list(job["job_values"]) != [grid_lib.DEPTH_FIELD]:
+      index.update(job["key"], grid_values=job["job_values"])
+    if any(job["seed_map"].values()):
+      index.update(job["key"], seeds=job["seed_map"])
     if job["initial_status"] == "skipped":
-      print(f"[sweep] depth {job['depth']}: already finished at step {job['num_steps']}, "
+      print(f"[sweep] {job['label']}: already finished at step {job['num_steps']}, "
             "skipping", flush=True)
   runner = Runner(index, root, parallel)
   handlers = {}
@@ -338,8 +496,8 @@ def _run_jobs(jobs, config_arg, depths, seeds, root, *, parallel, overrides, ext
       signal.signal(sig, old)
   for job, status in zip(jobs, statuses):
     if status == "pending":  # never started because the sweep was stopped
-      index.update(job["depth"], status="pending")
-  return {job["depth"]: status for job, status in zip(jobs, statuses)}
+      index.update(job["key"], status="pending")
+  return {job["key"]: status for job, status in zip(jobs, statuses)}
 
 
 def define_flags() -> None:
@@ -348,14 +506,20 @@ def define_flags() -> None:
   flags.DEFINE_string(
       "config", None, "Config file with an optional config string, e.g. configs/question.py or "
       "configs/question.py:quick,heads=4. depth=D,seeds=S are appended per job.")
-  flags.DEFINE_list("depths", "2,4,6,8,10", "Comma-separated depths (num_layers).")
-  flags.DEFINE_integer("seeds", 10, "Seeds per depth (config num_seeds).")
-  flags.DEFINE_string("root", None, "Sweep folder; depth D trains in <root>/depth<D>.")
+  flags.DEFINE_list("depths", "2,4,6,8,10", "Comma-separated depths (num_layers): shorthand "
+                    "for --grid=model.num_layers=...; the default applies only without --grid.")
+  flags.DEFINE_multi_string(
+      "grid", [], "A grid axis section.field=v1,v2,... (repeatable): a per-seed field goes onto "
+      "each job's seed axis (--seeds seeds per value), any other field makes separate jobs.")
+  flags.DEFINE_integer("seeds", 10, "Seeds per grid point (a job's num_seeds is this times the "
+                       "number of its seed-axis grid points).")
+  flags.DEFINE_string("root", None, "Sweep folder; each job trains in <root>/<job name> (depth "
+                      "D alone: <root>/depth<D>).")
   flags.DEFINE_integer("parallel", 1, "Jobs run at once on this machine.")
   flags.DEFINE_multi_string(
       "override", [], "Config override section.field=value, passed as --config.section.field=value "
       "to every job (repeatable).")
-  flags.DEFINE_bool("analyze", False, "Run sg_jax.analyze after each finished depth.")
+  flags.DEFINE_bool("analyze", False, "Run sg_jax.analyze after each finished job.")
   flags.DEFINE_multi_string(
       "analyze_flag", [], "Extra flag for sg_jax.analyze, e.g. --analyze_flag=--num_sentences=200.")
   flags.DEFINE_bool("dry_run", False, "Print the job commands and exit.")
@@ -365,25 +529,26 @@ def define_flags() -> None:
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax chatter when reading checkpoint steps
   extra = list(argv[1:])
+  depths = FLAGS.depths if (FLAGS["depths"].present or not FLAGS.grid) else []
   try:
-    depths = [int(d) for d in FLAGS.depths]
+    depths = [int(d) for d in depths]
   except ValueError:
     sys.exit(f"error: --depths must be comma-separated integers, got {FLAGS.depths}")
-  try:
+  # Bad input (flags, grid, config), a changed grid, a held lock: one line and exit code 1.
+  with command_errors():
     if FLAGS.dry_run:
       for job in plan(FLAGS.config, depths, FLAGS.seeds, FLAGS.root, FLAGS.override, extra,
-                      FLAGS.analyze, FLAGS.analyze_flag):
+                      FLAGS.analyze, FLAGS.analyze_flag, FLAGS.grid):
         state = "finished, would skip" if job["initial_status"] == "skipped" else "would run"
-        print(f"# depth {job['depth']} ({state})")
+        print(f"# {job['label']} ({state}, {job['num_seeds']} seeds)")
         print(shlex.join(job["command"]))
         if job["analyze_command"]:
           print(shlex.join(job["analyze_command"]))
       return
     statuses = run_sweep(FLAGS.config, depths, FLAGS.seeds, FLAGS.root,
                          parallel=FLAGS.parallel, overrides=FLAGS.override, extra=extra,
-                         analyze=FLAGS.analyze, analyze_flags=FLAGS.analyze_flag)
-  except (ValueError, workdir_lock.LockHeld) as e:
-    sys.exit(f"error: {e}")
+                         analyze=FLAGS.analyze, analyze_flags=FLAGS.analyze_flag,
+                         grid=FLAGS.grid)
   print(f"[sweep] done: {statuses}; index: {os.path.join(FLAGS.root, SWEEP_FILE)}")
   values = set(statuses.values())
   if "failed" in values:

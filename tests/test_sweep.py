@@ -1,7 +1,8 @@
 """Tests of the sweep driver (`sg_jax.sweep`): job commands and config resolution, the
 finished-run check, one real tiny sweep (a single depth, two seeds, 10 steps) that is skipped
-when rerun and resumed when asked to train longer, and a sweep stopped mid-way whose rerun equals
-an uninterrupted sweep."""
+when rerun and resumed when asked to train longer, and a grid sweep (depth x weight decay)
+stopped mid-way by SIGINT whose rerun equals an uninterrupted sweep. The grid's expansion and
+refusals: tests/test_sweep_grid.py."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
   assert index["analyze_flags"] == []
   statuses = sweep.run_sweep(TINY, [1], 2, root, overrides=_tiny_overrides(tiny_data, 10),
                              extra=["--notensorboard"], analyze_flags=["--num_sentences=3"])
-  assert statuses == {1: "skipped"}
+  assert statuses == {"1": "skipped"}
   assert json.load(open(os.path.join(root, "sweep.json")))["analyze_flags"] == [
       "--num_sentences=3"]
   # A longer run is not finished: dry run plans to run it again (it would resume at step 10).
@@ -104,7 +105,8 @@ def test_tiny_sweep_runs_skips_and_resumes(tmp_path, tiny_data):
 
 
 def _fake_job(tmp_path, depth, code):
-  return {"depth": depth, "workdir": f"depth{depth}", "workdir_path": str(tmp_path / f"d{depth}"),
+  return {"key": str(depth), "label": f"depth {depth}", "workdir": f"depth{depth}",
+          "workdir_path": str(tmp_path / f"d{depth}"),
           "command": [sys.executable, "-c", code], "analyze_command": None,
           "log": f"depth{depth}.log", "analyze_log": f"depth{depth}.analyze.log",
           "initial_status": "pending"}
@@ -182,19 +184,24 @@ def test_an_analysis_stopped_by_the_sweep_is_interrupted_and_a_crashing_one_fail
 
 
 @pytest.mark.slow
-def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path, tiny_data):
-  """SIGTERM while depth 2 trains (depth 1 done): the sweep exits 75 and its index says
-  preempted; the rerun skips depth 1 (its files untouched), resumes depth 2, and depth 2's
-  metrics and parameters equal those of a sweep of depth 2 that was never stopped."""
+def test_a_grid_sweep_stopped_by_sigint_and_rerun_equals_an_uninterrupted_sweep(tmp_path,
+                                                                                tiny_data):
+  """A grid over depth (jobs, --depths shorthand) and weight decay (each job's seed axis: 0 and
+  0.1, one seed each). SIGINT while depth 2 trains (depth 1 done): the sweep exits 75 and its
+  index says preempted; the rerun skips depth 1 (its files untouched), resumes depth 2, and depth
+  2's metrics and parameters equal those of a sweep of depth 2 that was never stopped. The index
+  records the grid and each job's seed-to-value map; the same root with another grid is refused
+  in one line."""
   import signal
   import time
 
   overrides = [f"--override={o}" for o in _tiny_overrides(tiny_data, 40)]
   overrides += ["--override=train.steps_per_call=5", "--override=train.max_call_seconds=0"]
 
-  def sweep_args(root, depths="1,2"):
+  def sweep_args(root, depths="1,2", decays="0,0.1"):
     return [sys.executable, "-m", "sg_jax.sweep", f"--config={TINY}", f"--depths={depths}",
-            "--seeds=2", f"--root={root}"] + overrides + ["--", "--notensorboard"]
+            f"--grid=optim.weight_decay={decays}", "--seeds=1", f"--root={root}"] + overrides + [
+                "--", "--notensorboard"]
 
   straight = str(tmp_path / "straight")
   done = subprocess.run(sweep_args(straight, depths="2"), cwd=ROOT, capture_output=True,
@@ -210,14 +217,26 @@ def test_a_sweep_stopped_midway_and_rerun_equals_an_uninterrupted_sweep(tmp_path
     if os.path.exists(log) and "step 10/40" in open(log).read():
       break
     time.sleep(0.2)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signal.SIGINT)
   out = proc.communicate(timeout=120)[0]
   assert proc.returncode == 75, out
   index = json.load(open(os.path.join(stopped, "sweep.json")))
   assert index["jobs"]["1"]["status"] == "finished"
   assert index["jobs"]["2"]["status"] == "preempted" and index["jobs"]["2"]["latest_step"] < 40
+  assert [(a["field"], a["values"], a["axis"]) for a in index["grid"]["axes"]] == [
+      ("model.num_layers", [1, 2], "job"), ("optim.weight_decay", [0.0, 0.1], "seed")]
+  assert index["jobs"]["2"]["seeds"] == {"0": {"optim.weight_decay": 0.0},
+                                         "1": {"optim.weight_decay": 0.1}}
+  assert json.load(open(os.path.join(stopped, "depth2", "config.json")))["optim"][
+      "weight_decay"] == [0.0, 0.1]
   depth1 = os.path.join(stopped, "depth1")
   depth1_before = (run_files.rows(depth1), run_files.params(depth1))
+  changed = subprocess.run(sweep_args(stopped, decays="0,0.2"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+  assert changed.returncode == 1
+  assert changed.stderr.strip().splitlines()[-1].startswith(
+      f"error: {os.path.join(stopped, 'sweep.json')} records the grid model.num_layers=1,2 "
+      "optim.weight_decay=0,0.1 x 1 seeds per grid point, this command asks for")
   again = subprocess.run(sweep_args(stopped), cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
   assert again.returncode == 0, again.stdout + again.stderr

@@ -60,7 +60,9 @@ one's own runs):
                              field's value, seed mean with a 95% t-interval. --group_by=FIELD
                              groups (j) and draws (k) by the named per-seed fields only, the
                              others pooled (e.g. one axis of a grid sweep:
-                             docs/sweeps_and_launch.md).
+                             docs/sweeps_and_launch.md); a named field that differs between
+                             the runs of one depth (a job axis) groups their seeds merged
+                             into one run, `depth<D>_jobs` (`groups.job_axis_runs`).
   pruning_accuracy_<run>.png (l) where the workdir has pruning.csv (`sg_jax.prune`): in-domain
                              vs out-of-domain accuracy of every subnetwork of the last pruned
                              step, one panel per sparsity level, colour = training seed, star =
@@ -194,7 +196,8 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     objective: only the runs of this objective (None: all).
     group_by: per-seed fields the seed groups (j) and dose responses (k) use, the others
       pooled (`groups.seed_groups`; e.g. ['optim.weight_decay'] for a grid sweep's weight-decay
-      axis); empty: every per-seed field.
+      axis), or fields that differ between the runs of one depth (`groups.job_axis_runs`);
+      empty: every per-seed field of each run.
 
   Returns:
     {'out_dir': str, 'figures': [paths], 'skipped': [notes], 'depths': [summary rows]} (for a
@@ -273,7 +276,9 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   optional("tparseval_by_length.png", lambda p: plot_tparseval_by_length(by_depth, p, prefix))
 
   group_table, group_tests = [], []
-  for run in runs:
+  # with --group_by naming a job axis of a grid sweep (e.g. model.d_model), the jobs of each
+  # depth merged into one run whose seeds group by it
+  for run in runs + groups.job_axis_runs(runs, group_by):
     seed_sets = groups.seed_groups(run, group_by)
     if not seed_sets:
       continue

@@ -34,6 +34,9 @@ def define_flags() -> None:
                      "as tied for early stopping.")
   flags.DEFINE_bool("pruning_all_steps", False, "Draw the pruned subnetworks' accuracies of "
                     "every pruned step too (pruning_accuracy_<run>_step<N>.png).")
+  flags.DEFINE_list("group_by", [], "Per-seed config fields (e.g. optim.weight_decay, or its "
+                    "last part) to group seeds by and draw the dose response of; the other "
+                    "per-seed fields pooled. Default: every per-seed field.")
   flags.DEFINE_list("modules", [], "Python modules to import first; each registers its own "
                     "analysis quantities, whose columns are then plotted too.")
 
@@ -55,7 +58,8 @@ def main(argv):
     registry.load_modules(FLAGS.modules)
     result = write_report(FLAGS.root, FLAGS.out_dir, threshold=FLAGS.threshold,
                           saturation=FLAGS.saturation, tie_tolerance=FLAGS.tie_tolerance,
-                          pruning_all_steps=FLAGS.pruning_all_steps)
+                          pruning_all_steps=FLAGS.pruning_all_steps,
+                          group_by=FLAGS.group_by)
   print(f"report: {len(result['figures'])} figures, summary.md and summary.csv in "
         f"{result['out_dir']}")
   for row in result["depths"]:

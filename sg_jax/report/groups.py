@@ -113,6 +113,83 @@ def seed_groups(run: Run, by: Sequence[str] | None = None) -> dict[str, list[int
   return dict(groups)
 
 
+def _unflat(flat: Mapping[str, object]) -> dict:
+  out: dict = {}
+  for dotted, value in flat.items():
+    node = out
+    *sections, leaf = dotted.split(".")
+    for part in sections:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+def merge_runs(runs: Sequence[Run], name: str) -> Run:
+  """One Run holding the seeds of `runs` (e.g. the jobs of one depth of a grid sweep), so that
+  its seeds group by a field that differs between the runs (a job axis such as `model.d_model`)
+  as by a per-seed field: the seeds are renumbered from 0 in run order (run i's seed
+  `first_seed_i + k` becomes `n_0 + ... + n_{i-1} + k`), and every config field is given one
+  value per merged seed (a run's per-seed list, else its one value repeated), so that
+  `per_seed_fields` finds each field that differs between seeds of the merged run.
+
+  Args:
+    runs: runs with the same task and metrics (their `series` [steps] per seed).
+    name: the merged run's name.
+
+  Raises:
+    ValueError: a run without `num_seeds` in its config.
+  """
+  flats, counts = [], []
+  for run in runs:
+    n = run.config.get("num_seeds")
+    if not isinstance(n, int):
+      raise ValueError(f"run {run.name} has no num_seeds in its config.json: cannot merge it")
+    flats.append(_flat(run.config))
+    counts.append(n)
+  merged_flat: dict[str, list] = {}
+  for field in dict.fromkeys(f for flat in flats for f in flat):
+    values = []
+    for flat, n in zip(flats, counts):
+      value = flat.get(field)
+      per = isinstance(value, (list, tuple)) and len(value) == n and n > 1
+      values += list(value) if per else [value] * n
+    merged_flat[field] = values
+  merged_flat.update({"num_seeds": sum(counts), "first_seed": 0})
+  series: dict = collections.defaultdict(dict)
+  offset = 0
+  for run, n in zip(runs, counts):
+    first = int(run.config.get("first_seed", 0))
+    for metric, by_seed in run.series.items():
+      for seed, curve in by_seed.items():
+        series[metric][offset + seed - first] = curve
+    offset += n
+  froms = {run.accuracy_from for run in runs}
+  return Run(workdir=runs[0].workdir, name=name, depth=runs[0].depth, task=runs[0].task,
+             num_steps=runs[0].num_steps, series=dict(series), config=_unflat(merged_flat),
+             accuracy_from=froms.pop() if len(froms) == 1 else "")
+
+
+def job_axis_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Run]:
+  """The runs of each depth merged into one (`merge_runs`, named `depth<D>_jobs`) where a field
+  `by` names differs between them (a job axis of a grid sweep, e.g. `model.d_model`; the
+  per-seed fields of the runs stay per seed), so that the report groups their seeds by it;
+  [] without `by` or where no named field differs between runs of one depth."""
+  if not by:
+    return []
+  by_depth = collections.defaultdict(list)
+  for run in runs:
+    by_depth[run.depth].append(run)
+  out = []
+  for depth, members in by_depth.items():
+    if len(members) < 2 or not all(isinstance(r.config.get("num_seeds"), int) for r in members):
+      continue
+    merged = merge_runs(members, f"depth{depth}_jobs")
+    fields = grouping_fields(merged.config, by)
+    if any(not all(f in per_seed_fields(r.config) for r in members) for f in fields):
+      out.append(merged)
+  return out
+
+
 def _final(run: Run, name: str, seed: int) -> float:
   steps_values = run.series.get(name, {}).get(seed)
   if steps_values is None:
