@@ -3,8 +3,9 @@
 The rules of a feature live in the feature's module, and `validate` calls them: the task name
 (`sg_jax.tasks`), the per-seed data composition (`composition.mixes_from_config`), the model
 section (`model.ModelConfig`), the objective (`objectives.from_config`) and the loss terms
-(`terms.validate`: SAS and any other registered term); the fields of the run itself (seeds,
-optimiser, training, evaluation, checkpoints) are checked here. This module imports JAX (through
+(`terms.validate`: SAS and any other registered term) and the evaluators (`evals.validate`);
+the fields of the run itself (seeds, optimiser, training, evaluation schedule, checkpoints) are
+checked here. This module imports JAX (through
 the model); `sg_jax.configlib`, which config files import, does not.
 """
 
@@ -14,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from sg_jax import composition
+from sg_jax import evals
 from sg_jax import model as model_lib
 from sg_jax import objectives
 from sg_jax import per_seed
@@ -80,14 +82,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(config.eval.every >= 1, "eval.every", "must be >= 1")
   need(config.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
   need(config.eval.max_lines >= 0, "eval.max_lines", "must be >= 0 (0 = all)")
-  need(config.eval.uas_lines >= 0, "eval.uas_lines", "must be >= 0 (0 disables)")
-  need(config.eval.get("preference_lines", 0) >= 0, "eval.preference_lines",
-       "must be >= 0 (0 disables)")
   need(config.eval.dense_until >= 0, "eval.dense_until", "must be >= 0 (0 = off)")
   need(config.eval.dense_every >= 1, "eval.dense_every", "must be >= 1")
   need(config.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
   objectives.from_config(config)  # raises ValueError naming an unregistered objective
   terms.validate(config)  # every loss term's per-seed fields and options
+  evals.validate(config)  # every evaluator's section (`evals.<name>`) and options
   need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
 
 

@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from sg_jax import composition
+from sg_jax import evals as evals_lib
 from sg_jax import per_seed
 from sg_jax import tasks as tasks_lib
 from sg_jax.presets import GROK_CPU, PAPER, PRESETS, QUICK, TINY  # noqa: F401
@@ -195,17 +196,16 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   # Tense: greedy decoding with a key/value cache (the same tokens as False, which runs a full
   # forward pass per decoded token and is kept for comparison).
   c.eval.kv_cache = True
-  # UAS of attention (docs/sas.md): in-domain lines scored at every evaluation (in_domain/uas,
-  # in_domain/uas_weight); 0 disables. Tasks without gold dependencies (Dyck) log none.
-  c.eval.uas_lines = 256
-  # Minimal-pair preference (sg_jax/preference.py, docs/objectives.md): the first transformed
-  # lines of each held-out split scored against their grammar's foils at every evaluation
-  # (<split>/preference...); 0 disables. Tasks without foils (Dyck) log none.
-  c.eval.preference_lines = 256
   # Dense-early schedule: also evaluate every `dense_every` steps up to step `dense_until`
   # (0 = off, the default: only every `eval.every` steps).
   c.eval.dense_until = 0
   c.eval.dense_every = 100
+  # The training-time evaluators (docs/evaluation.md), one section each from its declared
+  # options (`sg_jax.evals`): evals.task (loss, task metric), evals.uas (UAS of attention;
+  # lines 0 = off), evals.preference (minimal-pair preference; lines 0 = off); every section
+  # has `enabled`. eval.uas_lines / eval.preference_lines are the old names of
+  # evals.uas.lines / evals.preference.lines (one field, either name sets it).
+  c.evals = evals_lib.sections(c.eval)
 
   # SAS regulariser (Chen et al. 2024; docs/sas.md, sg_jax/terms/sas.py): loss + lambda * the mean
   # attention on gold arcs. Per-seed tuples (one value for all, or one per seed), e.g.

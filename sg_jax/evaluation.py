@@ -3,18 +3,20 @@
 Each task states its metric (`tasks.base.Task.make_metrics`, next to the task: e.g.
 `tasks.question.question_prediction`, `tasks.tense.tense_correct`, `tasks.dyck.dyck_correct`;
 definitions of the released code, Murty et al., ACL 2023, §3, `docs/REFERENCE.md` §1 "Tasks");
-this module adds the loss (`token_losses`), the greedy decoding of tasks that decode
+this module adds the loss (the objective's own: `objective_line_losses`), the greedy decoding
+of tasks that decode
 (`decoding.greedy_decode`, `decoding.greedy_decode_cached`) and the batching, for any task object.
 `make_evaluate_fn` batches over lines with `lax.map`; `make_split_evaluator` leaves the loop over
 batches to the caller (`evaluator.make_eval_fn`, the run's seed-vmapped evaluation, which logs
 progress with `ProgressLog`). Arrays are per seed: `[batch, length]` etc.
 
-Also here: when the training loop evaluates (`is_eval_step`, `next_eval_step`) and
-`format_duration` for its log lines.
+Also here: when the training loop evaluates (`EvalSchedule`, `is_eval_step`, `next_eval_step`)
+and `format_duration` for its log lines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, NamedTuple
@@ -22,22 +24,37 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from sg_jax import decoding
+from sg_jax import objectives
 
 Array = jax.Array
 
 
-def token_losses(logits_BxLxV: Array, targets_BxL: Array) -> tuple[Array, Array]:
-  """Per-line summed cross-entropy (nats) and number of non-padding target tokens.
+def objective_line_losses(objective, logits_BxLxV: Array, targets_BxL: Array
+                          ) -> tuple[Array, Array]:
+  """The objective's own loss as per-line sums, so that batches add up exactly: the summed
+  cross-entropy (nats) and the number of scored targets of each line (`objectives.token_losses`,
+  which `Objective.loss` reduces to its mean, `objectives.mean_token_loss`: the split's loss is
+  sum(loss_sum) / sum(count) over all its lines, the objective's loss of the whole split).
+
+  Args:
+    objective: an `objectives.Objective` that keeps the default `loss`.
+    logits_BxLxV: float logits [batch, length, vocab]; targets_BxL: int32 [batch, length],
+      0 = not scored.
 
   Returns:
-    (loss_sum [batch] float32, count [batch] float32); padding targets (id 0) are ignored.
+    (loss_sum [batch] float32, count [batch] float32).
+
+  Raises:
+    ValueError: the objective overrides `Objective.loss`, whose per-line sums the evaluation
+      cannot know.
   """
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
-  mask = (targets_BxL != 0).astype(jnp.float32)
-  return jnp.sum(ce * mask, axis=-1), jnp.sum(mask, axis=-1)
+  if type(objective).loss is not objectives.Objective.loss:
+    raise ValueError(f"objective {objective.name!r} overrides Objective.loss: the evaluation "
+                     "adds the loss up over batches as per-line sums (objectives.token_losses),"
+                     " which only the default loss is the mean of")
+  return objectives.token_losses(logits_BxLxV, targets_BxL)
 
 
 def pad_to_multiple(arrays: dict[str, np.ndarray], multiple: int) -> tuple[dict, int]:
@@ -96,13 +113,19 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
     tag, reported as `accuracy/<tag>` and `<sum>/<tag>` (divided by that tag's `total`).
   objective: the run's `objectives.Objective` (None: `lm`). `loss` is its loss on the lines as
     it lays them out (`Objective.lines`, with a fixed key, `EVAL_OBJECTIVE_SEED`: a masked LM
-    masks the same positions at every evaluation), plus its `metric_names` (e.g.
-    `masked_accuracy`); the task's metric (`accuracy`, ...) only where it means something for
-    the objective (`Objective.teacher_forced_metrics`: not for a masked LM).
+    masks the same positions at every evaluation; `objective_line_losses`), plus its
+    `metric_names` (e.g. `masked_accuracy`); the task's metric (`accuracy`, ...) only where it
+    means something for the objective (`Objective.teacher_forced_metrics`: not for a masked LM).
+
+  Raises:
+    ValueError: the objective overrides `Objective.loss` (`objective_line_losses`).
   """
   metrics = task.make_metrics(vocab)
   use_cache = task.decodes and kv_cache_fns is not None
-  task_metrics = objective is None or objective.teacher_forced_metrics
+  if objective is None:
+    objective = objectives.from_config({})  # lm: the stored inputs and targets
+  task_metrics = objective.teacher_forced_metrics
+  token_losses = lambda logits, targets: objective_line_losses(objective, logits, targets)
 
   def objective_sums(params, batch):
     """(logits, targets) of the objective's own inputs and targets (`Objective.lines`)."""
@@ -137,10 +160,9 @@ def make_split_evaluator(task, apply_fn: Callable, vocab, *, decode_steps: int =
               "predicted": jnp.sum((jnp.argmax(logits, -1) == targets) & scored
                                    ).astype(jnp.float32)}
     logits, decoded = forward(params, batch)
-    targets = batch["targets"]
-    if objective is not None:  # the objective's targets (prefix_lm: the output only)
-      targets = objective.lines(batch["inputs"], targets, batch["lengths"],
-                                jax.random.key(EVAL_OBJECTIVE_SEED))[1]
+    # The objective's targets (prefix_lm: the output only; lm: the stored ones).
+    targets = objective.lines(batch["inputs"], batch["targets"], batch["lengths"],
+                              jax.random.key(EVAL_OBJECTIVE_SEED))[1]
     loss_sum, count = token_losses(logits, targets)
     out = {"loss_sum": jnp.sum(jnp.where(valid, loss_sum, 0.0)),
            "tokens": jnp.sum(jnp.where(valid, count, 0.0))}
@@ -275,23 +297,44 @@ class ProgressLog:
                   self.num_seeds, _duration(elapsed), self.done / max(elapsed, 1e-9))
 
 
-def is_eval_step(step: int, config) -> bool:
-  """Whether the loop evaluates after `step`: a multiple of `eval.every`, or, up to
-  `eval.dense_until` (0 = off), of `eval.dense_every` (onsets happen early; docs/sas.md). The
-  final step is evaluated too (the loop checks it itself)."""
-  e = config.eval
-  dense_until = int(e.get("dense_until", 0))
-  return step % e.every == 0 or (0 < step <= dense_until and step % e.dense_every == 0)
+@dataclasses.dataclass(frozen=True)
+class EvalSchedule:
+  """When the training loop evaluates (the run config's `eval.every`, `eval.dense_until`,
+  `eval.dense_every`; steps).
+
+  Attributes:
+    every: evaluate every this many steps (>= 1).
+    dense_until: also evaluate every `dense_every` steps up to this step (0 = off).
+    dense_every: the dense interval (>= 1).
+  """
+
+  every: int
+  dense_until: int = 0
+  dense_every: int = 100
+
+  @classmethod
+  def from_config(cls, config) -> "EvalSchedule":
+    """The schedule of a run config (its `eval` section; `dense_until` 0 when absent)."""
+    e = config.eval
+    return cls(every=int(e.every), dense_until=int(e.get("dense_until", 0)),
+               dense_every=int(e.get("dense_every", 100)))
 
 
-def next_eval_step(step: int, config) -> int:
+def is_eval_step(step: int, schedule: EvalSchedule) -> bool:
+  """Whether the loop evaluates after `step`: a multiple of `schedule.every`, or, up to
+  `dense_until` (0 = off), of `dense_every` (onsets happen early; docs/sas.md). The final step
+  is evaluated too (the loop checks it itself)."""
+  s = schedule
+  return step % s.every == 0 or (0 < step <= s.dense_until and step % s.dense_every == 0)
+
+
+def next_eval_step(step: int, schedule: EvalSchedule) -> int:
   """The first step after `step` that `is_eval_step` accepts."""
-  e = config.eval
-  nxt = (step // e.every + 1) * e.every
-  dense_until = int(e.get("dense_until", 0))
-  if step < dense_until:
-    nxt = min(nxt, (step // e.dense_every + 1) * e.dense_every)
-    nxt = nxt if nxt <= dense_until or nxt % e.every == 0 else (step // e.every + 1) * e.every
+  s = schedule
+  nxt = (step // s.every + 1) * s.every
+  if step < s.dense_until:
+    nxt = min(nxt, (step // s.dense_every + 1) * s.dense_every)
+    nxt = nxt if nxt <= s.dense_until or nxt % s.every == 0 else (step // s.every + 1) * s.every
   return nxt
 
 

@@ -1,8 +1,12 @@
-"""The run's evaluator: the seed-vmapped evaluation of the held-out splits, compiled once.
+"""The run's evaluator: every enabled training-time evaluation, seed-vmapped, compiled once.
 
-`make_eval_fn` builds, per split, one jitted, seed-vmapped call per batch (the per-seed
-evaluation of `evaluation.make_split_evaluator`: the loss and the task's metric) and drives the
-batches from Python, so that a long evaluation logs its progress (`evaluation.ProgressLog`).
+`run_evaluations` runs the evaluations the registered evaluators built (`sg_jax.evals`: the
+task's metric, UAS, the minimal-pair preference, ...; it names none of them) under one progress
+log (`evaluation.ProgressLog`) and merges their `{split: {metric: [S]}}`. `task_evaluation` is
+the `task` evaluator's: per split, one jitted, seed-vmapped call per batch (the per-seed
+evaluation of `evaluation.make_split_evaluator`: the objective's loss and the task's metric),
+the batches driven from Python so that a long evaluation logs its progress; `make_eval_fn` runs
+it alone.
 The jitted functions are cached on what shapes them (the model, the task and its options, the
 vocabulary, the decoding steps, the key/value cache, the construction tags), as
 `step.make_train_fns` caches the training functions: a second run in the same process (tests,
@@ -19,9 +23,7 @@ import numpy as np
 
 from sg_jax import decoding
 from sg_jax import evaluation
-from sg_jax import objectives
-from sg_jax import preference
-from sg_jax.analysis import uas as uas_lib
+from sg_jax.evals.registry import Evaluation
 from sg_jax.model import TransformerLM
 
 # (model, task key, vocab, decode steps, kv cache, constructions) -> (one_batch, summarize).
@@ -89,27 +91,22 @@ def split_fns(task, model: TransformerLM, vocab, batches: dict, kv_cache: bool =
   return (key,) + _SPLIT_FNS_CACHE[key]
 
 
-def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache: bool = True,
-                 batch_callback: Callable[[str, int, int], None] | None = None,
-                 objective=None) -> Callable:
-  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped.
+def task_evaluation(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache: bool = True,
+                    batch_callback: Callable[[str, int, int], None] | None = None,
+                    objective=None) -> Evaluation:
+  """The evaluation of the held-out splits by the objective's loss and the task's metric
+  (`evals.Evaluation`; the `task` evaluator's).
 
-  Each split runs one jitted, seed-vmapped call per batch of `eval_data[split]` ([num_batches,
-  batch, ...] arrays, `input_pipeline.prepare_eval_batches`), driven from Python so that an
-  evaluation longer than a few seconds logs its progress (`evaluation.ProgressLog`: lines done,
-  rate, time left, at most every 15 s); the first one, and any after a long one, say what they
-  evaluate before their first batch (and that they compile first, unless every split's functions
-  were compiled for these shapes earlier in the process: `split_fns` caches them).
-  With `uas.EVAL_KEY` batches in `eval_data` (`uas.eval_batches`), `in_domain` also gets `uas`
-  and `uas_weight` (best head; docs/sas.md); with `preference.EVAL_PREFIX` batches
-  (`preference.eval_batches`) each split gets `preference`, `preference_vs_<kind>` and
-  `preference/<tag>` (the minimal-pair preference, scored as `objective` scores sentences).
+  Its `evaluate(params [S, ...], progress) -> {split: {'loss': [S], 'accuracy': [S], ...}}` runs,
+  per split of `eval_data`, one jitted, seed-vmapped call per batch ([num_batches, batch, ...]
+  arrays, `input_pipeline.prepare_eval_batches`), reporting each batch's lines to `progress`.
+  The jitted functions are cached (`split_fns`).
 
   Args:
     task: the run's `tasks.Task` (`tasks.from_config(config)`): its `make_metrics` is the metric.
-    model: the `TransformerLM` (`step.TrainFns.model`).
+    model: the model (`step.TrainFns.model`; `apply(tokens) -> logits`).
     vocab: the task's vocabulary.
-    eval_data: {split: batches}, and optionally `uas.EVAL_KEY` batches.
+    eval_data: {split: batches}.
     kv_cache: a task that decodes (tense) decodes with the key/value cache (`config.eval.kv_cache`;
       False: one full forward pass per decoded token, the same tokens).
     batch_callback: optional `(split, batch index, real lines)`, called once a batch is done
@@ -119,35 +116,21 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
       (`evaluation.make_split_evaluator`).
   """
   per_split = {}
-  uas_eval = None  # UAS of attention on in-domain lines (docs/sas.md), with its own batches
-  if uas_lib.EVAL_KEY in eval_data:
-    uas_eval = uas_lib.make_uas_eval(model, vocab, eval_data[uas_lib.EVAL_KEY])
-  preference_eval = None  # minimal pairs of both splits (sg_jax/preference.py)
-  if any(name.startswith(preference.EVAL_PREFIX) for name in eval_data):
-    preference_eval = preference.make_preference_eval(
-        model, objective or objectives.from_config({}), task, eval_data)
   for name, batches in eval_data.items():
-    if name == uas_lib.EVAL_KEY or name.startswith(preference.EVAL_PREFIX):
-      continue
     key, one_batch, summarize = split_fns(task, model, vocab, batches, kv_cache, objective)
     per_split[name] = (one_batch, summarize, np.asarray(batches["valid"]).sum(axis=1),
                        (key, _shapes(batches)))
 
-  last_seconds = []  # durations of the evaluations so far
-
-  def evaluate(params):
-    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
+  def describe(num_seeds: int, first: bool) -> str:
     compiled = all(v[3] + (num_seeds,) in _COMPILED for v in per_split.values())
-    progress = evaluation.ProgressLog(sum(int(v[2].sum()) for v in per_split.values()),
-                                      num_seeds)
-    # A line before the first batch (its first batches can take minutes at the reference size
-    # when it compiles) or when the last evaluation took long.
-    if not last_seconds or last_seconds[-1] >= progress.first_after_s:
-      splits = " and ".join(f"{name} ({int(v[2].sum())} lines)" for name, v in per_split.items())
-      batch = next(iter(eval_data.values()))["inputs"].shape[1]
-      progress.open(f"{splits} x {num_seeds} seeds, {batch} lines per batch"
-                    + ("; compiling first (the first batch of each split includes its "
-                       "compilation)" if not last_seconds and not compiled else ""))
+    splits = " and ".join(f"{name} ({int(v[2].sum())} lines)" for name, v in per_split.items())
+    batch = next(iter(eval_data.values()))["inputs"].shape[1]
+    return (f"{splits} x {num_seeds} seeds, {batch} lines per batch"
+            + ("; compiling first (the first batch of each split includes its compilation)"
+               if first and not compiled else ""))
+
+  def evaluate(params, progress: evaluation.ProgressLog) -> dict:
+    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
     results = {}
     for name, (one_batch, summarize, lines, compiled_key) in per_split.items():
       sums = []
@@ -158,14 +141,47 @@ def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache
           batch_callback(name, i, int(n))
       results[name] = summarize(sums)
       _COMPILED.add(compiled_key + (num_seeds,))
-    if uas_eval is not None:
-      results["in_domain"] = {**results["in_domain"], **uas_eval(params)}
-    if preference_eval is not None:
-      progress.note("scoring the minimal pairs of both splits (sg_jax/preference.py)")
-      for split, values in preference_eval(params).items():
+    return results
+
+  return Evaluation(evaluate=evaluate, lines=sum(int(v[2].sum()) for v in per_split.values()),
+                    describe=describe)
+
+
+def run_evaluations(evaluations: list[Evaluation]) -> Callable:
+  """`params [S, ...] -> {split: {metric: [S]}}`: every evaluation in turn, their results
+  merged per split (a later evaluation adds metrics to a split an earlier one reported).
+
+  One `evaluation.ProgressLog` covers them (lines done, rate, time left, at most every 15 s);
+  the first evaluation, and any after a long one, say what they evaluate before their first
+  batch (each evaluation's `describe`, e.g. that it compiles first).
+  """
+  last_seconds = []  # durations of the evaluations so far
+
+  def evaluate(params):
+    num_seeds = jax.tree_util.tree_leaves(params)[0].shape[0]
+    progress = evaluation.ProgressLog(sum(e.lines for e in evaluations), num_seeds)
+    # A line before the first batch (its first batches can take minutes at the reference size
+    # when it compiles) or when the last evaluation took long.
+    if not last_seconds or last_seconds[-1] >= progress.first_after_s:
+      what = [e.describe(num_seeds, not last_seconds) for e in evaluations
+              if e.describe is not None]
+      if what:
+        progress.open("; ".join(what))
+    results = {}
+    for e in evaluations:
+      for split, values in e.evaluate(params, progress).items():
         results[split] = {**results.get(split, {}), **values}
     progress.close()
     last_seconds.append(progress.clock() - progress.start)
     return results
 
   return evaluate
+
+
+def make_eval_fn(task, model: TransformerLM, vocab, eval_data: dict, *, kv_cache: bool = True,
+                 batch_callback: Callable[[str, int, int], None] | None = None,
+                 objective=None) -> Callable:
+  """`params [S, ...] -> {split: {'loss': [S], 'accuracy': [S], ...}}`, seed-vmapped: the
+  `task_evaluation` alone (arguments as there), with its progress log (`run_evaluations`)."""
+  return run_evaluations([task_evaluation(task, model, vocab, eval_data, kv_cache=kv_cache,
+                                          batch_callback=batch_callback, objective=objective)])

@@ -16,7 +16,9 @@ preference):
   the rest of the question visible, the missing auxiliary is the one absent from its
   declarative position, so the cloze is solved without any rule (docs/objectives.md).
 
-Logged per split (`eval.preference_lines` transformed lines of each; 0 disables):
+Logged per split at every training evaluation by the `preference` evaluator
+(`sg_jax.evals.preference`; `evals.preference.lines` transformed lines of each, formerly
+`eval.preference_lines`, still accepted; 0 disables):
 `preference` (the fraction of lines with a foil whose correct output beats every foil),
 `preference_vs_<kind>` (the fraction of pairs with that foil won) and `preference/<tag>` per
 construction (`Task.constructions`); a foil kind or tag the split's lines never have is not
@@ -33,11 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import sharding
-from sg_jax.tasks import io as tasks_io
 
 Array = jax.Array
 
-EVAL_PREFIX = "preference_"  # eval_data keys: preference_in_domain, preference_out_of_domain
 SPLITS = ("in_domain", "out_of_domain")
 
 
@@ -90,26 +90,30 @@ def pair_lines(task, vocab, examples: Sequence, length: int | None = None) -> di
   return out
 
 
-def eval_batches(config, task, vocab, workdir: str) -> dict[str, dict[str, np.ndarray]]:
-  """{EVAL_PREFIX + split: arrays [num_batches, batch, ...]} of the first
-  `eval.preference_lines` transformed lines of the in-domain and out-of-domain splits
-  (`pair_lines`, padded with invalid lines), or {} when that is 0 or the task has no foils."""
-  num = int(config.eval.get("preference_lines", 0))
+def eval_batches(num_lines: int, batch_size: int, task, vocab, data_dir: str
+                 ) -> dict[str, dict[str, np.ndarray]]:
+  """{split: arrays [num_batches, batch, ...]} of the first `num_lines` transformed lines of
+  the in-domain and out-of-domain splits (`pair_lines`, padded with invalid lines; batches of
+  min(batch_size, 32) lines), or {} when `num_lines` is 0 or the task has no foils.
+
+  Args:
+    data_dir: the folder of the run's split files (`tasks.io.run_data_dir`).
+  """
+  num = int(num_lines)
   if num <= 0 or not task.foil_kinds:
     return {}
-  data_dir = tasks_io.run_data_dir(config.data, workdir)
   out = {}
   for split, name in zip(SPLITS, (task.in_domain_split, task.out_of_domain_split)):
     examples = [ex for ex in task.read_split(data_dir, name) if ex.transformed][:num]
     if not examples:
       continue
     arrays = pair_lines(task, vocab, examples)
-    batch = min(int(config.eval.batch_size), 32, len(examples))
+    batch = min(int(batch_size), 32, len(examples))
     total = -(-len(examples) // batch) * batch
     padded = {k: np.concatenate([v, np.zeros((total - len(v),) + v.shape[1:], v.dtype)])
               for k, v in arrays.items()}
     padded["valid"] = np.arange(total) < len(examples)
-    out[EVAL_PREFIX + split] = {k: v.reshape((-1, batch) + v.shape[1:])
+    out[split] = {k: v.reshape((-1, batch) + v.shape[1:])
                                 for k, v in padded.items()}
   return out
 
@@ -215,13 +219,11 @@ def _batch_fn(model, objective, kinds: tuple, tags: tuple, num_positions: int) -
   return jax.jit(jax.vmap(one, in_axes=(0, None)))
 
 
-def make_preference_eval(model, objective, task, eval_data: dict) -> Callable:
-  """`params [S, ...] -> {split: {metric: [S]}}` over the `EVAL_PREFIX` batches of
-  `eval_data` (`eval_batches`); one seed-vmapped call per batch. The sentences are scored by
+def make_preference_eval(model, objective, task, splits: dict) -> Callable:
+  """`params [S, ...] -> {split: {metric: [S]}}` over `splits` ({split: batches}, as
+  `eval_batches` returns them); one seed-vmapped call per batch. The sentences are scored by
   `objective.sentence_scores` (`conditional_log_probs` or `pseudo_log_likelihood`)."""
   kinds, tags = tuple(task.foil_kinds), tuple(task.constructions)
-  splits = {name[len(EVAL_PREFIX):]: batches for name, batches in eval_data.items()
-            if name.startswith(EVAL_PREFIX)}
 
   def evaluate(params):
     results = {}

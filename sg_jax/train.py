@@ -36,16 +36,15 @@ from sg_jax import metric_logging
 from sg_jax import model as model_lib
 from sg_jax import objectives
 from sg_jax import per_seed
-from sg_jax import preference
 from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax.accelerators import profiling
 from sg_jax.runtime import stop_signal
 from sg_jax.runtime import workdir_lock
 from sg_jax.runtime import writability
-from sg_jax.analysis import uas
-from sg_jax.evaluator import make_eval_fn
-from sg_jax.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
+from sg_jax import evals
+from sg_jax.evaluator import run_evaluations
+from sg_jax.input_pipeline import DataOptions, load_data, make_train_data
 from sg_jax.packing import padding_fraction
 from sg_jax import step as step_lib
 from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
@@ -82,7 +81,7 @@ def _next_boundary(step: int, config, steps: int | None = None) -> int:
   end = min(step + (steps or config.train.steps_per_call), config.train.num_steps)
   for every in (config.train.log_every, config.eval.every, config.checkpoint.every):
     end = min(end, (step // every + 1) * every)
-  return min(end, evaluation.next_eval_step(step, config))
+  return min(end, evaluation.next_eval_step(step, evaluation.EvalSchedule.from_config(config)))
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        allow_config_change: bool = False,
                        state_hook: Callable[[TrainState, int], TrainState] | None = None,
@@ -272,14 +271,15 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   log.info("model layers: %s (model.layer_impl=%s, %s backend), matmul precision %s",
            layers.resolve_layer_impl(config.model.layer_impl), config.model.layer_impl,
            jax.default_backend(), config.model.matmul_precision)
-  eval_data = sharding.put_replicated(
-      {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
-                                  task.eval_fields)
-       for name in ("in_domain", "out_of_domain")}
-      | uas.eval_batches(config, task, vocab, workdir)  # {} without gold dependencies
-      | preference.eval_batches(config, task, vocab, workdir), mesh)  # {} without foils
-  evaluate = make_eval_fn(task, fns.model, vocab, eval_data, kv_cache=config.eval.kv_cache,
-                          objective=fns.objective)
+  # Every enabled evaluator (`config.evals.<name>`, docs/evaluation.md) builds its batches and
+  # compiled function; one that has nothing to evaluate for this run returns None.
+  eval_context = evals.Context(
+      task=task, vocab=vocab, model=fns.model, objective=fns.objective,
+      splits={name: splits[name] for name in ("in_domain", "out_of_domain")},
+      data_dir=run_data_dir(config.data, workdir), options=evals.EvalOptions.from_config(config),
+      put=lambda tree: sharding.put_replicated(tree, mesh))
+  evaluate = run_evaluations([e for e in (ev.build(eval_context) for ev in evals.enabled(config))
+                              if e is not None])
 
   writer = sharding.is_writer()
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
@@ -384,6 +384,7 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
   # once, so that all of them checkpoint the same step (or they would wait for each other).
   alone = jax.process_count() == 1
   saved = step  # the state at `saved` is in a checkpoint (written or being written)
+  schedule = evaluation.EvalSchedule.from_config(config)
   while step < config.train.num_steps:
     received = _agreed_signal(stop)
     if received is not None and step == saved:
@@ -408,13 +409,13 @@ def _run_calls(loop: _Loop, fns: TrainFns, sizer: CallSizer, state: TrainState,
     # written at log/eval steps only, and there the pending save is waited for (it has
     # usually long finished); between them a failure is picked up as soon as it is known.
     if any(step % every == 0 for every in (config.train.log_every, config.checkpoint.every)) \
-        or evaluation.is_eval_step(step, config):
+        or evaluation.is_eval_step(step, schedule):
       ckpt.wait()
     else:
       ckpt.check()
     if _is_log_step(step, config):
       state = _log_train(loop, step=step, state=state)
-    if evaluation.is_eval_step(step, config) or step == config.train.num_steps:
+    if evaluation.is_eval_step(step, schedule) or step == config.train.num_steps:
       # A stop signal before or during the evaluation skips it: the step is checkpointed at
       # once, and the resumed run evaluates it first (`_evaluate_if_missing`).
       try:
@@ -441,7 +442,7 @@ def _is_log_step(step: int, config) -> bool:
   evaluation step (so a dense evaluation schedule, `eval.dense_until`, densifies the loss curve
   too: an onset located on `train/loss` needs its points, `analysis.onsets`)."""
   return (step % config.train.log_every == 0 or step == config.train.num_steps
-          or evaluation.is_eval_step(step, config))
+          or evaluation.is_eval_step(step, evaluation.EvalSchedule.from_config(config)))
 
 
 def _agreed_signal(stop: StopSignal) -> int | None:
@@ -457,7 +458,8 @@ def _evaluate_if_missing(loop: _Loop, step: int, state: TrainState, path: str) -
   metrics.csv (a stop signal interrupted that evaluation), so the table equals an uninterrupted
   run's. Every process decides from the same file. Returns the evaluation, or {}."""
   config = loop.config
-  if step == 0 or not (evaluation.is_eval_step(step, config) or step == config.train.num_steps):
+  if step == 0 or not (evaluation.is_eval_step(step, evaluation.EvalSchedule.from_config(config))
+                       or step == config.train.num_steps):
     return {}
   if os.path.exists(path):
     names = {r["name"] for r in metric_logging.read_table(path)
@@ -485,17 +487,21 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
       "train/diverged_step": diverged_step,
   }
   metrics["train/loss"] = np.where(diverged, np.nan, metrics["train/loss"])
+  # Beside the loss, the log line shows each loss term's penalty and the objective's metrics.
+  shown = []
   for term in terms_lib.active(config):  # each loss term's penalty (e.g. SAS, docs/sas.md)
-    metrics[f"train/{terms_lib.sum_name(term)}"] = sums[terms_lib.sum_name(term)] / n
+    shown.append(f"train/{terms_lib.sum_name(term)}")
+    metrics[shown[-1]] = sums[terms_lib.sum_name(term)] / n
   for name in objectives.from_config(config).metric_names:  # e.g. a masked LM's accuracy
-    metrics[f"train/{name}"] = sums[name] / n
+    shown.append(f"train/{name}")
+    metrics[shown[-1]] = sums[name] / n
   loop.table.write(step, seeds, metrics)
   loop.summaries.write(step, seeds, metrics)
   rate = (step - loop.start_step) / max(time.time() - loop.start_time, 1e-9)
   eta = (config.train.num_steps - step) / max(rate, 1e-9)
   # Two decimals: the reference size trains about 0.1 steps/s on a CPU.
   extra = "".join(f"  {name[len('train/'):]} {metric_logging.format_values(metrics[name])}"
-                  for name in metrics if name.endswith("_loss") or name == "train/masked_accuracy")
+                  for name in shown)
   log.info("step %d/%d  loss %s%s  %.2f steps/s (%.1f seed-steps/s)  %s left",
            step, config.train.num_steps, metric_logging.format_values(metrics["train/loss"]),
            extra, rate, rate * len(seeds), evaluation.format_duration(eta))

@@ -13,6 +13,7 @@ from sg_jax import evaluation
 from sg_jax import evaluator
 from sg_jax import input_pipeline
 from sg_jax import model as model_lib
+from sg_jax import objectives
 from sg_jax import tasks
 from sg_jax.tasks import dyck
 from sg_jax.tasks import question
@@ -95,11 +96,28 @@ def test_greedy_decode_and_tense_metric():
   assert not bool(ok[0])
 
 
-def test_token_losses_ignore_padding():
+def test_the_evaluation_loss_is_the_objectives_and_ignores_padding():
+  """Per-line sums of the objective's loss: uniform logits over 4 ids cost log 4 per scored
+  target, padding (0) none; their ratio is `Objective.loss` of the batch."""
   logits = jnp.zeros((1, 3, 4))
-  loss, count = evaluation.token_losses(logits, jnp.asarray([[1, 2, 0]]))
+  targets = jnp.asarray([[1, 2, 0]])
+  lm = objectives.from_config({})
+  loss, count = evaluation.objective_line_losses(lm, logits, targets)
   assert float(count[0]) == 2.0
   np.testing.assert_allclose(float(loss[0]), 2 * np.log(4), rtol=1e-6)
+  assert float(loss[0] / count[0]) == float(lm.loss(logits, targets))
+
+
+def test_an_objective_with_its_own_loss_is_refused_by_the_evaluation():
+  @dataclasses.dataclass(frozen=True)
+  class Doubled(objectives.Objective):
+    name = "doubled_for_test"
+
+    def loss(self, logits_BxLxV, targets_BxL):
+      return 2.0 * objectives.mean_token_loss(logits_BxLxV, targets_BxL)
+
+  with pytest.raises(ValueError, match="'doubled_for_test' overrides Objective.loss"):
+    evaluation.objective_line_losses(Doubled(), jnp.zeros((1, 2, 3)), jnp.ones((1, 2), int))
 
 
 def test_pad_to_multiple_marks_valid_lines():

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import model as model_lib
 from sg_jax import objectives
@@ -62,7 +61,7 @@ def _loss_grads_logits(model, inputs, targets, rows):
   def loss_fn(params, deterministic):
     logits = model.apply({"params": params}, inputs, deterministic=deterministic,
                          rngs={"dropout": key}, **rows)
-    loss_sum, count = evaluation.token_losses(logits, targets)
+    loss_sum, count = objectives.token_losses(logits, targets)
     return jnp.sum(loss_sum) / jnp.sum(count), logits
 
   def run(params):

@@ -316,10 +316,10 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
     tiny_config, tmp_path, monkeypatch):
   config = tiny_config()
   reference = train.train_and_evaluate(config, str(tmp_path / "reference"), tensorboard=False)
-  real_make_eval_fn = evaluator.make_eval_fn
+  real_run_evaluations = evaluator.run_evaluations
 
-  def make_eval_fn(*args, **kwargs):
-    evaluate = real_make_eval_fn(*args, **kwargs)
+  def run_evaluations(*args, **kwargs):
+    evaluate = real_run_evaluations(*args, **kwargs)
     calls = []
 
     def signalled(params):
@@ -330,7 +330,7 @@ def test_sigterm_during_an_evaluation_stops_it_and_the_resumed_run_redoes_it(
 
     return signalled
 
-  monkeypatch.setattr(train, "make_eval_fn", make_eval_fn)
+  monkeypatch.setattr(train, "run_evaluations", run_evaluations)
   workdir = str(tmp_path / "run")
   with pytest.raises(stop_signal.Preempted, match="step 20 without its evaluation") as e:
     train.train_and_evaluate(config, workdir, tensorboard=False)

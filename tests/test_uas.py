@@ -13,6 +13,7 @@ from sg_jax import metric_logging, tasks, train
 from sg_jax.analysis import pipeline, uas
 from sg_jax.model import ModelConfig, init_params
 from sg_jax.tasks import dependencies
+from sg_jax.tasks import io as tasks_io
 
 SPECIAL = np.array([0, 98, 99], np.int32)  # pad, EOS, SOS of the hand-built lines
 REL = {r: i for i, r in enumerate(dependencies.RELATIONS)}
@@ -164,8 +165,9 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
   assert not [r for r in table if r["name"].startswith("out_of_domain/uas")]
   # the positional baselines (uas.positional_baselines) of the same lines, at every evaluation
   # and seed, one value each
-  eval_lines = uas.eval_batches(config, tasks.from_config(config), tasks.get_task(
-      "question").vocab(), workdir)[uas.EVAL_KEY]
+  eval_lines = uas.eval_batches(256, config.eval.batch_size, tasks.from_config(config),
+                                tasks.get_task("question").vocab(),
+                                tasks_io.run_data_dir(config.data, workdir))
   want = uas.positional_baselines(uas.positional_uas_stats(
       [{k: v[i] for k, v in eval_lines.items()} for i in range(eval_lines["inputs"].shape[0])],
       uas.special_ids_of(tasks.get_task("question").vocab())), min_count=1)
@@ -203,6 +205,7 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
 
 def test_eval_batches_skip_tasks_without_dependencies(tiny_config):
   config = tiny_config(task="dyck")
-  assert uas.eval_batches(config, tasks.from_config(config), None, "unused") == {}
-  off = tiny_config(**{"eval.uas_lines": 0})
-  assert uas.eval_batches(off, tasks.from_config(off), None, "unused") == {}
+  assert uas.eval_batches(256, 64, tasks.from_config(config), None, "unused") == {}
+  off = tiny_config(**{"eval.uas_lines": 0})  # the old name of evals.uas.lines
+  assert off.evals.uas.lines == 0
+  assert uas.eval_batches(off.evals.uas.lines, 64, tasks.from_config(off), None, "unused") == {}

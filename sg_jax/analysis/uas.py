@@ -37,8 +37,8 @@ dependent -> head, input positions) is scored in the directions the model's atte
 Batch functions return sums, so that batches combine exactly (`registry.accumulate`);
 `finalize` turns them into scores. `uas_stats` is written for one seed; `uas_stats_over_seeds`
 adds the seed axis (`registry.over_seeds`). The module also builds the per-evaluation UAS of
-training (`eval_batches`, `make_uas_eval`: `in_domain/uas` and `in_domain/uas_weight` in
-metrics.csv); `sg_jax.analysis.uas_quantity` registers the `uas` metric group of
+training (`eval_batches`, `make_uas_eval`, run by the `uas` evaluator, `sg_jax.evals.uas`:
+`in_domain/uas` and `in_domain/uas_weight` in metrics.csv); `sg_jax.analysis.uas_quantity` registers the `uas` metric group of
 `sg_jax.analyze` (`--modules=sg_jax.analysis.uas_quantity`).
 
 Baselines (`positional_uas_stats`, `positional_baselines`): the UAS of positional heads, scored
@@ -63,14 +63,12 @@ from sg_jax.attention_masks import line_mask
 from sg_jax.intermediates import apply_with_intermediates
 from sg_jax.model import ModelConfig, TransformerLM
 from sg_jax.tasks import dependencies
-from sg_jax.tasks import io as tasks_io
 
 Array = jax.Array
 PyTree = Any
 
 MIN_RELATION_COUNT = 100  # the original's threshold of the per-relation tables
 NUM_RELATIONS = len(dependencies.RELATIONS)
-EVAL_KEY = "in_domain_uas"  # the key of the UAS lines in the training evaluation's data
 # The directions each attention scores an arc in (module docstring), in the order of the
 # direction axis of the stats.
 DIRECTIONS = {"causal": ("later_to_earlier",), "prefix": ("later_to_earlier",),
@@ -417,23 +415,27 @@ def uas_metrics(params_S: PyTree, batches: Sequence[dict], special_ids: np.ndarr
 # --------------------------------------------------------------------------------------------
 
 
-def eval_batches(config, task, vocab, workdir: str) -> dict[str, dict[str, np.ndarray]]:
-  """`{EVAL_KEY: arrays [num_batches, batch, L]}` of the first `eval.uas_lines` in-domain lines
-  with their arcs, or {} when `eval.uas_lines` is 0 or the task declares no dependencies (Dyck:
-  its evaluation is unchanged).
+def eval_batches(num_lines: int, batch_size: int, task, vocab, data_dir: str
+                 ) -> dict[str, np.ndarray]:
+  """Arrays [num_batches, batch, L] (`line_batches`, stacked; batches of min(batch_size, 64)
+  lines) of the first `num_lines` in-domain lines with their arcs, or {} when `num_lines` is 0
+  or the task declares no dependencies (Dyck: its evaluation is unchanged). The training
+  evaluation's `uas` evaluator (`sg_jax.evals.uas`) scores them with `make_uas_eval`.
+
+  Args:
+    data_dir: the folder of the run's split files (`tasks.io.run_data_dir`).
 
   Raises:
     ValueError: a line whose trees no head rule covers.
   """
-  num = int(config.eval.get("uas_lines", 0))
+  num = int(num_lines)
   if num <= 0 or not getattr(task, "has_gold_dependencies", False):
     return {}
-  data_dir = tasks_io.run_data_dir(config.data, workdir)
   examples = task.read_split(data_dir, task.in_domain_split)[:num]
   lines = [(vocab.encode(ex.words), task.gold_dependencies(ex)) for ex in examples]
   batches = line_batches(lines, sos_id=vocab.sos_id,
-                         batch_size=min(int(config.eval.batch_size), 64, len(lines)))
-  return {EVAL_KEY: {k: np.stack([b[k] for b in batches]) for k in batches[0]}}
+                         batch_size=min(int(batch_size), 64, len(lines)))
+  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 # The positional baselines written beside `uas` at every evaluation (`positional_baselines`).
@@ -442,7 +444,7 @@ EVAL_BASELINES = ("prev_token", "next_token", "best_offset")
 
 def make_uas_eval(model: TransformerLM, vocab, batches: dict) -> Callable[[PyTree], dict]:
   """`params [S, ...] -> {'uas': [S], 'uas_weight': [S], 'uas_prev_token': [S],
-  'uas_next_token': [S], 'uas_best_offset': [S]}` over `eval_batches(...)[EVAL_KEY]`
+  'uas_next_token': [S], 'uas_best_offset': [S]}` over `eval_batches(...)`
   ([num_batches, batch, L] arrays), one seed-vmapped call per batch.
 
   'uas' / 'uas_weight': the best head overall, all arcs. The three positional baselines

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax import evaluation
+from sg_jax import objectives
 from sg_jax.model import ModelConfig
 from sg_jax.pruning import hard_concrete
 
@@ -113,8 +113,8 @@ def kl_divergence(full_logits_BxLxV: Array, pruned_logits_BxLxV: Array, targets_
 
 
 def lm_loss(logits_BxLxV: Array, targets_BxL: Array) -> Array:
-  """Mean token cross-entropy (nats) over the real target positions (`evaluation.token_losses`)."""
-  loss_sum, count = evaluation.token_losses(logits_BxLxV, targets_BxL)
+  """Mean token cross-entropy (nats) over the real target positions (`objectives.token_losses`)."""
+  loss_sum, count = objectives.token_losses(logits_BxLxV, targets_BxL)
   return jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
 
 
