@@ -18,6 +18,7 @@ from sg_jax import terms, train
 from sg_jax.analysis import uas
 from sg_jax.model import ModelConfig, TransformerLM, INTERMEDIATES, init_params
 from sg_jax.terms import sas
+from sg_jax.terms import tree as tree_term
 
 import toy_config  # pylint: disable=wrong-import-order  (tests/ is on the path)
 from conftest import TEST_SIZED_FLAGS  # pylint: disable=wrong-import-order
@@ -73,6 +74,23 @@ def test_strengths_and_windows_per_seed(tiny_config):
   np.testing.assert_array_equal(lam(4), [0.5, -0.5])
   np.testing.assert_array_equal(lam(9), [0.5, 0.0])
   assert terms.active(tiny_config()) == ()  # every lambda 0: nothing is built
+  schedule = terms.schedules_from_config(config)["sas"]
+  np.testing.assert_array_equal(schedule.ends, [terms.base.NO_END, 9])  # end 0 = no end
+  assert terms.lambdas_per_seed({"sas": schedule})["sas.lambda"].tolist() == [0.5, -0.5]
+
+
+def test_a_term_section_is_built_from_the_options_the_term_declares():
+  """`default_section` = the generic fields (lambda 0: off) + each dataclass field's default;
+  the built-in terms' sections of the shared config equal it (configlib restates them only
+  because the term modules import JAX and config files must not)."""
+  assert dict(toy_training.L2.default_section()) == {"lambdas": (0.0,), "starts": (0,),
+                                                    "ends": (0,), "scale": 1.0}
+  assert dict(sas.SasOptions.default_section()) == {
+      "lambdas": (0.0,), "starts": (0,), "ends": (0,), "variant": "sum", "p": 1.0,
+      "direction": "both"}
+  config = configlib.base_config("question")
+  for term in (sas.SasOptions, tree_term.TreeOptions):  # the built-in terms
+    assert config[term.name].to_dict() == term.default_section().to_dict(), term.name
 
 
 def _toy_run(workdir, data_dir, lambdas):

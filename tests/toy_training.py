@@ -6,7 +6,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from sg_jax import objectives, terms
 
@@ -34,12 +33,6 @@ class L2(terms.LossTerm):
   name = "l2"
   needs_intermediates = False
   scale: float = 1.0
-
-  @classmethod
-  def default_section(cls) -> ml_collections.ConfigDict:
-    section = super().default_section()
-    section.scale = 1.0
-    return section
 
   @classmethod
   def from_section(cls, section):

@@ -51,9 +51,16 @@ class LossTerm:
   @classmethod
   def default_section(cls) -> ml_collections.ConfigDict:
     """The term's config section with lambda 0 (off): the generic fields, then its options
-    with the defaults its dataclass fields declare (in declaration order)."""
+    with the defaults its dataclass fields declare (in declaration order).
+
+    Raises:
+      TypeError: an option without a default.
+    """
     section = ml_collections.ConfigDict({"lambdas": (0.0,), "starts": (0,), "ends": (0,)})
     for field in dataclasses.fields(cls):
+      if field.default is dataclasses.MISSING:
+        raise TypeError(f"loss term {cls.name!r}: option {field.name!r} declares no default "
+                        "(its config section needs one)")
       section[field.name] = field.default
     return section
 
