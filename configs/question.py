@@ -35,7 +35,7 @@ grok_cpu differs from the paper's setup (docs/REFERENCE.md §1) as follows, and 
 
 from sg_jax import configlib
 
-GROK_CPU = configlib.GROK_CPU  # the recipe lives in configlib, shared with configs/tense.py
+GROK_CPU = configlib.GROK_CPU  # the recipe lives in sg_jax/presets, shared with configs/tense.py
 
 # The shared presets and this task's own (tuned for question formation; tense has its own).
 PRESETS = {**configlib.PRESETS, "grok_cpu": GROK_CPU}
