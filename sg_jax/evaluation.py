@@ -7,8 +7,8 @@ this module adds the loss (the objective's own: `objective_line_losses`), the gr
 of tasks that decode
 (`decoding.greedy_decode`, `decoding.greedy_decode_cached`) and the batching, for any task object.
 `make_evaluate_fn` batches over lines with `lax.map`; `make_split_evaluator` leaves the loop over
-batches to the caller (`evaluator.make_eval_fn`, the run's seed-vmapped evaluation, which logs
-progress with `ProgressLog`). Arrays are per seed: `[batch, length]` etc.
+batches to the caller (`evaluator.task_evaluation`, the `task` evaluator's seed-vmapped
+evaluation, which logs progress with `ProgressLog`). Arrays are per seed: `[batch, length]` etc.
 
 Also here: when the training loop evaluates (`EvalSchedule`, `is_eval_step`, `next_eval_step`)
 and `format_duration` for its log lines.
@@ -72,7 +72,7 @@ def pad_to_multiple(arrays: dict[str, np.ndarray], multiple: int) -> tuple[dict,
 
 class SplitEvaluator(NamedTuple):
   """The evaluation of one split for ONE seed, in two parts, so that a caller can drive the
-  batches one by one (`evaluator.make_eval_fn` logs progress between them).
+  batches one by one (`evaluator.task_evaluation` logs progress between them).
 
   Attributes:
     batch_sums: `(params, batch) -> {name: float32 []}`, sums over the batch's valid lines
