@@ -107,7 +107,8 @@ def _abstract(tree, shard):
 
 
 def _shapes(batches: dict) -> tuple:
-  return tuple((k, tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in sorted(batches.items()))
+  return tuple((k, tuple(np.shape(v)), str(np.asarray(v).dtype))
+               for k, v in sorted(batches.items()))
 
 
 def _nbytes(tree) -> int:
@@ -158,7 +159,8 @@ def _plan(config, target, devices, workdir: str, kinds) -> Plan:
   abstract_data = _abstract(train_data, rep)
   start = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   steps = int(config.train.steps_per_call)
-  params_per_seed = sum(int(np.prod(x.shape[1:])) for x in jax.tree_util.tree_leaves(state.params))
+  params_per_seed = sum(int(np.prod(x.shape[1:]))
+                        for x in jax.tree_util.tree_leaves(state.params))
   programs = []
   if "train" in kinds:
     programs.append(Program(

@@ -15,11 +15,11 @@ HEADER = ("program", "seeds/chip", "compile s", "fits", "peak GB", "args GB", "t
 
 
 def resident_peak(the_plan: Plan, result: Compiled) -> int:
-  """Bytes per chip while `result`'s program runs in a run: a training call's own peak; an
-  evaluation batch's own peak plus what stays resident during it (the training state besides
-  the parameters, the training data and the other evaluation data)."""
+  """Bytes per chip while `result`'s program runs in a run: its own peak plus what else the run
+  keeps on the chip meanwhile: for a training call the evaluation data, for an evaluation batch
+  the training state besides the parameters, the training data and the other evaluation data."""
   if result.program.kind == "train":
-    return result.peak
+    return result.peak + the_plan.eval_data_bytes
   return (result.peak + the_plan.state_bytes - the_plan.params_bytes + the_plan.train_data_bytes
           + the_plan.eval_data_bytes - (result.argument - the_plan.params_bytes))
 
@@ -63,7 +63,7 @@ def describe(the_plan: Plan) -> list[tuple[str, str]]:
   c, t = the_plan.config, the_plan.target
   idle = t.num_chips - the_plan.chips_used
   chips = (f"{the_plan.chips_used} of {t.num_chips} chips ({t.chip.name}), "
-           f"{the_plan.seeds_per_chip} seeds per chip")
+           f"{the_plan.seeds_per_chip} seed{'s' if the_plan.seeds_per_chip > 1 else ''} per chip")
   if idle:
     chips += (f"; {idle} chips idle: {the_plan.num_seeds} seeds use the largest chip count "
               f"that divides them (a multiple of {t.num_chips} seeds would use every chip)")
@@ -76,8 +76,8 @@ def describe(the_plan: Plan) -> list[tuple[str, str]]:
                  f"TFLOP/s ({c.model.dtype}, precision {c.model.matmul_precision})"),
       ("seeds", f"{the_plan.num_seeds} on {chips}"),
       ("model", f"{c.model.num_layers} layers, d_model {c.model.d_model}, {c.model.num_heads} "
-                f"heads, d_ff {c.model.d_ff}, {the_plan.num_params / 1e6:.1f}M parameters per "
-                f"seed, layer_impl {c.model.layer_impl}, {c.model.dtype}"),
+                f"heads, d_ff {c.model.d_ff}, {the_plan.num_params:,} parameters per seed, "
+                f"layer_impl {c.model.layer_impl}, {c.model.dtype}"),
       ("training", f"batch {c.train.batch_size} lines per seed, {layout}; data "
                    f"{the_plan.data_shape[0]} lines x {the_plan.data_shape[1]} tokens"),
       ("per chip", f"training state {the_plan.state_bytes / GB:.2f} GB, training data "
@@ -87,9 +87,9 @@ def describe(the_plan: Plan) -> list[tuple[str, str]]:
 
 
 NOTES = (
-    "peak = arguments + outputs - donated + temporaries of the program, per chip; an eval row "
-    "adds what stays resident (training state, training and evaluation data); fits = peak <= "
-    "the chip's HBM",
+    "peak = arguments + outputs - donated + temporaries of the program, per chip, plus what "
+    "the run keeps resident meanwhile (evaluation data; for an eval row the training state and "
+    "data); fits = peak <= the chip's HBM",
     "GFLOP and GB per seed-step = XLA's cost analysis of one call / seeds per chip: the cost "
     "analysis counts a loop body once, so a training call's cost is one step's (a packed step "
     "at its largest bucket); an eval row is one batch, a decoding loop counted once",
