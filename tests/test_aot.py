@@ -45,18 +45,18 @@ def test_roofline_of_a_compute_bound_cost_and_bad_input():
 
 
 def test_cost_analysis_counts_a_scan_body_once():
-  """What the per-seed-step figures rest on (roofline's docstring): a 2-, 10- and 100-step
+  """What the per-seed-step figures rest on (roofline's docstring): a 2- and a 10-step
   `lax.scan` cost the same; a 1-step scan (no loop) differs only by the loop counter."""
 
   def run(x, steps):
     return jax.lax.scan(lambda c, _: (jnp.tanh(c @ c), None), x, None, length=steps)[0]
 
-  x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+  x = jax.ShapeDtypeStruct((32, 32), jnp.float32)
   flops = [jax.jit(run, static_argnums=1).lower(x, n).compile().cost_analysis()["flops"]
-           for n in (1, 2, 10, 100)]
-  assert flops[0] >= 2 * 64 ** 3  # one matmul
-  assert flops[1] == flops[2] == flops[3]
-  assert flops[0] == pytest.approx(flops[1], rel=1e-5)
+           for n in (1, 2, 10)]
+  assert flops[0] >= 2 * 32 ** 3  # one matmul
+  assert flops[1] == flops[2]
+  assert abs(flops[0] - flops[1]) <= 2  # the loop counter's add and compare
 
 
 _HLO = """HloModule m
