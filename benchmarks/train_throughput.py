@@ -27,10 +27,10 @@ at `--matmul_precision`, `model.matmul_precision`):
   and the state's initialisation made, from `sg_jax.compile_cache.CompileWatch`; the benchmark
   uses no persistent compilation cache); then calls are timed (each waited for with `block_until_ready`) until at least
   `--min_time` seconds and `--min_calls` calls; the rate uses the median call.
-* sequential: the same seeds trained one after another with a per-step `jax.jit` of
-  `step_lib.train_step` for ONE seed (donated state, batch gathered on device from the device-resident
-  training set and a per-seed permutation, packed with `packing.pack_lines` when packing is on):
-  only the per-step dispatch, the missing seed axis and the single device differ.
+* sequential: the same seeds trained one after another, one call per step of the loop's own
+  body for ONE seed (`fns.chunk` of a one-seed config without a mesh, 1 step per call: batch
+  sampling, the packing bucket switch, `loss_and_grads`, `apply_gradients`): only the per-step
+  dispatch, the single seed and the single device differ.
   `--seq_steps` steps per seed, one untimed compile step before.
 * with `--breakdown`, per depth (first `--layer_impl` only): the parts of one seed's step timed
   alone (forward, backward, optimiser, the whole step) and the step's matmuls alone (`step_matmuls`, `time_matmuls`:
@@ -286,62 +286,27 @@ def time_vmapped(fns, host_data, keys, mesh, steps_per_call: int, min_time: floa
   return first, calls
 
 
-_SEQUENTIAL_CACHE: dict = {}
-
-
-def make_sequential_step(fns, batch_size: int, capacities):
-  """Jitted `(state, data, perm, step) -> state`: one training step of ONE seed.
-
-  Gathers the seed's batch on device (line `perm[(step % steps_per_epoch) * batch + i]`) and calls
-  `step.train_step`, or, when packing is on, `step.loss_and_grads` on the lines packed into one
-  row (the smallest of `capacities` that holds them) and then `step.apply_gradients` outside
-  the bucket switch, as `step.make_chunk_fn` does per seed.
-  """
-  cache_key = (fns.model, id(fns.tx), batch_size, capacities)
-  if cache_key in _SEQUENTIAL_CACHE:  # one compilation per depth and layout
-    return _SEQUENTIAL_CACHE[cache_key][0]
-  model, tx, objective = fns.model, fns.tx, fns.objective
-
-  def step_fn(state, data, perm, step):
-    steps_per_epoch = data["inputs"].shape[0] // batch_size
-    idx = jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
-    if capacities is None:
-      return step_lib.train_step(state, data, idx, step, model, tx, objective)
-
-    def packed(capacity):
-      return lambda params, key: step_lib.loss_and_grads(params, key, data, idx, step, model,
-                                                         objective, capacity=capacity)
-
-    need = jnp.sum(data["lengths"][idx])
-    bucket = jnp.searchsorted(jnp.asarray(capacities), need)
-    (loss, _, _), grads = jax.lax.switch(bucket, [packed(c) for c in capacities], state.params,
-                                      state.key)
-    return step_lib.apply_gradients(state, loss, grads, step, tx)
-
-  jitted = jax.jit(step_fn, donate_argnums=(0,))
-  _SEQUENTIAL_CACHE[cache_key] = (jitted, fns.tx)  # keeps tx alive: its id stays unique
-  return jitted
-
-
-def time_sequential(fns, data, keys, batch_size: int, capacities, steps_per_seed: int):
-  """(compile seconds, total seconds) of training the seeds one after another, per-step jit."""
-  step_fn = make_sequential_step(fns, batch_size, capacities)
-  init_one = jax.jit(lambda k: step_lib.init_state(k, fns.model, fns.tx))
-  n = data["inputs"].shape[0]
-  states = [init_one(k) for k in keys]
-  perms = [jax.device_put(np.random.default_rng(s).permutation(n).astype(np.int32))
-           for s in range(len(keys))]
+def time_sequential(config, vocab_size: int, split, keys, steps_per_seed: int):
+  """(first-call seconds, total seconds) of training the seeds one after another: the loop's own
+  body for ONE seed (`fns.chunk` of a one-seed config, no mesh: its batch sampling, packing
+  bucket switch, `loss_and_grads` and `apply_gradients`), called once per step."""
+  one = config.copy_and_resolve_references()
+  one.num_seeds = 1
+  host, capacities = train_layout(one, split, 1)
+  fns = train_fns(one, vocab_size, capacities)
+  data = jax.device_put(host)
+  states = [fns.init(keys[s:s + 1]) for s in range(len(keys))]
   steps = [jnp.asarray(t, jnp.int32) for t in range(steps_per_seed + 1)]
-  jax.block_until_ready((states, perms, steps))
+  jax.block_until_ready((states, data, steps))
   t0 = time.perf_counter()
-  states[0] = step_fn(states[0], data, perms[0], steps[0])
+  states[0] = fns.chunk(states[0], data, steps[0], 1)
   jax.block_until_ready(states[0])
   first = time.perf_counter() - t0
   t0 = time.perf_counter()
   for s in range(len(keys)):  # seed after seed, one dispatch per step
     state = states[s]
     for t in range(1, steps_per_seed + 1):
-      state = step_fn(state, data, perms[s], steps[t])
+      state = fns.chunk(state, data, steps[t], 1)
     jax.block_until_ready(state)
     states[s] = None
   return first, time.perf_counter() - t0
@@ -351,16 +316,19 @@ def time_sequential(fns, data, keys, batch_size: int, capacities, steps_per_seed
 # Where a step's time goes (one seed, padded batch).
 
 
+# The whole step in the breakdown: the loop's own body, one seed, one step per call.
+ONE_STEP = "fns.chunk, 1 seed, 1 step (the whole step)"
+
+
 def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[str, float]]:
-  """[(part, seconds)] of one seed's step: forward with/without dropout, backward, optimizer, the
-  whole `train_step`, the same inside `lax.scan`, and `fns.chunk` for one seed (vmap + scan)."""
+  """[(part, seconds)] of one seed's step: forward with/without dropout, backward, optimizer, and
+  the loop's own body (`fns.chunk` for one seed: vmap + scan) for one step and per step of a
+  4-step call."""
   import optax  # pylint: disable=import-outside-toplevel
   fns, state = one_seed_state(config, vocab_size)
   model, tx = fns.model, fns.tx
   idx = np.random.default_rng(0).choice(len(split), int(config.train.batch_size), replace=False)
   x, y = jnp.asarray(split.inputs[idx]), jnp.asarray(split.targets[idx])
-  batch = {"inputs": x, "targets": y, "lengths": jnp.asarray(split.lengths[idx])}
-  rows = jnp.arange(x.shape[0], dtype=jnp.int32)
   key = jax.random.key(1)
   lm_loss = lambda p, k: step_lib.total_loss(p, model, fns.objective, (), (), x, y, k)[0]
   grads = jax.jit(jax.grad(lm_loss))(state.params, None)
@@ -376,23 +344,15 @@ def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[st
       ("optimizer (clip + AdamW)",
        lambda g, o, p: optax.apply_updates(p, tx.update(g, o, p)[0]),
        (grads, state.opt_state, state.params)),
-      ("train_step (all of it)",
-       lambda s: step_lib.train_step(s, batch, rows, jnp.asarray(3, jnp.int32), model, tx,
-                                     fns.objective), (state,)),
   ]
   scan_steps = 4
-
-  def scanned(s):  # the same fixed batch, inside lax.scan as a chunk runs it, no seed axis
-    body = lambda s, t: (step_lib.train_step(s, batch, rows, t, model, tx, fns.objective), None)
-    return jax.lax.scan(body, s, jnp.arange(scan_steps, dtype=jnp.int32))[0]
-
   host, _ = train_layout(config, split, 1)
   data = jax.device_put(host)
-  stacked = fns.init(step_lib.seed_keys([0]))
+  stacked = lambda: fns.init(step_lib.seed_keys([0]))  # each part its own: chunk donates it
   parts += [
-      ("train_step in lax.scan, per step", scanned, (state,)),
-      ("fns.chunk, 1 seed (vmap + scan), per step",
-       lambda s: fns.chunk(s, data, jnp.asarray(0, jnp.int32), scan_steps), (stacked,)),
+      (ONE_STEP, lambda s: fns.chunk(s, data, jnp.asarray(3, jnp.int32), 1), (stacked(),)),
+      ("fns.chunk, 1 seed (vmap + scan), per step of 4",
+       lambda s: fns.chunk(s, data, jnp.asarray(0, jnp.int32), scan_steps), (stacked(),)),
   ]
   out = []
   for name, fn, fn_args in parts:
@@ -530,9 +490,9 @@ def main(argv=None):
     for depth in args.depths:
       config = make_config(depth, 1, args, False)
       parts = breakdown(config, vocab.size, split)
-      total = dict(parts)["train_step (all of it)"]
+      total = dict(parts)[ONE_STEP]
       print(f"\n  where one seed's step goes (depth {depth}, padded batch, best of 3, jit each):")
-      print_table(["part", "ms", "% of train_step"],
+      print_table(["part", "ms", "% of one step"],
                   [[n, f"{s * 1e3:.1f}", f"{100 * s / total:.0f}"] for n, s in parts])
       optimizer_s[depth] = dict(parts)["optimizer (clip + AdamW)"]
       listed = step_matmuls(make_config(depth, 1, args, True), vocab.size, split)
@@ -583,12 +543,8 @@ def main(argv=None):
           rate = args.steps_per_call * num_seeds / med
           gflops = rate * flops["total"] / 1e9
           if seq is None and not args.no_sequential:  # once per layout: it uses one device
-            data = jax.device_put(host)
-            seq_caps = train_layout(config, split, 1)[1] if packing else None
-            _, seq_total = time_sequential(fns, data, keys, int(config.train.batch_size),
-                                           seq_caps, args.seq_steps)
+            _, seq_total = time_sequential(config, vocab.size, split, keys, args.seq_steps)
             seq = args.seq_steps * num_seeds / seq_total
-            del data
           results[(depth, num_seeds, packing, mesh.devices.size, impl)] = {
               "rate": rate, "seq": seq, "pad": pad, "gflops": gflops}
           row = [depth, num_seeds, mesh.devices.size, "packed" if packing else "padded", impl,

@@ -45,6 +45,7 @@ import jax
 from ml_collections import config_flags
 
 from sg_jax import compile_cache
+from sg_jax import config_checks
 from sg_jax import configlib
 from sg_jax import metric_logging
 from sg_jax import sharding
@@ -94,6 +95,11 @@ _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "config loads the compiled programs from it instead of compiling them again. Unset: "
     "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/sg_jax/jax_cache (~/.cache/sg_jax/"
     "jax_cache); '' turns the cache off.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False,
+    "Parse the flags, build the config (file, config string, --config.* overrides) and check it "
+    "(sg_jax.config_checks.validate), print one line and exit: nothing is trained, no data is "
+    "generated and --workdir is not touched.")
 _PROFILE_STEPS = flags.DEFINE_string(
     "profile_steps", "",
     "A:B: write a JAX profiler trace of training steps A to B into WORKDIR/profile "
@@ -105,6 +111,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _DRY_RUN.value:
+    print(dry_run(_CONFIG.value))
+    return
   sg_log = metric_logging.setup_cli_logging()
   compile_cache.enable(_COMPILATION_CACHE_DIR.value)  # train logs the folder
   watchdog = None
@@ -133,6 +142,16 @@ def main(argv):
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   if sharding.is_writer():
     print(metric_logging.format_summary(result, _WORKDIR.value))
+
+
+def dry_run(config) -> str:
+  """`--dry_run`: checks the built config (`config_checks.validate`) and returns one line
+  describing the run it would start; a bad config ends the command with one line."""
+  with command_errors():
+    config_checks.validate(config)
+  return (f"config ok: task {config.task}, objective {config.get('objective', 'lm')}, "
+          f"{config.num_seeds} seeds, {config.model.num_layers} layers, "
+          f"{config.train.num_steps} steps (dry run: nothing was run)")
 
 
 def _start_processes(sg_log: logging.Logger) -> sharding.ProcessWatchdog:

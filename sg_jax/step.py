@@ -30,6 +30,7 @@ import optax
 
 from sg_jax import configlib
 from sg_jax import model as model_lib
+from sg_jax import models
 from sg_jax import objectives
 from sg_jax import per_seed
 from sg_jax import sharding
@@ -303,7 +304,7 @@ def init_state(key_data: Array, model: model_lib.TransformerLM,
       parameter of 2 or more dimensions; LayerNorm gains and biases stay as drawn: Omnigrok's
       alpha, Liu et al., ICLR 2023 §3); None = 1 (nothing multiplied).
   """
-  params = model_lib.init_params(
+  params = models.init_params(
       model.config, _subkey(key_data if init_key is None else init_key, PARAMS_KEY))
   if init_scale is not None:
     params = jax.tree_util.tree_map(lambda p: p * init_scale if p.ndim >= 2 else p, params)
@@ -364,7 +365,7 @@ def total_loss(params, model: model_lib.TransformerLM, objective: objectives.Obj
   """
   if hp is not None and "dropout_scale" in hp and dropout_key is not None \
       and model.config.dropout > 0:
-    model = model_lib.TransformerLM(dataclasses.replace(
+    model = models.build(dataclasses.replace(
         model.config, dropout_keep=(hp["dropout_scale"], hp["dropout_threshold"])))
   mutable = [model_lib.INTERMEDIATES] if any(t.needs_intermediates for t in terms) else False
   out = model.apply({"params": params}, inputs_BxL, deterministic=dropout_key is None,
@@ -430,16 +431,6 @@ def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
       diverged=state.diverged | ~finite,
       diverged_step=jnp.where(state.diverged | finite, state.diverged_step, step),
       sums=sums)
-
-
-def train_step(state: TrainState, data: dict, idx_B: Array, step: Array,
-               model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-               objective: objectives.Objective, capacity: int | None = None) -> TrainState:
-  """One AdamW step of one seed on the lines `idx_B` of `data` (no loss terms):
-  `loss_and_grads`, then `apply_gradients`."""
-  (loss, _, _), grads = loss_and_grads(state.params, state.key, data, idx_B, step, model,
-                                       objective, capacity=capacity)
-  return apply_gradients(state, loss, grads, step, tx)
 
 
 def batch_indices(perm: Array, step: Array, batch_size: int, steps_per_epoch: int) -> Array:
@@ -679,7 +670,7 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
   cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh, pool_sizes)
   if cache_key not in _TRAIN_FNS_CACHE:
     objective = objectives.from_config(config)
-    model = model_lib.TransformerLM(objectives.model_config(config, vocab_size))
+    model = models.build(objectives.model_config(config, vocab_size))
     as_data = per_seed.as_data(config)
     tx = (make_per_seed_optimizer(config) if as_data
           else make_optimizer(config.optim, int(config.train.num_steps)))

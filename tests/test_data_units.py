@@ -137,7 +137,7 @@ def test_tense_lines_and_ambiguity():
 
 def test_declarative_tree():
   ex = tasks.get_task("question").read_split  # noqa: F841  (API presence)
-  tree = trees.parse_tree("[ [ [ the walrus ] [ doesn't move ] ] . ]")
+  (tree,) = trees.parse_forest("[ [ [ the walrus ] [ doesn't move ] ] . ]")
   e = Example(source=("the", "walrus", "doesn't", "move", ".", "decl"), source_tree=tree,
               task_token="decl")
   assert e.declarative == ("the", "walrus", "doesn't", "move")

@@ -256,9 +256,10 @@ def test_core_frequencies_overlaps_forcing_and_ablation_masks():
   np.testing.assert_array_equal(core.heuristic_core(masks), [1, 0, 0, 1, 0, 0])
   np.testing.assert_allclose(core.inclusion_frequency(masks), [1, 2 / 3, 0, 1, 1 / 3, 2 / 3])
   assert core.jaccard(masks[0], masks[1]) == pytest.approx(3 / 5)
-  pair = core.pairwise_jaccard(masks)
-  np.testing.assert_allclose(np.diag(pair), 1.0)
-  assert pair[0, 2] == pytest.approx(3 / 4) and pair[1, 2] == pytest.approx(2 / 5)
+  assert core.jaccard(masks[0], masks[0]) == 1.0
+  assert core.jaccard(masks[0], masks[2]) == pytest.approx(3 / 4)
+  assert core.jaccard(masks[1], masks[2]) == pytest.approx(2 / 5)
+  assert core.mean_jaccard(masks) == pytest.approx((3 / 5 + 3 / 4 + 2 / 5) / 3)  # pairs i < j
   forced = core.force_units(masks[0], keep=[2], remove=[0])
   np.testing.assert_array_equal(forced, [0, 1, 1, 1, 0, 1])
   with pytest.raises(ValueError, match="both in and out"):

@@ -177,13 +177,19 @@ def test_dynamics_of_a_checkpoint_with_itself_and_the_seed_axis():
                                        groups=("bogus",))
 
 
-def test_token_features_equal_each_line_alone():
+def test_padded_forward_equals_each_line_alone():
   """The padded rows give each word the hidden state and next-token distribution of its own
   line run alone (SOS + words), and TVD against numpy on those."""
   params, other = _params([0]), _params([3])
   one = lambda tree: jax.tree_util.tree_map(lambda x: x[0], tree)
   plan = training_dynamics.make_plan(tuple(map(tuple, LINES)), SOS, 0)
-  features = jax.jit(functools.partial(training_dynamics.token_features, config=CONFIG))
+  forward = jax.jit(functools.partial(training_dynamics._forward,  # pylint: disable=protected-access
+                                      config=CONFIG))
+
+  def features(params, tokens, words):  # what dynamics_stats reads: word positions
+    hidden, logp = forward(params, tokens)
+    return hidden[:, words], logp[words]
+
   hidden, logp = features(one(params), plan.tokens, plan.words)
   _, logq = features(one(other), plan.tokens, plan.words)
   want_h, want_p, want_q = [], [], []

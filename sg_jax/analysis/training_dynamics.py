@@ -180,23 +180,6 @@ def _forward(params: PyTree, tokens_NxBxL: Array, *, config: ModelConfig
           jnp.concatenate(logp, axis=0))
 
 
-def token_features(params: PyTree, tokens_NxBxL: Array, words_T: Array, *,
-                   config: ModelConfig) -> tuple[Array, Array]:
-  """The residual stream and the output log-probabilities at every word position, one seed.
-
-  Args:
-    params: ONE seed's parameters.
-    tokens_NxBxL: int32 `Plan.tokens`.
-    words_T: int32 [T] `Plan.words`.
-    config: model config (static).
-
-  Returns:
-    (hidden float32 [num_layers + 1, T, d_model], log-probabilities float32 [T, vocab_size]).
-  """
-  hidden, logp = _forward(params, tokens_NxBxL, config=config)
-  return hidden[:, words_T], logp[words_T]
-
-
 def total_variation(logp_TxV: Array, logq_TxV: Array, weights_T: Array | None = None) -> Array:
   """Mean over positions of TV(p, q) = 1/2 sum_v |p(v) - q(v)| (float32 scalar in [0, 1]).
 

@@ -137,12 +137,6 @@ def jaccard(a, b) -> float:
   return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
 
 
-def pairwise_jaccard(sets) -> np.ndarray:
-  """float [N, N] Jaccard overlaps of N unit sets (bool [N, U]), e.g. the cores of the seeds."""
-  sets = np.asarray(sets, bool)
-  return np.array([[jaccard(a, b) for b in sets] for a in sets])
-
-
 def mean_jaccard(a_sets, b_sets=None) -> float:
   """Mean Jaccard overlap of unit sets: over every pair (i < j) of `a_sets` (bool [N, U]) when
   `b_sets` is None, else over every pair of one set of `a_sets` and one of `b_sets` (bool

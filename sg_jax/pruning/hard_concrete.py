@@ -56,14 +56,6 @@ def prob_open(log_alpha: Array, temperature: float = TEMPERATURE) -> Array:
                                                            / (LIMIT_HIGH - 1.0)))
 
 
-def expected_l0(log_alpha: Array, weights: Array | None = None,
-                temperature: float = TEMPERATURE) -> Array:
-  """Expected number of open gates, sum of (1 - P(z = 0)) (weighted by `weights` if given,
-  e.g. each unit's parameter count); a float32 scalar over all axes."""
-  p_open = 1.0 - prob_closed(log_alpha, temperature)
-  return jnp.sum(p_open if weights is None else p_open * weights)
-
-
 def _scores(log_alpha: np.ndarray, temperature: float) -> np.ndarray:
   return 1.0 / (1.0 + np.exp(-np.asarray(log_alpha, np.float64) / temperature
                              * DETERMINISTIC_FACTOR))

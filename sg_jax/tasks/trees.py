@@ -57,18 +57,6 @@ def parse_forest(tokens: Sequence[str] | str) -> tuple:
   return tuple(stack[0])
 
 
-def parse_tree(tokens: Sequence[str] | str) -> Tree:
-  """Parses a bracket string holding exactly one tree (see `parse_forest`).
-
-  Raises:
-    BracketError: malformed brackets or not exactly one top-level item.
-  """
-  forest = parse_forest(tokens)
-  if len(forest) != 1:
-    raise BracketError(f"expected one tree, found {len(forest)} top-level items")
-  return forest[0]
-
-
 def format_tree(tree: Tree) -> str:
   """Writes a tree in the released bracket convention: `[ a [ b c ] ]` (a word stays bare)."""
   if isinstance(tree, str):
