@@ -34,9 +34,10 @@ def define_flags() -> None:
                      "as tied for early stopping.")
   flags.DEFINE_bool("pruning_all_steps", False, "Draw the pruned subnetworks' accuracies of "
                     "every pruned step too (pruning_accuracy_<run>_step<N>.png).")
-  flags.DEFINE_list("group_by", [], "Per-seed config fields (e.g. optim.weight_decay, or its "
-                    "last part) to group seeds by and draw the dose response of; the other "
-                    "per-seed fields pooled. Default: every per-seed field.")
+  flags.DEFINE_list("group_by", [], "Config fields (e.g. optim.weight_decay, or its last part) "
+                    "to group seeds by and draw the dose response of, the other per-seed fields "
+                    "pooled; a field that differs between the runs of one depth (a grid sweep's "
+                    "job axis) groups their seeds merged. Default: every per-seed field.")
   flags.DEFINE_list("modules", [], "Python modules to import first; each registers its own "
                     "analysis quantities, whose columns are then plotted too.")
 
