@@ -57,7 +57,8 @@ def run_data_dir(data_config, workdir: os.PathLike | str) -> str:
   training generates them).
 
   Args:
-    data_config: the `data` section of a run config (its `dir` field: '' = unset).
+    data_config: what holds the run's `dir` field ('' = unset): the `data` section of a run
+      config, or the run's `input_pipeline.DataOptions`.
     workdir: the run directory.
   """
   return str(data_config.dir or os.path.join(workdir, "data"))
