@@ -484,8 +484,10 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
         analysed += 1
         markers = {g.marker for g in requested}
         summary = {r[2]: round(float(r[3]), 4) for r in rows if r[2] in markers}
-        log.info("[%d/%d] step %d: %d seeds, %d rows in %.1fs (last seed: %s)", n_step + 1,
-                 len(todo_steps), step, len(chosen), len(rows), time.time() - t0, summary)
+        log.info("[%d/%d] step %d: %d seeds, %d rows%s in %.1fs (last seed: %s)", n_step + 1,
+                 len(todo_steps), step, len(chosen), len(rows),
+                 rows_note({r[2] for r in rows}, len(rows), len(chosen)), time.time() - t0,
+                 summary)
     except stop_signal.StopNow as e:
       raise stop_signal.Preempted(f"stopped by signal {e.signum} {e.where}") from None
     finally:
@@ -499,6 +501,22 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
         f"{checkpointing.checkpoint_dir(workdir)} ({unreadable[first]}); the other "
         f"checkpoints were analysed ({rows_written} new rows in {path})")
   return {"rows_written": rows_written, "checkpoints_analysed": analysed}
+
+
+def rows_note(names: set[str], num_rows: int, num_seeds: int) -> str:
+  """What the progress line says after a checkpoint's row count: the rows per seed and, when
+  rows comparing with the previous checkpoint are missing (the first checkpoint analysed has
+  none: `cka_previous*`, `tvd_previous`), how many and why, so that a first checkpoint's smaller
+  count (e.g. 140 rows against 160 later) is explained.
+
+  Args:
+    names: the names of the checkpoint's rows.
+    num_rows: how many rows it wrote; num_seeds: for how many seeds.
+  """
+  missing = {n.replace("_final", "_previous") for n in names if "_final" in n} - names
+  why = (f"; without the {len(missing)} *_previous rows per seed: the first checkpoint analysed "
+         "has no previous one to compare with" if missing else "")
+  return f" ({num_rows // max(num_seeds, 1)} per seed{why})"
 
 
 def main(argv):

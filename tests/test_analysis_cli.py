@@ -287,3 +287,15 @@ def test_unreadable_requested_step_is_a_nonzero_exit_naming_it(workdir, tmp_path
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "[10]" in errors[0], out.stderr[-2000:]
   assert "Traceback" not in out.stderr and "Event loop is closed" not in out.stderr, out.stderr
+
+
+def test_progress_line_says_why_the_first_checkpoint_has_fewer_rows():
+  later = {"cka_final", "cka_final_l0", "cka_previous", "cka_previous_l0", "tvd_final",
+           "tvd_previous", "twonn_dimension"}
+  first = {n for n in later if "_previous" not in n}
+  # 4 seeds: 7 rows per seed later, 4 at the first checkpoint (no previous checkpoint there)
+  assert analyze.rows_note(later, 28, 4) == " (7 per seed)"
+  assert analyze.rows_note(first, 16, 4) == (
+      " (4 per seed; without the 3 *_previous rows per seed: the first checkpoint analysed has "
+      "no previous one to compare with)")
+  assert analyze.rows_note({"weight_norm", "tscore"}, 8, 4) == " (2 per seed)"
