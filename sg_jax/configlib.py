@@ -129,6 +129,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model.layer_impl = "auto"
   # Matmul precision of float32 matmuls: "default" (TF32 on recent GPUs), "high" or "highest".
   c.model.matmul_precision = "default"
+  # The model (`sg_jax.models`): '' = the objective's (`transformer_lm`, the decoder-only LM, for
+  # lm / mlm / prefix_lm; `encoder_decoder` for seq2seq). docs/model.md.
+  c.model.name = ""
 
   c.optim = ml_collections.ConfigDict()
   # Peak learning rate, Adam's b1, b2, eps and AdamW's decoupled weight decay (multiplied by the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sg_jax import models
 from sg_jax.model import INTERMEDIATES, ModelConfig, MultiHeadAttention, TransformerLM
 
 Array = jax.Array
@@ -25,7 +26,10 @@ def apply_with_intermediates(model: TransformerLM, params, tokens_BxL: Array,
   does not use, so asking for all of them costs only what is read.
 
   Args:
-    model: the `TransformerLM`.
+    model: a model module of a `ModelConfig` (`models.build`); the module run is the registered
+      model of its config's `name` (`models.build(model.config)`), so a caller that built
+      `TransformerLM(config)` for another model's config (an `encoder_decoder`) runs that model.
+      An encoder-decoder's intermediates are its encoder's (`models.encoder_decoder`).
     params: its parameters (one seed).
     tokens_BxL: int32 [B, L] inputs.
     **kwargs: `TransformerLM.__call__` keywords (deterministic, attention_mask, positions_BxL,
@@ -51,6 +55,7 @@ def apply_with_intermediates(model: TransformerLM, params, tokens_BxL: Array,
   """
   if "decode" in kwargs:
     raise ValueError("apply_with_intermediates does not decode; use apply_cached")
+  model = models.build(model.config)
   logits, state = model.apply({"params": params}, tokens_BxL, mutable=[INTERMEDIATES], **kwargs)
   sown = state[INTERMEDIATES]
   per_layer = lambda get: jnp.stack([get(sown[f"layer_{i}"])[0]

@@ -68,6 +68,9 @@ class ModelConfig:
       objective (`objectives`), not by `config.model`.
     prefix_end_ids: the ids that end a line's prefix under `prefix` attention (the task
       tokens), else ().
+    name: the model's name in `sg_jax.models` (`models.build` makes the module): this
+      decoder-only `transformer_lm` (the default), or e.g. `encoder_decoder`. Set from the run
+      config's `model.name`, or from the objective when that is '' (`objectives.model_config`).
   """
 
   vocab_size: int
@@ -86,6 +89,7 @@ class ModelConfig:
   attention: str = "causal"
   prefix_end_ids: tuple = ()
   dropout_keep: Any = None
+  name: str = "transformer_lm"
 
   def __post_init__(self):
     # The one statement of the model fields' rules: config_checks.validate checks a run config's
@@ -103,7 +107,7 @@ class ModelConfig:
         (self.layer_impl in layers.LAYER_IMPLS, "layer_impl", "must be auto, tuned or plain"),
         (self.matmul_precision in layers.MATMUL_PRECISIONS, "matmul_precision",
          "must be default, high or highest"),
-        (self.attention in ATTENTIONS, "attention", f"must be one of {ATTENTIONS}"),
+        (self.attention in ATTENTIONS, "attention", f"must be one of {tuple(ATTENTIONS)}"),
         (self.attention != "prefix" or bool(self.prefix_end_ids), "prefix_end_ids",
          "must name the task tokens for prefix attention"),
     )
@@ -117,11 +121,13 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg: Any, vocab_size: int, max_len: int = 512,
-                  attention: str = "causal", prefix_end_ids: tuple = ()) -> "ModelConfig":
+                  attention: str = "causal", prefix_end_ids: tuple = (),
+                  model_name: str = "transformer_lm") -> "ModelConfig":
     """Builds a ModelConfig from the `model` section of an ml_collections config.
 
     Each field of `model_cfg` sets the ModelConfig field of the same name (cast to the type of
-    its default); fields it does not set keep their defaults.
+    its default); fields it does not set keep their defaults. Its `name` is not read here: the
+    model's name is `model_name` (`objectives.model_config` resolves it).
 
     Raises:
       ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`, `max_len`,
@@ -131,6 +137,8 @@ class ModelConfig:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _FROM_ARGUMENTS}
     values = {}
     for name, value in model_cfg.items():
+      if name == "name":  # the model's name is `model_name`
+        continue
       if name in _PER_SEED and isinstance(value, (list, tuple)):
         # One value per seed: each rule holds for every value (the largest and the smallest
         # are checked); the model is built with the largest (`dropout`: on when any seed has
@@ -144,10 +152,11 @@ class ModelConfig:
       default = fields[name].default
       values[name] = type(default)(value) if isinstance(default, (bool, int, float, str)) else value
     return cls(vocab_size=vocab_size, max_len=max_len, attention=attention,
-               prefix_end_ids=tuple(int(i) for i in prefix_end_ids), **values)
+               prefix_end_ids=tuple(int(i) for i in prefix_end_ids), name=str(model_name),
+               **values)
 
 
-_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention", "prefix_end_ids", "dropout_keep")
+_FROM_ARGUMENTS = ("vocab_size", "max_len", "attention", "prefix_end_ids", "dropout_keep", "name")
 # Model fields that take one value or one per seed (`per_seed.HPARAM_FIELDS`).
 _PER_SEED = ("dropout", "init_scale")
 
@@ -196,8 +205,13 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxLxD: Array, mask_BxHxLxL: Array, deterministic: bool,
                ids_BxL: Array | None = None, positions_BxL: Array | None = None,
                lines: tuple[Array, Array] | None = None, decode: bool = False,
-               head_mask_H: Array | None = None, head_means: Array | None = None) -> Array:
+               head_mask_H: Array | None = None, head_means: Array | None = None,
+               memory_BxLxD: Array | None = None) -> Array:
     """Returns the attention output [B, L, d_model].
+
+    With `memory_BxLxD` (cross-attention, `models.encoder_decoder`) the keys and values are
+    projected from it instead of from `x_BxLxD` (the same row layout and length); the
+    parameters and their initialisation are the same.
 
     The sown probabilities are [B, H, L, L] under `mask_BxHxLxL` (boolean, broadcastable to
     that shape) in the padded layout.
@@ -232,8 +246,9 @@ class MultiHeadAttention(nn.Module):
         (h, p), split=True, dtype=dtype, name=name,
         kernel_init=layers.reshaped_init(xavier_uniform(d, fan_out), (d, h, p)))
     q_BxLxHxP = proj("query", d)(x_BxLxD)
-    k_BxLxHxP = proj("key", 2 * d)(x_BxLxD)
-    v_BxLxHxP = proj("value", 2 * d)(x_BxLxD)
+    kv_BxLxD = x_BxLxD if memory_BxLxD is None else memory_BxLxD
+    k_BxLxHxP = proj("key", 2 * d)(kv_BxLxD)
+    v_BxLxHxP = proj("value", 2 * d)(kv_BxLxD)
     if decode:  # from here on the keys and values are the cache's C slots
       k_BxLxHxP, v_BxLxHxP, mask_BxHxLxL = self._update_cache(k_BxLxHxP, v_BxLxHxP,
                                                               positions_BxL)

@@ -34,6 +34,7 @@ from sg_jax import evaluation
 from sg_jax import layers
 from sg_jax import metric_logging
 from sg_jax import model as model_lib
+from sg_jax import models
 from sg_jax import objectives
 from sg_jax import per_seed
 from sg_jax import sharding
@@ -251,7 +252,7 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   fns = make_train_fns(config, vocab.size, capacities, mesh, pool_sizes)
   if memory_check:  # before any array is allocated or program compiled (sg_jax.cost_check)
     try:
-      one_seed = jax.eval_shape(lambda key: model_lib.init_params(fns.model.config, key),
+      one_seed = jax.eval_shape(lambda key: models.init_params(fns.model.config, key),
                                 jax.random.key(0))
       cost_check.check(cost_check.estimate(config, one_seed, host_data, mesh.devices.size,
                                            vocab.size), list(mesh.devices.flat))

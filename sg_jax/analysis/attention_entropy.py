@@ -57,7 +57,8 @@ import numpy as np
 from sg_jax.analysis import pipeline, registry
 from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
 from sg_jax.attention_masks import causal_mask, line_mask
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax import models
+from sg_jax.model import ModelConfig
 
 Array = jax.Array
 PyTree = Any
@@ -95,7 +96,7 @@ def reference_entropy_per_sentence(params: PyTree, hidden0_BxLxD: Array, lengths
   """The released code's attention "entropy" of each sentence (see module docstring).
 
   Args:
-    params: ONE seed's TransformerLM parameters.
+    params: ONE seed's model parameters.
     hidden0_BxLxD: the input embeddings (token embedding * sqrt(d) + positions), [B, L, d].
     lengths_B: int [B] non-padding positions.
     tokens_BxL: int32 [B, L] the inputs, for the mask of a model that is not causal
@@ -147,7 +148,7 @@ def attention_entropy_stats(params: PyTree, tokens_BxL: Array, lengths_B: Array,
       'reference_entropy_sum' scalar (sum over sentences), 'num_sentences' scalar.
   """
   _, internals = apply_with_intermediates(
-      TransformerLM(config), params, tokens_BxL, deterministic=True)
+      models.build(config), params, tokens_BxL, deterministic=True)
   sums, count = head_entropy_sums(internals["attention"], lengths_B)
   ref_B = reference_entropy_per_sentence(params, internals["hidden"][0], lengths_B, tokens_BxL,
                                          config=config)
@@ -193,7 +194,7 @@ def packed_attention_entropy_stats(params: PyTree, tokens_PxR: Array, positions_
   # a word sees its own sequence and the row's SOS (the model adds the causal mask).
   mask_PxRxR = (seg[:, :, None] == seg[:, None, :]) | (jnp.arange(seg.shape[1]) == 0)[None, None]
   _, internals = apply_with_intermediates(
-      TransformerLM(config), params, tokens_PxR, deterministic=True, attention_mask=mask_PxRxR,
+      models.build(config), params, tokens_PxR, deterministic=True, attention_mask=mask_PxRxR,
       positions_BxL=positions_PxR)
   word_PxR = seg >= 0
   ent_NxPxHxR = entropy(internals["attention"].astype(jnp.float32))

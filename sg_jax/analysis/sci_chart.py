@@ -54,7 +54,8 @@ import numpy as np
 from sg_jax.analysis import registry
 from sg_jax.analysis.packing import SpanPasses, StartPasses, packed_mask, span_mask
 from sg_jax.intermediates import apply_with_intermediates
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax import models
+from sg_jax.model import ModelConfig
 
 Array = jax.Array
 PyTree = Any
@@ -69,7 +70,7 @@ def last_hidden(params: PyTree, tokens_BxL: Array, mask_BxLxL: Array | None, *,
   0..L-1).
   """
   _, internals = apply_with_intermediates(
-      TransformerLM(config), params, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
+      models.build(config), params, tokens_BxL, deterministic=True, attention_mask=mask_BxLxL,
       positions_BxL=positions_BxL)
   return internals["hidden"][-1].astype(jnp.float32)
 
@@ -116,7 +117,7 @@ def sci_chart(params: PyTree, tokens_BxL: Array, num_words_B: Array, *,
   forward batch, so choose B with memory in mind.
 
   Args:
-    params: ONE seed's TransformerLM parameters.
+    params: ONE seed's model parameters.
     tokens_BxL: int32 [B, L] inputs `SOS w_0 .. w_{n-1}` then `<pad>`=0 (declarative words only;
       later tokens would not change anything because of causality, but cost time). N = L - 1.
     num_words_B: int32 [B] number of words n of each sentence (0 for batch-padding rows).
@@ -151,7 +152,7 @@ def packed_sci_chart(params: PyTree, passes: StartPasses, *, config: ModelConfig
   jit-able (`config` static); runs P * R tokens in one forward batch.
 
   Args:
-    params: ONE seed's TransformerLM parameters.
+    params: ONE seed's model parameters.
     passes: from `pack_start_passes` (P rows of R tokens, B sentences of at most N words).
 
   Returns:
@@ -178,7 +179,7 @@ def span_sci_chart(params: PyTree, passes: SpanPasses, *, config: ModelConfig) -
   static); runs P * R tokens in one forward batch.
 
   Args:
-    params: ONE seed's TransformerLM parameters.
+    params: ONE seed's model parameters.
     passes: from `packing.pack_span_passes` (P rows of R tokens, B sentences of at most N words).
 
   Returns:

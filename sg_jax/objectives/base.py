@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from sg_jax import model as model_lib
+from sg_jax import models
 from sg_jax import preference
 from sg_jax.attention_masks import ATTENTIONS
 
@@ -85,6 +86,9 @@ class Objective:
     teacher_forced_metrics: whether the task's metric (the next-token ranking at the task token
       and greedy decoding) means anything for a model trained so (False for a masked LM, whose
       evaluation reads the minimal-pair preference instead).
+    model_family: the family of models it trains (`models.family`): 'decoder' (the
+      decoder-only LM) or 'encoder_decoder' (`seq2seq`); a run's `model.name` must be one.
+    default_model: the model it trains when `model.name` is '' (the default).
   """
 
   name: ClassVar[str] = ""
@@ -92,6 +96,8 @@ class Objective:
   extra_tokens: ClassVar[int] = 0
   metric_names: ClassVar[tuple[str, ...]] = ()
   teacher_forced_metrics: ClassVar[bool] = True
+  model_family: ClassVar[str] = "decoder"
+  default_model: ClassVar[str] = "transformer_lm"
 
   @property
   def prefix_end_ids(self) -> tuple[int, ...]:
@@ -161,7 +167,7 @@ def register(cls: type[Objective]) -> type[Objective]:
   if not cls.name:
     raise ValueError(f"objective class {cls.__name__} has no name")
   if cls.attention not in ATTENTIONS:
-    raise ValueError(f"objective {cls.name!r}: attention must be one of {ATTENTIONS}, got "
+    raise ValueError(f"objective {cls.name!r}: attention must be one of {tuple(ATTENTIONS)}, got "
                      f"{cls.attention!r}")
   old = _REGISTRY.get(cls.name, cls)
   if (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
@@ -188,21 +194,40 @@ def from_config(config) -> Objective:
   return _REGISTRY[name].from_config(config)
 
 
+def model_name(config, objective: Objective) -> str:
+  """The model a run trains: `config.model.name`, or the objective's `default_model` when that
+  is '' or absent (runs from before the field).
+
+  Raises:
+    ValueError: an unregistered model, or one not of the objective's `model_family` (one line
+      naming both).
+  """
+  name = str(config.model.get("name", "")) or objective.default_model
+  if models.family(name) != objective.model_family:
+    raise ValueError(f"invalid config: objective {objective.name!r} trains a model of family "
+                     f"{objective.model_family!r}; model.name {name!r} is of family "
+                     f"{models.family(name)!r} (leave model.name empty for "
+                     f"{objective.default_model!r})")
+  return name
+
+
 def model_config(config, vocab_size: int, max_len: int = 512):
-  """The `model.ModelConfig` of a run config: its `model` section, with the attention, the
-  prefix-end ids and the extra vocabulary rows of its objective (`from_config(config)`).
+  """The `model.ModelConfig` of a run config: its `model` section, with the model name
+  (`model_name`), the attention, the prefix-end ids and the extra vocabulary rows of its
+  objective (`from_config(config)`). `models.build` makes the module of it.
 
   Args:
     vocab_size: the task vocabulary's size (`Vocab.size`); the objective's `extra_tokens` are
       added to it.
 
   Raises:
-    ValueError: a bad model field or objective.
+    ValueError: a bad model field, model name or objective.
   """
   objective = from_config(config)
   return model_lib.ModelConfig.from_config(config.model, vocab_size + objective.extra_tokens,
                                            max_len, attention=objective.attention,
-                                           prefix_end_ids=objective.prefix_end_ids)
+                                           prefix_end_ids=objective.prefix_end_ids,
+                                           model_name=model_name(config, objective))
 
 
 def masked_accuracy(logits_BxLxV: Array, targets_BxL: Array) -> Array:

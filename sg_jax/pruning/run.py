@@ -140,7 +140,14 @@ def pruning_model_config(config: ModelConfig) -> ModelConfig:
   (benchmarks/prune_throughput.py, docs/pruning.md), while one run alone takes the same time
   with either. Both give the same values (tests/test_layer_impl.py); an explicit "tuned" or
   "plain" is kept.
+
+  Raises:
+    ValueError: a model other than the decoder-only `transformer_lm` (its head and MLP gates
+      are the LM's; an encoder-decoder, `objective=seq2seq`, is not pruned).
   """
+  if config.name != "transformer_lm":
+    raise ValueError(f"pruning supports model transformer_lm (the decoder-only LM) only; this "
+                     f"run's model is {config.name!r}")
   if config.layer_impl != "auto":
     return config
   return dataclasses.replace(config, layer_impl="plain")
