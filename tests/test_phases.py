@@ -134,12 +134,41 @@ def test_order_lags_table_figures_and_summary(tmp_path):
   # one panel per metric: the loss's two events share one.
   titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
   assert len(titles) == len(phases.SIGNALS) - 1
-  assert "fall (--), resolution 400; later_fall (:)" in titles[0]
+  assert "fall (--), resolution 400; later_fall: none found" in titles[0]  # no later drop
   # a run without the training-dynamics columns gets neither figure.
   plain = _run({k: v for k, v in run.series.items() if k in ("train/loss",
                                                              "out_of_domain/accuracy")})
   written.clear()
   assert report_phases.draw(plain, optional) is None and not written
+
+
+def test_curves_too_short_for_onsets_are_said_once_not_tabled(tmp_path):
+  """A quick run: 4 evaluations and checkpoints (no onset can be located: 9 points needed),
+  the loss logged densely (its onset is)."""
+  full = synthetic_series()
+  few_steps = STEPS[::len(STEPS) // 4][:4]
+  series = {name: {s: (few_steps, np.interp(few_steps, *curve)) for s, curve in by.items()}
+            for name, by in full.items()}
+  run = _run(series)
+  found = phases.phase_onsets(run.series)
+  assert report_phases.curve_points(run)["uas"] == 4
+  text = "\n".join(report_phases.markdown_lines([(run, found)]))
+  assert "No onset table: too few evaluations for an onset: " in text
+  assert "uas 4 points" in text and "at least 9" in text
+  assert "| seed |" not in text and "0/3" not in text  # no table of '-' cells
+  fig = report_phases.plot_phases(run, found, str(tmp_path / "few.png"))
+  labels = [t.get_text() for ax in fig.axes for t in (ax.get_legend().get_texts()
+                                                       if ax.get_legend() else [])]
+  assert "seed 0" in labels and not any("onset" in label for label in labels if "seed" in label)
+  assert all("none found (4 points, 9 needed)" in ax.get_title()
+             for ax in fig.axes if ax.get_title())
+  # the loss logged at every step (dense) keeps its row; the 4-point curves are named once
+  series["train/loss"] = full["train/loss"]
+  run = _run(series)
+  found = phases.phase_onsets(run.series)
+  text = "\n".join(report_phases.markdown_lines([(run, found)]))
+  assert "Left out, too few evaluations for an onset: " in text
+  assert "| seed | loss | later_loss_drop |" in text
 
 
 def _hand_made(steps_by_signal, resolution_by_signal):

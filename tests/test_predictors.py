@@ -125,3 +125,18 @@ def test_depth_rows_give_each_depths_seed_mean_with_its_interval():
   assert lines[3] == "| depth | tscore (final): mean [95% t-CI, n=2] |"
   assert lines[5].startswith("| 2 | 0.5 [0.5, 0.5] |")
   assert lines[6].startswith("| 4 | 0.8 [-1.74, 3.34] |")
+
+
+def test_one_depth_has_no_across_depth_columns():
+  rng = np.random.default_rng(2)
+  g = rng.uniform(0, 1, 8)
+  rows = [{"depth": 6, "seed": i, "generalisation": g[i], "tscore@final": g[i] + 0.1 * i,
+           "tscore@saturation": rng.uniform()} for i in range(8)]
+  table = predictors.correlation_rows(rows)
+  lines = predictors.markdown_lines(table)
+  assert lines[3] == ("| predictor | measured at | across seeds (Spearman rho) | within depth "
+                      "(Spearman rho) |")
+  assert lines[4] == "|---|---|---|---|"
+  assert all(line.count("|") == 5 for line in lines[5:7])
+  assert any(line.startswith("Not shown (no row could compute them: they need two depths or "
+                             "more): across depths") for line in lines)

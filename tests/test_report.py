@@ -493,3 +493,35 @@ def test_objectives_side_by_side(tmp_path):
   titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
   assert "in-domain preference (minimal pairs)" in titles
   assert not any(t.endswith("accuracy") for t in titles)
+
+
+def _four_evaluation_run(num_seeds=2):
+  steps = np.array([0, 100, 200, 300])
+  gen = {s: (steps, np.array([0.1, 0.3, 0.2, 0.4]) + 0.1 * s) for s in range(num_seeds)}
+  ind = {s: (steps, np.array([0.2, 0.9, 1.0, 1.0])) for s in range(num_seeds)}
+  # seed 1's tscore lies far above seed 0's: on separate y-scales the two would look alike
+  tscore = {s: (steps, np.array([0.1, 0.12, 0.15, 0.2]) + 0.6 * s) for s in range(num_seeds)}
+  return report.Run(workdir="/nonexistent", name="quick", depth=2, task="question",
+                    num_steps=300, series={"out_of_domain/accuracy": gen,
+                                           "in_domain/accuracy": ind, "tscore": tscore})
+
+
+def test_seed_table_names_the_evaluations_its_std_is_over():
+  from sg_jax.report import tables  # pylint: disable=import-outside-toplevel
+  rows = report.seed_summary([_four_evaluation_run()], 0.8, 0.99, 0.0)
+  assert [r["generalisation_oscillation_evaluations"] for r in rows] == [4, 4]
+  assert rows[0]["generalisation_oscillation"] == pytest.approx(np.std([0.1, 0.3, 0.2, 0.4]))
+  lines = tables._seed_lines(rows)  # pylint: disable=protected-access
+  assert "| gen. acc. std, last 4 evaluations |" in lines[3]
+  rows[1]["generalisation_oscillation_evaluations"] = 5
+  assert "| gen. acc. std, last 5 evaluations (4 where a seed has fewer) |" in \
+      tables._seed_lines(rows)[3]  # pylint: disable=protected-access
+
+
+def test_trajectories_share_the_y_scale_of_a_row(tmp_path):
+  fig = report.plot_trajectories([_four_evaluation_run()], 2, str(tmp_path / "t.png"), 0.99)
+  axes = np.array(fig.axes).reshape(-1, 2)  # rows x seeds
+  for row in axes:
+    assert row[0].get_ylim() == row[1].get_ylim()
+  low, high = axes[1, 0].get_ylim()
+  assert low <= 0.1 and high >= 0.8  # both seeds' tscore inside the shared scale

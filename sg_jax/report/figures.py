@@ -75,7 +75,8 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
                       max_seeds: int = 12):
   """(a') Per seed: accuracy, tree-structuredness and attention sparsity over training.
 
-  One column per seed (at most `max_seeds`), rows sharing the step axis (`trajectory_rows`):
+  One column per seed (at most `max_seeds`), rows sharing the step axis and, within a row, the
+  y-scale, so that seeds compare at a glance (`trajectory_rows`):
   in-domain and generalisation accuracy (fraction), then the registered analysis columns: tscore
   and tparseval F1 (unitless / fraction; Murty et al. 2023 §4); attention sparsity (negative mean
   entropy, nats; Chen et al. 2024). A dotted line
@@ -101,7 +102,7 @@ def plot_trajectories(runs: Sequence[Run], depth, path: str, saturation: float,
   plt = pyplot()
   fig, axes = plt.subplots(len(rows), len(columns),
                            figsize=(3.2 * len(columns) + 1, 8 * len(rows) / 3), sharex=True,
-                           squeeze=False)
+                           sharey="row", squeeze=False)  # the seeds of a row on one y-scale
   legends = [None] * len(rows)
   colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
   for c, (run, seed) in enumerate(columns):

@@ -79,6 +79,11 @@ def order(found: Onsets) -> list[tuple[str, float, float, float, int, float]]:
   return sorted(rows, key=lambda r: (math.isnan(r[1]), r[1]))
 
 
+def order_signals(found: Onsets) -> list[str]:
+  """The signals of `found`, in the order of `order`."""
+  return [r[0] for r in order(found)]
+
+
 def relations(ranked: Sequence[tuple]) -> list[str]:
   """Between each two neighbours of `order`'s rows with an onset: '<' when their means differ
   by more than the coarser of their resolutions, '≈' (tied at this resolution) otherwise.
@@ -147,6 +152,14 @@ def table_rows(run: Run, found: Onsets) -> list[dict]:
   return rows
 
 
+def curve_points(run: Run) -> dict[str, int]:
+  """{signal: the most finite points any seed's curve of it has} (`phases_lib.curves`): an onset
+  needs `onsets_lib.MIN_POINTS` of them."""
+  return {signal: max((int(np.isfinite(np.asarray(v, float)).sum()) for _, v in by_seed.values()),
+                      default=0)
+          for signal, (_, by_seed) in phases_lib.curves(run.series).items()}
+
+
 def _fmt(v: float) -> str:
   return "-" if v is None or not math.isfinite(v) else f"{v:.0f}"
 
@@ -171,10 +184,21 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
            "coarser resolution are tied at this resolution (≈), and 'before / tied / after' "
            "counts the seeds at that resolution (docs/dynamics.md)."]
   for run, found in results:
-    ranked = order(found)
+    points = curve_points(run)
+    few = {s: points[s] for s in order_signals(found)
+           if s in points and points[s] < onsets_lib.MIN_POINTS}
+    too_few = (f"too few evaluations for an onset: "
+               + ", ".join(f"{s} {n} points" for s, n in few.items())
+               + f" (an onset needs at least {onsets_lib.MIN_POINTS}; docs/dynamics.md)")
+    lines += ["", f"### `{run.name}`", ""]
+    ranked = [r for r in order(found) if r[0] not in few]
+    if not ranked:
+      lines.append(f"No onset table: {too_few}.")
+      continue
+    if few:
+      lines += [f"Left out, {too_few}.", ""]
     signals = [r[0] for r in ranked]
-    lines += ["", f"### `{run.name}`", "",
-              "| seed | " + " | ".join(signals) + " |", "|" + "---|" * (len(signals) + 1)]
+    lines += ["| seed | " + " | ".join(signals) + " |", "|" + "---|" * (len(signals) + 1)]
     for seed in sorted(found):
       lines.append(f"| {seed} | " + " | ".join(_fmt(found[seed][s].step) for s in signals)
                    + " |")
@@ -231,6 +255,7 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
   seeds = sorted(found)
   colors = _seed_colors(seeds)
   styles = ("--", ":", "-.")
+  points = curve_points(run)
   fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.1 * len(panels) + 0.8),
                            sharex=True, squeeze=False)
   for ax, (name, signals) in zip(axes[:, 0], panels.items()):
@@ -251,6 +276,12 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
         if math.isfinite(step):
           ax.axvline(step, color=colors[seed], ls=style, lw=1.1)
       res = resolution(found, signal)
+      if not any(math.isfinite(found[s].get(signal, NO_ONSET).step) for s in seeds):
+        n = points.get(signal, 0)
+        events.append(f"{phases_lib.SIGNALS[signal][1]}: none found"
+                      + (f" ({n} points, {onsets_lib.MIN_POINTS} needed)"
+                         if n < onsets_lib.MIN_POINTS else ""))
+        continue
       events.append(f"{phases_lib.SIGNALS[signal][1]}"
                     + (f" ({style})" if len(signals) > 1 else "")
                     + (f", resolution {res:.0f}" if math.isfinite(res) else ""))
@@ -261,7 +292,10 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
     ax.grid(alpha=0.3)
   axes[-1, 0].set_xlabel("training step")
   handles = [plt.Line2D([], [], color="black", lw=1.8, label="seed mean (95% t band)")]
-  handles += [plt.Line2D([], [], color=colors[s], ls="--", label=f"seed {s} (onset dashed)")
+  # "(onset dashed)" only for a seed with an onset drawn
+  drawn = {s for s in seeds if any(math.isfinite(o.step) for o in found[s].values())}
+  handles += [plt.Line2D([], [], color=colors[s], ls="--" if s in drawn else "-",
+                         label=f"seed {s}" + (" (onset dashed)" if s in drawn else ""))
               for s in seeds]
   legend_outside(axes[0, 0], handles, [h.get_label() for h in handles])
   fig.suptitle(f"{title_prefix}training phases of {run.name}")

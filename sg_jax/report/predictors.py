@@ -202,13 +202,21 @@ def markdown_lines(correlation_table: Sequence[dict]) -> list[str]:
   """The "Predictors of generalisation" section of summary.md ([] without rows)."""
   if not correlation_table:
     return []
+  headers = {"across_seeds": "across seeds (Spearman rho)",
+             "across_depths": "across depths (Jonckheere-Terpstra tau)",
+             "within_depth": "within depth (Spearman rho)",
+             "depth_trend": "predictor over depth (Jonckheere-Terpstra tau)"}
+  # A test no row has (the two across-depth tests with one depth) gets no column.
+  kinds = [k for k in KINDS if any(_test_cell(r, k) for r in correlation_table)]
   lines = ["", "## Predictors of generalisation", "",
-           "| predictor | measured at | across seeds (Spearman rho) | across depths "
-           "(Jonckheere-Terpstra tau) | within depth (Spearman rho) | predictor over depth "
-           "(Jonckheere-Terpstra tau) |", "|---|---|---|---|---|---|"]
+           "| predictor | measured at | " + " | ".join(headers[k] for k in kinds) + " |",
+           "|---|---|" + "---|" * len(kinds)]
   for r in correlation_table:
     lines.append(f"| {PREDICTORS[r['predictor']]} | {r['moment']} | "
-                 + " | ".join(_test_cell(r, k) for k in KINDS) + " |")
+                 + " | ".join(_test_cell(r, k) for k in kinds) + " |")
+  if len(kinds) < len(KINDS):
+    lines += ["", "Not shown (no row could compute them: they need two depths or more): "
+              + ", ".join(headers[k] for k in KINDS if k not in kinds) + "."]
   lines += ["", "Against final generalisation accuracy, each seed one observation: across seeds, "
             "Spearman's rho over all seeds (permutation p; depth differences feed it); across "
             "depths, Jonckheere-Terpstra's tau of the seeds' generalisation along the depths "

@@ -135,7 +135,10 @@ def seed_summary(runs: Sequence[Run], threshold: float, saturation: float,
              "early_stop_first_step": first_step, "early_stop_first_generalisation": first_gen,
              "early_stop_last_step": last_step, "early_stop_last_generalisation": last_gen,
              "generalisation_oscillation": seed_stats.oscillation(gen_v,
-                                                                   OSCILLATION_EVALUATIONS)}
+                                                                   OSCILLATION_EVALUATIONS),
+             # the evaluations that std is over (fewer when the run has fewer)
+             "generalisation_oscillation_evaluations": int(min(
+                 OSCILLATION_EVALUATIONS, np.isfinite(np.asarray(gen_v, float)).sum()))}
       row["final_rule"], row["rule_switches"] = rules_of_seed(run, seed)
       for metric in registry.dynamics():
         if seed in run.series.get(metric, {}):
@@ -301,10 +304,14 @@ def _cells_with_intervals(row: dict, key: str, varied: bool) -> str:
 
 def _seed_lines(seed_rows: Sequence[dict]) -> list[str]:
   """The "Seeds" section of summary.md: one row per seed, how it ends and how it got there."""
+  counts = sorted({r.get("generalisation_oscillation_evaluations", OSCILLATION_EVALUATIONS)
+                   for r in seed_rows})
+  last = (f"last {counts[0]} evaluations" if len(counts) == 1 else
+          f"last {counts[-1]} evaluations ({', '.join(map(str, counts[:-1]))} where a seed has "
+          "fewer)")
   lines = ["", "## Seeds", "",
            "| run | depth | seed | in-domain acc. (final) | gen. acc. (final) | "
-           f"gen. acc. std, last {OSCILLATION_EVALUATIONS} evaluations | final rule | "
-           "rule switches |", "|" + "---|" * 8]
+           f"gen. acc. std, {last} | final rule | rule switches |", "|" + "---|" * 8]
   for r in seed_rows:
     lines.append("| " + " | ".join(_fmt(v) for v in (
         r["run"], r["depth"], r["seed"], r["final_in_domain"], r["final_generalisation"],
