@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sg_jax import checkpointing, input_pipeline, intermediates, models, objectives, packing
+from sg_jax import attention_masks, checkpointing, input_pipeline, intermediates, models
+from sg_jax import objectives, packing
 from sg_jax import train
 from sg_jax import step as step_lib
 from sg_jax.analysis import tree_projection
@@ -67,6 +68,30 @@ def test_registry_builds_each_model_and_refuses_unknown_names():
     models.build(_config().__class__(vocab_size=4, name="rnn"))
   with pytest.raises(ValueError, match="already registered"):
     models.register("encoder_decoder", "decoder")(ModelConfig)
+
+
+def _window(tokens_BxL, key_real_BxL, prefix_end_ids):
+  """A token attends to itself and the token before it (a registered attention of the test)."""
+  del key_real_BxL, prefix_end_ids
+  q, k = jnp.arange(tokens_BxL.shape[1])[:, None], jnp.arange(tokens_BxL.shape[1])[None, :]
+  return ((k <= q) & (k >= q - 1))[None, None]
+
+
+def test_an_objective_supplies_its_own_attention_mask():
+  attention_masks.register_attention("window_test", _window)
+  attention_masks.register_attention("window_test", _window)  # the same function again: fine
+  with pytest.raises(ValueError, match="attention 'window_test' is already registered"):
+    attention_masks.register_attention("window_test", lambda *a: None)
+  config = ModelConfig(vocab_size=VOCAB, num_layers=1, d_model=8, num_heads=2, d_ff=16,
+                       max_len=8, dropout=0.0, attention="window_test")
+  tokens = jnp.asarray([[SOS, 3, 4, 5, 6]], jnp.int32)
+  _, sown = intermediates.apply_with_intermediates(
+      models.build(config), models.init_params(config, jax.random.key(0)), tokens)
+  allowed = np.asarray(_window(tokens, tokens != 0, ())[0, 0])
+  probs = np.asarray(sown["attention"][0, 0])  # [heads, L, L]
+  assert np.all(probs[:, ~allowed] == 0) and np.allclose(probs.sum(-1), 1.0)
+  with pytest.raises(ValueError, match="attention must be one of"):
+    ModelConfig(vocab_size=4, attention="nowhere")
 
 
 def test_part_masks_and_decoder_positions_on_hand_built_rows():
