@@ -3,7 +3,7 @@ whether they fit, their FLOPs and bytes per seed-step, code size, compile time a
 
   python -m sg_jax.aot --config=configs/tense.py:depth=8 --target=v5e:2x2
   python -m sg_jax.aot --config=configs/question.py:tiny --target=h100 --programs=train
-  python -m sg_jax.aot --config=configs/tense.py:depth=8 --config.num_seeds=64 --target=v5p:2x2x1
+  python -m sg_jax.aot --config=configs/tense.py:depth=8,seeds=64 --target=v5p:2x2x1
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips along each axis of the TPU slice), h100,
 h200, a100 (one GPU; h100:N for N). Needs the optional compile-only pieces:
