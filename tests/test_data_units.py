@@ -275,8 +275,8 @@ def test_training_data_checks_the_plain_file_too(tmp_path):
   config = configlib.base_config("question")
   config.data.dir = str(tmp_path)
   config.data.num_train = 30
+  data_options = input_pipeline.DataOptions.from_config(config)
   with pytest.raises(DataError, match=r"question_bracket.train:4: word 2 .* has 'zzz'"):
-    data_options = input_pipeline.DataOptions.from_config(config)
     input_pipeline.load_data(data_options, str(tmp_path / "run"))
 
 

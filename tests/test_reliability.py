@@ -316,8 +316,8 @@ def test_unknown_word_in_data_names_file_and_line(data_dir, tmp_path):
     (bad / name).write_text("".join(lines))
   config = configlib.base_config("question")
   config.data.dir = str(bad)
+  data_options = input_pipeline.DataOptions.from_config(config)
   with pytest.raises(tasks.DataError) as error:
-    data_options = input_pipeline.DataOptions.from_config(config)
     input_pipeline.load_data(data_options, str(tmp_path))
   message = str(error.value)
   assert message.startswith(f"{bad / 'question_bracket.dev'}:3: "), message
