@@ -12,7 +12,8 @@ A stored line `SOS w1 ... wk TASK o1 ... om` (`TASK` the task token, `quest`/`de
   encoder's outputs at the input positions, then the feed-forward block, each followed by the
   residual add and LayerNorm (post-LN, as PyTorch's `nn.TransformerDecoderLayer` with
   `norm_first=False`); `num_layers` layers as well. So depth = encoder and decoder layers each,
-  as McCoy et al. (2020) and Ahuja et al. (2024) size their seq2seq models.
+  as the encoder-decoder transformer is sized (Vaswani et al. 2017, §3.1: N = 6 layers each);
+  at equal depth it has about 2.3x the decoder-only LM's parameters.
 
 Sizes, dropout and initialisation are the LM's (`model.ModelConfig`, Xavier-uniform, ReLU gain
 for W1, bias-free attention projections); the one token embedding is shared by encoder,
