@@ -97,7 +97,7 @@ def tiny_batch(num_lines=4):
   examples = data["train"]
   split = tasks.encode(examples, vocab)  # inputs `SOS w_1 .. w_n`, targets `w_1 .. w_n EOS`
   options = tree.TreeOptions(layer=-1, dims=0.5)
-  arrays = options.train_arrays(None, task, examples, split.inputs.shape[1])
+  arrays = options.train_arrays(task, examples, split.inputs.shape[1])
   config = ModelConfig(vocab_size=vocab.size, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                        max_len=128)
   data = {"inputs": split.inputs, "targets": split.targets, "lengths": split.lengths, **arrays}
