@@ -18,7 +18,7 @@ from sg_jax.evals import registry
 @registry.register
 @dataclasses.dataclass(frozen=True)
 class TaskMetric(registry.Evaluator):
-  """Loss and task metric of the in-domain and out-of-domain splits (`evaluator.task_evaluation`)."""
+  """Loss and task metric of the held-out splits (`evaluator.task_evaluation`)."""
 
   name = "task"
 
