@@ -17,8 +17,9 @@ bound on the average step.
 The roofline: a step needs at least flops / peak seconds of compute and bytes / bandwidth
 seconds of memory traffic; it is memory-bound when the second is larger, i.e. when its
 arithmetic intensity (FLOP per byte) is below the chip's ridge point (peak / bandwidth). The
-bound on seed-steps/s per chip is seeds per chip / max(compute s, memory s): what a perfect
-overlap at the published peaks would give; measured speeds are lower.
+bound on seed-steps/s per chip is 1 / max(compute s, memory s) of one seed-step (the chip runs
+its seeds' steps one after another in the same time): what a perfect overlap at the published
+peaks would give; measured speeds are lower.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def row(the_plan: Plan, result: Compiled, dtype: str, precision: str) -> list[st
     moved = roofline_lib.per_seed_step(result.bytes_accessed, p.seeds_per_chip)
     line = roofline_lib.roofline(flops, moved, chip.matmul_peak(dtype, precision),
                                  chip.hbm_bandwidth)
-    rate = f"{line.seed_steps_per_s * p.seeds_per_chip:.0f}" if p.kind == "train" else "-"
+    rate = f"{line.seed_steps_per_s:.0f}" if p.kind == "train" else "-"
     cells += [f"{flops / 1e9:.2f}", f"{moved / GB:.3f}", f"{line.intensity:.1f}",
               f"{line.bound} ({line.times_over_ridge:.0f}x)" if line.bound == "memory"
               else "compute", rate]
