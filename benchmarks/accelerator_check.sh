@@ -68,7 +68,7 @@ if [ "$smoke" = 1 ]; then
   export XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true${XLA_FLAGS:+ $XLA_FLAGS}"
   limit_install=60; limit_env=60; limit_tests=90; limit_throughput=60; limit_memory=60
   run_seconds=90; run_log_lines=3; limit_report=30
-  tests=(tests/test_model.py tests/test_train.py -k
+  tests=(tests/models/test_model.py tests/training/test_train.py -k
          "dense_equals_flax or extra_attention_mask or test_pack_lines_lays_out")
   throughput=(--quick --depths=1 --seeds=2 --packing=off --no_sequential --steps_per_call=2
               --min_time=0.1 --min_calls=1 --num_train=300 --peak_size=256)
@@ -79,14 +79,14 @@ else
   mode="accelerator"
   limit_install=60; limit_env=60; limit_tests=55; limit_throughput=90; limit_memory=35
   run_seconds=180; run_log_lines=0; limit_report=30
-  tests=(tests/test_model.py tests/test_train.py::test_vmapped_seeds_equal_each_seed_trained_alone)
+  tests=(tests/models/test_model.py tests/training/test_train.py::test_vmapped_seeds_equal_each_seed_trained_alone)
   # the padded layout (the default config's), no sequential baseline: 16 compiles in the limit
   throughput=(--depths=6 --seeds=1,4,16,64 --packing=off --no_sequential --steps_per_call=50
               --min_time=1 --min_calls=2)
   memory=(--depths=6 --seeds=1,16 --packing=off --steps_per_call=20)
   run_config="configs/question.py:seeds=16"
 fi
-[ -f tests/test_layer_impl.py ] && tests=(tests/test_layer_impl.py "${tests[@]}")
+[ -f tests/models/test_layer_impl.py ] && tests=(tests/models/test_layer_impl.py "${tests[@]}")
 
 stage_no=0
 failed=0

@@ -78,7 +78,7 @@ def env_report() -> list[tuple[str, str]]:
     rows.append((module, _origin(module) + " (not needed)"))
   for name in ENV_VARS:
     rows.append((name, os.environ.get(name, "(unset)")))
-  from sg_jax import host_devices  # pylint: disable=import-outside-toplevel
+  from sg_jax.runtime import host_devices  # pylint: disable=import-outside-toplevel
 
   host_devices.configure_cpu_devices()
   import jax  # pylint: disable=import-outside-toplevel
@@ -254,7 +254,7 @@ def main(argv: list[str]) -> int:
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0
   if len(argv) == 4 and argv[0] == "run":
-    from sg_jax import long_csv  # pylint: disable=import-outside-toplevel
+    from sg_jax.records import long_csv  # pylint: disable=import-outside-toplevel
 
     rows = long_csv.read_rows(os.path.join(argv[1], "metrics.csv"), missing_ok=True)
     try:

@@ -60,7 +60,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax.analysis import attention_entropy, pipeline, tree_projection  # noqa: E402
-from sg_jax.model import ModelConfig, init_params  # noqa: E402
+from sg_jax.models.model_config import ModelConfig  # noqa: E402
+from sg_jax.models.transformer import init_params  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

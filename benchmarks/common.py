@@ -15,16 +15,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sg_jax import host_devices  # noqa: E402
+from sg_jax.runtime import host_devices  # noqa: E402
 
 host_devices.configure_cpu_devices()  # as `python -m sg_jax.main` does, before JAX starts
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import configlib, layers, train  # noqa: E402
+from sg_jax import configlib, train  # noqa: E402
+from sg_jax.models import layers  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
-from sg_jax import input_pipeline  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _QUICK_MODEL = {"model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512}

@@ -49,9 +49,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import decoding, evaluator, input_pipeline, objectives, sharding, tasks  # noqa: E402
+from sg_jax.evaluation import decoding, evaluator  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
+from sg_jax import objectives, tasks  # noqa: E402
+from sg_jax.runtime import sharding  # noqa: E402
 from sg_jax import train  # noqa: E402
-from sg_jax import model as model_lib  # noqa: E402
+from sg_jax.models import transformer as model_lib  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 
 from common import (_QUICK_MODEL, _REPO, _ints, load_average, machine_rows,  # noqa: E402

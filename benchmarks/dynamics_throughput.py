@@ -8,7 +8,7 @@ Plain script:
 Runs `python -m sg_jax.analyze --metrics=cka,tvd,twonn` on every checkpoint and seed of the
 workdir into a fresh CSV of its own (`dynamics_benchmark_<pid>.csv` in the workdir, removed
 afterwards unless `--keep`), with a fresh persistent compilation cache so that every compilation
-is included, then locates the phase transitions of every seed (`sg_jax.analysis.phases`, on
+is included, then locates the phase transitions of every seed (`sg_jax.analysis.phase_onsets`, on
 metrics.csv and that CSV; what `sg_jax.report` draws) and prints the wall and CPU time of both,
 the time per checkpoint and the onsets in the order of their seed means with 95% bootstrap CIs.
 Flags after `--` go to `sg_jax.analyze`.
@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 
 from analysis_throughput import build_trajectory_workdir  # noqa: E402
-from sg_jax import long_csv  # noqa: E402
-from sg_jax.analysis import onsets, phases  # noqa: E402
-from sg_jax.report import phases as report_phases  # noqa: E402
+from sg_jax.records import long_csv  # noqa: E402
+from sg_jax.analysis import onsets, phase_onsets  # noqa: E402
+from sg_jax.report import phase_transitions as report_phases  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEP_LINE = re.compile(r"\[(\d+)/(\d+)\] step (\d+): .* in ([0-9.]+)s")
@@ -85,7 +85,7 @@ def onset_lines(workdir: str, output: str) -> tuple[list[str], float]:
   t0 = time.perf_counter()
   rows = long_csv.read_rows(os.path.join(workdir, "metrics.csv"), missing_ok=True)
   rows += long_csv.read_rows(os.path.join(workdir, output))
-  found = phases.phase_onsets(onsets.series_of(rows))
+  found = phase_onsets.phase_onsets(onsets.series_of(rows))
   seconds = time.perf_counter() - t0
   lines = []
   for signal, mean, low, high, n in report_phases.order(found):

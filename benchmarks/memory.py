@@ -45,9 +45,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import evaluation, tasks, train  # noqa: E402
+from sg_jax.evaluation import scoring as evaluation  # noqa: E402
+from sg_jax import tasks, train  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
-from sg_jax import input_pipeline  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns,

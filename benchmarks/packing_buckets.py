@@ -6,10 +6,10 @@ Plain script (prints a table; not a unit test):
 
 Each packed bucket compiles one more branch of the train step (`step_lib.make_chunk_fn`'s
 `lax.switch`). For every bucket count k of `--buckets` the k capacities that compute the fewest
-positions (`sg_jax.packing.optimal_capacities`, on the steps sampled by `sampled_needs`) are
+positions (`sg_jax.data.packing.optimal_capacities`, on the steps sampled by `sampled_needs`) are
 timed with the production path (`step_lib.make_train_fns(...).chunk`, seeds sharded as
 `sg_jax.main` shards them, `benchmarks/train_throughput.py`'s `time_vmapped`): the XLA compile
-seconds of the first call (`sg_jax.compile_cache.CompileWatch`), the whole first call, and the
+seconds of the first call (`sg_jax.runtime.compile_cache.CompileWatch`), the whole first call, and the
 steady seed-steps/s (median call). The padded layout is timed first for comparison, and the
 count `packing_capacities` picks with `train.packing_buckets` = the largest k is marked.
 """
@@ -27,9 +27,11 @@ import common  # noqa: E402,F401  (first: 2 x cores CPU devices before JAX start
 import numpy as np  # noqa: E402
 
 from common import _ints, load_average, machine_rows, make_config, print_rows, print_table  # noqa: E402
-from sg_jax import compile_cache, packing, sharding, train  # noqa: E402
+from sg_jax.runtime import compile_cache, sharding  # noqa: E402
+from sg_jax.data import packing  # noqa: E402
+from sg_jax import train  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
-from sg_jax import input_pipeline  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
 from train_throughput import per_device, question_split, time_vmapped  # noqa: E402
 
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sg_jax import configlib  # noqa: E402
-from sg_jax import input_pipeline  # noqa: E402
-from sg_jax import per_seed  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
+from sg_jax.config import per_seed  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 from sg_jax import tasks  # noqa: E402
 

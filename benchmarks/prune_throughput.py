@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax.model import ModelConfig, TransformerLM, init_params
+from sg_jax.models.model_config import ModelConfig
+from sg_jax.models.transformer import TransformerLM, init_params
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import placement
 from sg_jax.pruning import run

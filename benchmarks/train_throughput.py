@@ -19,12 +19,12 @@ layer set (`--layer_impl`: `model.layer_impl` tuned / plain, default what "auto"
 at `--matmul_precision`, `model.matmul_precision`):
 * vmapped: `step_lib.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
   steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
-  CPU-only machine the host is split into 2 x cores devices by `sg_jax.host_devices`, as
+  CPU-only machine the host is split into 2 x cores devices by `sg_jax.runtime.host_devices`, as
   `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
   override), each device running its own seeds in one compiled `lax.scan` call (`shard_map`),
   packing buckets chosen per device. The first call (which compiles) is timed separately and
   excluded from the rate (printed: `1st call s`, and `compile s`, the XLA compilation it
-  and the state's initialisation made, from `sg_jax.compile_cache.CompileWatch`; the benchmark
+  and the state's initialisation made, from `sg_jax.runtime.compile_cache.CompileWatch`; the benchmark
   uses no persistent compilation cache); then calls are timed (each waited for with `block_until_ready`) until at least
   `--min_time` seconds and `--min_calls` calls; the rate uses the median call.
 * sequential: the same seeds trained one after another, one call per step of the loop's own
@@ -66,14 +66,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import compile_cache, sharding, train  # noqa: E402
+from sg_jax.runtime import compile_cache, sharding  # noqa: E402
+from sg_jax import train  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns, train_layout)
-from sg_jax import layers  # noqa: E402
-from sg_jax import packing as packing_lib  # noqa: E402
-from sg_jax import input_pipeline  # noqa: E402
+from sg_jax.models import layers  # noqa: E402
+from sg_jax.data import packing as packing_lib  # noqa: E402
+from sg_jax.data import input_pipeline  # noqa: E402
 
 
 def question_split(num_train: int, seed: int = 0):

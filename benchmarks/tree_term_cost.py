@@ -36,7 +36,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sg_jax import configlib, sharding, tasks, terms  # noqa: E402
+from sg_jax import configlib, tasks, terms  # noqa: E402
+from sg_jax.runtime import sharding  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 
 

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from sg_jax import checkpointing  # pylint: disable=wrong-import-position
-from sg_jax import metric_logging  # pylint: disable=wrong-import-position
+from sg_jax.records import metric_logging  # pylint: disable=wrong-import-position
 from sg_jax import tasks  # pylint: disable=wrong-import-position
 
 

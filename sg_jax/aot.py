@@ -27,10 +27,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from sg_jax import configlib
-from sg_jax import metric_logging
 from sg_jax.accelerators import programs as programs_lib
 from sg_jax.accelerators import table
 from sg_jax.accelerators import targets as targets_lib
+from sg_jax.records import metric_logging
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file with an optional config string, e.g. configs/tense.py:depth=8.",

@@ -1,11 +1,11 @@
-"""Shared config defaults, the `key=value` config-string parser and its presets (`sg_jax.presets`).
+"""Shared config defaults, the `key=value` config-string parser and its presets (`sg_jax.config.presets`).
 
 Every file in `configs/` calls `base_config(task)` and `apply_config_string(config, arg)`, so
 `--config=configs/tense.py:depth=8,seeds=4,quick` works the same for every task (in the style of
 big_vision's parameter strings). Any field can still be overridden afterwards with
 `--config.section.field=value` (ml_collections' config_flags). Values derived from other values
 (e.g. a default warm-up) are resolved in `train.py`, after command-line overrides. A resolved
-config is checked by `sg_jax.config_checks.validate` (each feature's rules live in its module).
+config is checked by `sg_jax.config.checks.validate` (each feature's rules live in its module).
 This module imports no JAX (config files import it before JAX starts; tested).
 
 Defaults reproduce the *released* structural-grokking code (Murty et al., ACL 2023;
@@ -24,11 +24,11 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from sg_jax import composition
-from sg_jax import evals as evals_lib
-from sg_jax import per_seed
+from sg_jax.data import composition
+from sg_jax import evaluation as evals_lib
+from sg_jax.config import per_seed
 from sg_jax import tasks as tasks_lib
-from sg_jax.presets import GROK_CPU, PAPER, PRESETS, QUICK, TINY  # noqa: F401
+from sg_jax.config.presets import GROK_CPU, PAPER, PRESETS, QUICK, TINY  # noqa: F401
 
 # Shorthand keys accepted in the config string, mapped to config fields.
 ALIASES = {
@@ -103,7 +103,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.data.seed = 0
   # Number of generated training lines (0 = the task's default, e.g. 100,000 for question).
   c.data.num_train = 0
-  # Training-data composition, one value for all seeds or one per seed (sg_jax/composition.py,
+  # Training-data composition, one value for all seeds or one per seed (sg_jax/data/composition.py,
   # docs/data.md "Composition"): num_disambiguating, exclude_identity, num_types, subject_mix,
   # subset_fraction; the defaults train on the split as generated.
   composition.add_defaults(c.data)
@@ -177,7 +177,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.train.packing = True
   # Packing: most row-capacity buckets (each compiles one branch of the train step), sized from
   # the training lengths; fewer are used where they cost under 2% more positions
-  # (sg_jax.packing.packing_capacities): question formation gets 4-6 (3-4% padding).
+  # (sg_jax.data.packing.packing_capacities): question formation gets 4-6 (3-4% padding).
   c.train.packing_buckets = 8
   # Label smoothing of the training loss (one value or one per seed): the gradient is that of
   # (1 - e) x cross-entropy + e x the cross-entropy against the uniform distribution over the
@@ -204,7 +204,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.eval.dense_until = 0
   c.eval.dense_every = 100
   # The training-time evaluators (docs/evaluation.md), one section each from its declared
-  # options (`sg_jax.evals`): evals.task (loss, task metric), evals.uas (UAS of attention;
+  # options (`sg_jax.evaluation`): evals.task (loss, task metric), evals.uas (UAS of attention;
   # lines 0 = off), evals.preference (minimal-pair preference; lines 0 = off); every section
   # has `enabled`. eval.uas_lines / eval.preference_lines are the old names of
   # evals.uas.lines / evals.preference.lines (one field, either name sets it).

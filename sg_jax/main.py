@@ -5,7 +5,7 @@ r"""Entry point: train many seeds of the structural-grokking LM in one process.
       --config.train.num_steps=5000
 
 On a CPU-only machine the host is split into 2 x cores XLA devices and the seeds are spread
-over them (`sg_jax.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
+over them (`sg_jax.runtime.host_devices`; set XLA_FLAGS=--xla_force_host_platform_device_count=N yourself
 to choose N).
 
 Several processes together (on this machine or on several hosts; docs/sweeps_and_launch.md):
@@ -34,7 +34,7 @@ if __name__ == "__main__":
   # The imports below take seconds and nothing is unsaved yet: a stop signal ends the process
   # with one line from here on, until train_and_evaluate installs its own handling.
   startup_signals.install()
-from sg_jax import host_devices  # pylint: disable=wrong-import-position
+from sg_jax.runtime import host_devices  # pylint: disable=wrong-import-position
 
 host_devices.configure_cpu_devices()  # before JAX starts: 2 x cores CPU devices
 
@@ -44,14 +44,14 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
-from sg_jax import compile_cache
-from sg_jax import config_checks
 from sg_jax import configlib
-from sg_jax import metric_logging
-from sg_jax import sharding
 from sg_jax import train
 from sg_jax.accelerators import profiling
+from sg_jax.config import checks as config_checks
+from sg_jax.records import metric_logging
+from sg_jax.runtime import compile_cache
 from sg_jax.runtime import config_changes
+from sg_jax.runtime import sharding
 from sg_jax.runtime.commands import command_errors, exit_at_once
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -64,7 +64,7 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 _SKIP_MEMORY_CHECK = flags.DEFINE_bool(
     "skip_memory_check", False,
     "Start even when the run's estimated memory (training state of every seed, gradients, data, "
-    "the largest program's activations: sg_jax.cost_check) exceeds the machine's.")
+    "the largest program's activations: sg_jax.runtime.cost_check) exceeds the machine's.")
 _TENSORBOARD = flags.DEFINE_bool(
     "tensorboard", True,
     "Also write TensorBoard summaries (WORKDIR/tensorboard; TensorFlow is not needed).")
@@ -98,7 +98,7 @@ _COMPILATION_CACHE_DIR = flags.DEFINE_string(
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False,
     "Parse the flags, build the config (file, config string, --config.* overrides) and check it "
-    "(sg_jax.config_checks.validate), print one line and exit: nothing is trained, no data is "
+    "(sg_jax.config.checks.validate), print one line and exit: nothing is trained, no data is "
     "generated and --workdir is not touched.")
 _PROFILE_STEPS = flags.DEFINE_string(
     "profile_steps", "",

@@ -29,14 +29,14 @@ import numpy as np
 import optax
 
 from sg_jax import configlib
-from sg_jax import model as model_lib
 from sg_jax import models
 from sg_jax import objectives
-from sg_jax import per_seed
-from sg_jax import sharding
 from sg_jax import terms as terms_lib
-from sg_jax.packing import pack_lines
+from sg_jax.config import per_seed
+from sg_jax.data.packing import pack_lines
+from sg_jax.models import transformer as model_lib
 from sg_jax.runtime import config_changes
+from sg_jax.runtime import sharding
 
 Array = jax.Array
 
@@ -133,7 +133,7 @@ def schedule_at(schedule: str, decay_steps: int, cooldown_steps: int, count: Arr
   same operations in the same order, and a division by a step count that is data done as XLA
   compiles optax's division by a constant (times the float32 reciprocal), so that the value
   equals `make_schedule`'s bit for bit for the same lr and warm-up
-  (tests/test_per_seed_hparams.py). A warm-up of 0 selects the
+  (tests/training/test_per_seed_hparams.py). A warm-up of 0 selects the
   after-warm-up schedule at every step, as `make_schedule` does.
 
   Args:
@@ -191,7 +191,7 @@ class PerSeedAdamW:
   `add_decayed_weights`, `scale_by_learning_rate`) in the same order, with `1 - b` computed on
   the host in float64 as optax computes it from a Python float, and a division by a data step
   count done as XLA compiles optax's division by a constant: alone, the updates equal optax's
-  bit for bit (tests/test_per_seed_hparams.py; `optax.inject_hyperparams` does not: it
+  bit for bit (tests/training/test_per_seed_hparams.py; `optax.inject_hyperparams` does not: it
   computes `1 - b1` in float32, optax#1532). Inside a whole training step XLA may still fuse
   the arguments otherwise than constants (a 40-step `tiny` run without clipping ended 1 ulp
   away), so runs whose fields hold one value each keep optax's chain with the values compiled

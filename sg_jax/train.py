@@ -25,35 +25,35 @@ import ml_collections
 import numpy as np
 
 from sg_jax import checkpointing
-from sg_jax import compile_cache
-from sg_jax import composition
-from sg_jax import config_checks
-from sg_jax import cost_check
-from sg_jax import environment
-from sg_jax import evaluation
-from sg_jax import layers
-from sg_jax import metric_logging
-from sg_jax import model as model_lib
+from sg_jax import evaluation as evals
 from sg_jax import models
 from sg_jax import objectives
-from sg_jax import per_seed
-from sg_jax import sharding
+from sg_jax import step as step_lib
 from sg_jax import terms as terms_lib
 from sg_jax.accelerators import profiling
+from sg_jax.config import checks as config_checks
+from sg_jax.config import per_seed
+from sg_jax.data import composition
+from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data
+from sg_jax.data.packing import padding_fraction
+from sg_jax.evaluation import scoring as evaluation
+from sg_jax.evaluation.evaluator import run_evaluations
+from sg_jax.models import layers
+from sg_jax.models import transformer as model_lib
+from sg_jax.records import metric_logging
+from sg_jax.runtime import compile_cache
+from sg_jax.runtime import cost_check
+from sg_jax.runtime import environment
+from sg_jax.runtime import sharding
 from sg_jax.runtime import stop_signal
 from sg_jax.runtime import workdir_lock
 from sg_jax.runtime import writability
-from sg_jax import evals
-from sg_jax.evaluator import run_evaluations
-from sg_jax.input_pipeline import DataOptions, load_data, make_train_data
-from sg_jax.packing import padding_fraction
-from sg_jax import step as step_lib
-from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
-from sg_jax.tasks.io import run_data_dir
 from sg_jax.runtime.call_sizer import CallSizer
 from sg_jax.runtime.resume_check import check_workdir_config
 from sg_jax.runtime.stop_signal import Preempted, StopSignal
 from sg_jax.runtime.writability import check_writable
+from sg_jax.step import TrainFns, TrainState, make_train_fns, seed_keys
+from sg_jax.tasks.io import run_data_dir
 
 log = logging.getLogger("sg_jax")
 
@@ -108,7 +108,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       this many seconds the process exits with EXIT_PREEMPTED if the main thread is still inside
       a native call; 0 = never (in-process callers keep their interpreter).
     memory_check: refuse, before anything is allocated, a run whose estimated memory exceeds
-      the machine's (`sg_jax.cost_check`).
+      the machine's (`sg_jax.runtime.cost_check`).
 
   Returns:
     {'step': final step, 'seeds': seed ids [S], 'eval': the last evaluation as
@@ -250,7 +250,7 @@ def _train_locked(config, workdir, stop: StopSignal, created: list[str], *, allo
   pool_sizes = (tuple(sorted(set(host_data["pool_sizes"].tolist()))) if "pools" in host_data
                 else None)
   fns = make_train_fns(config, vocab.size, capacities, mesh, pool_sizes)
-  if memory_check:  # before any array is allocated or program compiled (sg_jax.cost_check)
+  if memory_check:  # before any array is allocated or program compiled (sg_jax.runtime.cost_check)
     try:
       one_seed = jax.eval_shape(lambda key: models.init_params(fns.model.config, key),
                                 jax.random.key(0))

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # JAX's persistent compilation cache of the session (set before JAX is imported): the tests'
 # own compilations and every `sg_jax.main`/`sg_jax.analyze` they start share one folder, so a
 # program is compiled once per session, and nothing is written into the user's cache
-# (sg_jax.compile_cache.default_dir reads this variable first). The tests' programs are small
+# (sg_jax.runtime.compile_cache.default_dir reads this variable first). The tests' programs are small
 # (most compile in well under JAX's default 1 s minimum), so every program is written.
 # With pytest-xdist the workers inherit the controller's environment, so they share its folder
 # (a program one worker compiled, the other loads); the process that made it removes it at exit.

@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
-from sg_jax import long_csv
 from sg_jax.pruning import core_table
 from sg_jax.pruning import table as pruning_table
+from sg_jax.records import long_csv
 
 STEPS = np.arange(0, 1100, 100)  # 11 evaluations, as the tiny preset's dense runs log
 

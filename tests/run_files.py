@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from sg_jax import checkpointing
-from sg_jax import metric_logging
+from sg_jax.records import metric_logging
 
 
 def rows(workdir):
@@ -29,7 +29,7 @@ def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields)
   `objectives.model_config`). Returns `root` as a str."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from sg_jax import configlib, objectives, tasks  # pylint: disable=import-outside-toplevel
-  from sg_jax.model import init_params  # pylint: disable=import-outside-toplevel
+  from sg_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
 
   task = tasks.get_task("question")
   data_dir = os.path.join(root, "data")

@@ -29,13 +29,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sg_jax import evaluator
-from sg_jax import per_seed
-from sg_jax import sharding
 from sg_jax import terms as terms_lib
 from sg_jax.accelerators import hlo_checks
 from sg_jax.accelerators import targets as targets_lib
-from sg_jax.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
+from sg_jax.config import per_seed
+from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
+from sg_jax.evaluation import evaluator
+from sg_jax.runtime import sharding
 from sg_jax.step import make_train_fns, seed_keys
 
 

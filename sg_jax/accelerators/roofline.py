@@ -3,7 +3,7 @@ an insightful visual performance model for multicore architectures", CACM 2009).
 
 A compiled call's cost (`jax.stages.Compiled.cost_analysis()`: 'flops' and 'bytes accessed' of
 the program one chip runs) is turned into figures per seed-step: XLA's cost analysis counts the
-body of a `while` loop once, whatever its trip count (tests/test_aot.py checks it on a toy
+body of a `while` loop once, whatever its trip count (tests/accelerators/test_aot.py checks it on a toy
 `lax.scan`; the tiny preset's 1-, 2- and 10-step training calls cost the same to 8 bytes), so
 the training call's cost is that of one step of the seeds on the chip, and
 

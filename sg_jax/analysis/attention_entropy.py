@@ -54,11 +54,11 @@ import jax.numpy as jnp
 from jax.scipy.special import xlogy
 import numpy as np
 
-from sg_jax.analysis import pipeline, registry
-from sg_jax.intermediates import apply_with_intermediates, attention_probabilities
-from sg_jax.attention_masks import causal_mask, line_mask
 from sg_jax import models
-from sg_jax.model import ModelConfig
+from sg_jax.analysis import pipeline, registry
+from sg_jax.models.attention_masks import causal_mask, line_mask
+from sg_jax.models.intermediates import apply_with_intermediates, attention_probabilities
+from sg_jax.models.model_config import ModelConfig
 
 Array = jax.Array
 PyTree = Any

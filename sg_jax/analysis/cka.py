@@ -27,7 +27,7 @@ K~ 1 = X (X^T 1) - diag(K), so one minibatch costs O(n d e). HSIC_1 is unchanged
 of the features (it estimates HSIC, which is), so each minibatch is centered first, which keeps
 the float32 sums well conditioned. With linear kernels CKA is invariant to an orthogonal
 transform and an isotropic scaling of either representation (Kornblith et al. 2019, §3):
-`tests/test_training_dynamics.py` checks CKA(X, s X Q) = 1.
+`tests/analysis/test_training_dynamics.py` checks CKA(X, s X Q) = 1.
 
 All functions are written for ONE seed; `training_dynamics` maps them over seeds.
 """

@@ -68,7 +68,7 @@ steepest fall after the first plateau:
 
 A loss that only decelerates (an exponential or a power-law decay: v falls monotonically) has
 no later drop, whatever its noise; a plateau followed by a sigmoid drop has it at the drop's
-midpoint (tests/test_onsets.py).
+midpoint (tests/analysis/test_onsets.py).
 
 **Resolution** (`Onset.resolution`, `compare`). An onset is located no finer than the curve's
 spacing and its smoothing: its resolution is max(the gap between the curve's points around the
@@ -89,8 +89,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import signal as scipy_signal
 
-from sg_jax import fileio
-from sg_jax import long_csv
+from sg_jax.records import fileio
+from sg_jax.records import long_csv
 
 MAX_GRID = 20_000
 # The fewest finite points an onset is located from. Step 4 compares the change over

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sg_jax import tasks
-from sg_jax.analysis import packing
+from sg_jax.analysis import span_packing
 from sg_jax.tasks import io as tasks_io
 
 
@@ -239,7 +239,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
     (sequence indices of each batch, rows per batch).
   """
   words = np.array([int(np.sum(x)) for x in items], np.int64)
-  min_rows = packing.first_fit_decreasing(items[int(np.argmax(words))],
+  min_rows = span_packing.first_fit_decreasing(items[int(np.argmax(words))],
                                                   words_per_row)[2]
   num_rows = max(-(-int(round(batch_size * float(np.mean(words)))) // words_per_row), min_rows)
   return _fill_batches(items, words, num_rows, words_per_row), num_rows
@@ -247,7 +247,7 @@ def _plan_rows(items: Sequence[np.ndarray], batch_size: int, words_per_row: int
 
 def _fill_batches(items, words, num_rows: int, words_per_row: int) -> list[list[int]]:
   """Sequence indices of each batch of `num_rows` rows (see `_plan_rows`)."""
-  rows_of = lambda idx: packing.first_fit_decreasing(
+  rows_of = lambda idx: span_packing.first_fit_decreasing(
       np.concatenate([items[b] for b in idx]), words_per_row)[2]
   capacity = num_rows * words_per_row
   groups, queue = [], list(range(len(items)))
@@ -307,7 +307,7 @@ def make_packed_line_batches(sequences: Sequence[Sequence[int]], *, sos_id: int,
   groups, num_rows = _plan_rows([np.array([n]) for n in lens], batch_size, row_length - 1)
   out = []
   for group in groups:
-    tokens, positions, seg_ids, _ = packing.pack_segments(
+    tokens, positions, seg_ids, _ = span_packing.pack_segments(
         [(sequences[b], 1) for b in group], sos_id=sos_id, num_rows=num_rows,
         row_length=row_length)
     out.append(PackedLines(np.asarray(group, np.int64), tokens, positions, seg_ids))
@@ -344,7 +344,7 @@ class StartPassBatch:
   """
 
   indices: np.ndarray
-  passes: packing.StartPasses
+  passes: span_packing.StartPasses
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -377,12 +377,12 @@ def make_start_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   lens = _check_lengths(sentences, batch_size)
   n_max = int(lens.max())
   row_length = _row_length(lens, row_length)
-  items = [packing.start_pass_words(n) for n in lens]
+  items = [span_packing.start_pass_words(n) for n in lens]
   groups, num_rows = _plan_rows(items, batch_size, row_length - 1)
   batch_rows = max(len(g) for g in groups)
   out = []
   for group in groups:
-    passes = packing.pack_start_passes(
+    passes = span_packing.pack_start_passes(
         [sentences[b] for b in group], sos_id=sos_id, num_rows=num_rows, row_length=row_length,
         max_words=n_max, batch_rows=batch_rows)
     indices = np.full(batch_rows, -1, np.int64)
@@ -401,7 +401,7 @@ class SpanPassBatch:
   """
 
   indices: np.ndarray
-  passes: packing.SpanPasses
+  passes: span_packing.SpanPasses
 
 
 def make_span_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
@@ -421,12 +421,12 @@ def make_span_pass_batches(sentences: Sequence[Sequence[int]], *, sos_id: int,
   lens = _check_lengths(sentences, batch_size)
   n_max = int(lens.max())
   row_length = _row_length(lens, row_length)
-  items = [packing.span_pass_tokens(n) for n in lens]
+  items = [span_packing.span_pass_tokens(n) for n in lens]
   groups, num_rows = _plan_rows(items, batch_size, row_length)  # no shared SOS per row
   batch_rows = max(len(g) for g in groups)
   out = []
   for group in groups:
-    passes = packing.pack_span_passes(
+    passes = span_packing.pack_span_passes(
         [sentences[b] for b in group], sos_id=sos_id, num_rows=num_rows, row_length=row_length,
         max_words=n_max, batch_rows=batch_rows)
     indices = np.full(batch_rows, -1, np.int64)

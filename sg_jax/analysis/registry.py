@@ -148,7 +148,7 @@ class Inputs:
     params: the parameters of the seeds to compute, leading seed axis [S, ...].
     seeds: their seed ids [S].
     groups: names of the quantity's groups to compute (at least one seed misses them).
-    config: the model config (`sg_jax.model.ModelConfig`; max_len covers every input).
+    config: the model config (`sg_jax.models.transformer.ModelConfig`; max_len covers every input).
     sos_id: id of SOS in the run's vocabulary.
     objective: the run's training objective (`sg_jax.objectives.Objective`: how its lines
       become inputs and scored targets), or None (a causal LM on the stored lines).

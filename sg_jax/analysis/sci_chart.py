@@ -51,11 +51,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax.analysis import registry
-from sg_jax.analysis.packing import SpanPasses, StartPasses, packed_mask, span_mask
-from sg_jax.intermediates import apply_with_intermediates
 from sg_jax import models
-from sg_jax.model import ModelConfig
+from sg_jax.analysis import registry
+from sg_jax.analysis.span_packing import SpanPasses, StartPasses, packed_mask, span_mask
+from sg_jax.models.intermediates import apply_with_intermediates
+from sg_jax.models.model_config import ModelConfig
 
 Array = jax.Array
 PyTree = Any

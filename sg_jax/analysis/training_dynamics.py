@@ -33,7 +33,7 @@ the model's `layer_l`, 0-based as in `attention_entropy_l{layer}_h{head}`).
 "Previous" is the checkpoint before this one in the workdir (none at the first checkpoint: no
 `*_previous` rows there) and "final" the last one when the analysis started
 (`registry.References`); rows of consecutive quantities sit at the later checkpoint.
-`sg_jax.analysis.phases` locates the transitions of these curves. Everything is written for one
+`sg_jax.analysis.phase_onsets` locates the transitions of these curves. Everything is written for one
 seed and mapped over the seed axis with `registry.over_seeds`.
 """
 
@@ -48,8 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax.analysis import cka, registry, twonn
-from sg_jax.intermediates import apply_with_intermediates
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.models.intermediates import apply_with_intermediates
+from sg_jax.models.model_config import ModelConfig
+from sg_jax.models.transformer import TransformerLM
 
 Array = jax.Array
 PyTree = Any

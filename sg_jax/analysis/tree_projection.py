@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax.analysis import packing, parseval, pipeline, registry
+from sg_jax.analysis import span_packing, parseval, pipeline, registry
 # The names of the chart, tree and packing modules, importable from here as before the split.
-from sg_jax.analysis.packing import (SpanPasses, StartPasses,  # noqa: F401
-                                     first_fit_decreasing, pack_segments, pack_span_passes,
-                                     pack_start_passes, packed_mask, start_pass_words)
+from sg_jax.analysis.span_packing import (SpanPasses, StartPasses, first_fit_decreasing,
+                                          pack_segments, pack_span_passes, pack_start_passes,
+                                          packed_mask, start_pass_words)  # noqa: F401
 from sg_jax.analysis.projected_trees import (METHODS, NORMALISATIONS,  # noqa: F401
                                              _check_options, cky_splits, greedy_splits,
                                              nodes_to_tree, project_tree,
@@ -39,7 +39,7 @@ from sg_jax.analysis.sci_chart import (last_hidden, naive_sci_chart,  # noqa: F4
                                        packed_sci_chart, packed_sci_chart_over_seeds, sci_chart,
                                        sci_chart_over_seeds, span_batch_sci_chart,
                                        span_sci_chart, valid_spans)
-from sg_jax.model import ModelConfig
+from sg_jax.models.model_config import ModelConfig
 
 Array = jax.Array
 PyTree = Any

@@ -37,7 +37,7 @@ dependent -> head, input positions) is scored in the directions the model's atte
 Batch functions return sums, so that batches combine exactly (`registry.accumulate`);
 `finalize` turns them into scores. `uas_stats` is written for one seed; `uas_stats_over_seeds`
 adds the seed axis (`registry.over_seeds`). The module also builds the per-evaluation UAS of
-training (`eval_batches`, `make_uas_eval`, run by the `uas` evaluator, `sg_jax.evals.uas`:
+training (`eval_batches`, `make_uas_eval`, run by the `uas` evaluator, `sg_jax.evaluation.uas`:
 `in_domain/uas` and `in_domain/uas_weight` in metrics.csv); `sg_jax.analysis.uas_quantity` registers the `uas` metric group of
 `sg_jax.analyze` (`--modules=sg_jax.analysis.uas_quantity`).
 
@@ -57,11 +57,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax import sharding
 from sg_jax.analysis import registry
-from sg_jax.attention_masks import line_mask
-from sg_jax.intermediates import apply_with_intermediates
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.models.attention_masks import line_mask
+from sg_jax.models.intermediates import apply_with_intermediates
+from sg_jax.models.model_config import ModelConfig
+from sg_jax.models.transformer import TransformerLM
+from sg_jax.runtime import sharding
 from sg_jax.tasks import dependencies
 
 Array = jax.Array
@@ -420,7 +421,7 @@ def eval_batches(num_lines: int, batch_size: int, task, vocab, data_dir: str
   """Arrays [num_batches, batch, L] (`line_batches`, stacked; batches of min(batch_size, 64)
   lines) of the first `num_lines` in-domain lines with their arcs, or {} when `num_lines` is 0
   or the task declares no dependencies (Dyck: its evaluation is unchanged). The training
-  evaluation's `uas` evaluator (`sg_jax.evals.uas`) scores them with `make_uas_eval`.
+  evaluation's `uas` evaluator (`sg_jax.evaluation.uas`) scores them with `make_uas_eval`.
 
   Args:
     data_dir: the folder of the run's split files (`tasks.io.run_data_dir`).

@@ -13,7 +13,7 @@ released code differ"):
 * `weight_norm_released` (computed by `released_weight_norm`): the released code's global norm,
   decoder included:
   sqrt(weight_norm ** 2 + decoder_norm ** 2). Only available where the decoder's norm is known,
-  i.e. for checkpoints converted from the original with `sg_jax.convert_torch` (which records it).
+  i.e. for checkpoints converted from the original with `sg_jax.checkpointing.convert_torch` (which records it).
   Because the decoder is constant, the two norms differ by a constant in squared norm and have
   the same trends over training.
 
@@ -34,7 +34,7 @@ from sg_jax.analysis import registry
 Array = jax.Array
 PyTree = Any
 
-# checkpoint-metadata key under which `sg_jax.convert_torch` records the unused decoder's norm:
+# checkpoint-metadata key under which `sg_jax.checkpointing.convert_torch` records the unused decoder's norm:
 # {seed id (str): float}.
 DECODER_NORM_META_KEY = "released_decoder_norm"
 
@@ -82,7 +82,7 @@ def released_weight_norm(model_norm: Any, decoder_norm: Any) -> np.ndarray:
   Args:
     model_norm: `weight_norm` of the converted parameters, any shape (e.g. [seed]).
     decoder_norm: L2 norm of the original's `trafo.decoder.*` parameters
-      (`sg_jax.convert_torch.decoder_norm`), broadcastable to `model_norm`.
+      (`sg_jax.checkpointing.convert_torch.decoder_norm`), broadcastable to `model_norm`.
 
   Returns:
     float64 numpy array: sqrt(model_norm ** 2 + decoder_norm ** 2).

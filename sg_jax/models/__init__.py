@@ -1,7 +1,7 @@
 """Models: the registry (`registry.py`) and the registered models.
 
 * `transformer_lm` (family 'decoder'): the decoder-only LM of Murty et al. (ACL 2023),
-  `sg_jax.model.TransformerLM`; every objective but `seq2seq` trains it.
+  `sg_jax.models.transformer.TransformerLM`; every objective but `seq2seq` trains it.
 * `encoder_decoder` (family 'encoder_decoder'): `encoder_decoder.EncoderDecoder`, trained by the
   `seq2seq` objective (Ahuja et al. 2024).
 

@@ -46,11 +46,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sg_jax import layers
-from sg_jax.attention_masks import causal_mask, line_key_mask, prefix_keys
-from sg_jax.model import (INTERMEDIATES, ModelConfig, MultiHeadAttention, TransformerLayer,
-                          sinusoidal_positions, xavier_uniform)
+from sg_jax.models import layers
+from sg_jax.models.attention_masks import causal_mask, line_key_mask, prefix_keys
+from sg_jax.models.transformer import (INTERMEDIATES, MultiHeadAttention, TransformerLayer,
+                                       sinusoidal_positions, xavier_uniform)
 from sg_jax.models import registry
+from sg_jax.models.model_config import ModelConfig
 
 Array = jax.Array
 

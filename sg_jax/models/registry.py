@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sg_jax import model as model_lib
+from sg_jax.models import transformer as model_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sg_jax import model as model_lib
 from sg_jax import models
-from sg_jax import preference
-from sg_jax.attention_masks import ATTENTIONS
+from sg_jax.evaluation import minimal_pairs
+from sg_jax.models import transformer as model_lib
+from sg_jax.models.attention_masks import ATTENTIONS
 
 Array = jax.Array
 
@@ -136,7 +136,7 @@ class Objective:
   def sentence_scores(self, apply_fn, inputs_NxL: Array, targets_NxL: Array, task_pos_N: Array,
                       lengths_N: Array, num_positions: int) -> Array:
     """float32 [N]: how much the model trained so likes each line's output given its input
-    (nats), for the minimal-pair preference (`sg_jax.preference`). Default: the conditional
+    (nats), for the minimal-pair preference (`sg_jax.evaluation.minimal_pairs`). Default: the conditional
     log-probability (`preference.conditional_log_probs`).
 
     Args:
@@ -144,7 +144,7 @@ class Objective:
       num_positions: static; the longest output of the lines (words + EOS).
     """
     del num_positions
-    return preference.conditional_log_probs(apply_fn(inputs_NxL), targets_NxL, task_pos_N,
+    return minimal_pairs.conditional_log_probs(apply_fn(inputs_NxL), targets_NxL, task_pos_N,
                                             lengths_N)
 
   def metrics(self, logits_BxLxV: Array, targets_BxL: Array) -> dict[str, Array]:

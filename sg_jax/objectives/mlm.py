@@ -19,8 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from sg_jax import preference
 from sg_jax import tasks
+from sg_jax.evaluation import minimal_pairs
 from sg_jax.objectives import base
 
 Array = jax.Array
@@ -76,7 +76,7 @@ class MaskedLanguageModeling(base.Objective):
                       lengths_N: Array, num_positions: int) -> Array:
     """The pseudo-log-likelihood of each output (`preference.pseudo_log_likelihood`)."""
     del targets_NxL
-    return preference.pseudo_log_likelihood(apply_fn, inputs_NxL, task_pos_N, lengths_N,
+    return minimal_pairs.pseudo_log_likelihood(apply_fn, inputs_NxL, task_pos_N, lengths_N,
                                              self.mask_id, num_positions)
 
   def metrics(self, logits_BxLxV: Array, targets_BxL: Array) -> dict[str, Array]:

@@ -18,8 +18,8 @@ import dataclasses
 
 import jax
 
-from sg_jax import decoding
-from sg_jax import preference
+from sg_jax.evaluation import decoding
+from sg_jax.evaluation import minimal_pairs
 from sg_jax.objectives import base
 from sg_jax.objectives import prefix_lm
 
@@ -63,7 +63,7 @@ class SequenceToSequence(prefix_lm.PrefixLanguageModeling):
       inputs_NxL, targets_NxL: int32 [N, L] stored lines; task_pos_N: int32 [N] the task
         token's position; lengths_N: int32 [N] the lines' lengths.
     """
-    return preference.conditional_log_probs(apply_fn(inputs_NxL), targets_NxL, task_pos_N,
+    return minimal_pairs.conditional_log_probs(apply_fn(inputs_NxL), targets_NxL, task_pos_N,
                                             lengths_N)
 
   def sentence_scores(self, apply_fn, inputs_NxL: Array, targets_NxL: Array, task_pos_N: Array,

@@ -18,9 +18,9 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from sg_jax import fileio
 from sg_jax.pruning import core
 from sg_jax.pruning import table
+from sg_jax.records import fileio
 
 HEADER = "step,seed,sparsity,name,value\n"
 Row = tuple[int, int, float, str, float]  # (step, seed, sparsity or nan, name, value)

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax import evaluation
-from sg_jax.model import ModelConfig
+from sg_jax.evaluation import scoring as evaluation
+from sg_jax.models.model_config import ModelConfig
 from sg_jax.pruning import objective as objective_lib
 from sg_jax.pruning.run import apply_masked, full_logits
 

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax import input_pipeline
 from sg_jax import objectives
-from sg_jax.model import TransformerLM
+from sg_jax.data import input_pipeline
+from sg_jax.models.transformer import TransformerLM
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import run as run_lib
 from sg_jax.tasks import io as tasks_io

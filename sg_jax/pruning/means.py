@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax.analysis import registry
-from sg_jax.intermediates import apply_with_intermediates
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.models.intermediates import apply_with_intermediates
+from sg_jax.models.model_config import ModelConfig
+from sg_jax.models.transformer import TransformerLM
 
 Array = jax.Array
 

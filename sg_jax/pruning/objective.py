@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sg_jax import objectives
-from sg_jax.model import ModelConfig
+from sg_jax.models.model_config import ModelConfig
 from sg_jax.pruning import hard_concrete
 
 Array = jax.Array
@@ -29,7 +29,7 @@ GEN_SPLIT = "gen"  # the generalisation split `train_minus_gen` subtracts
 
 
 @dataclasses.dataclass(frozen=True)
-class Objective:
+class PruningObjective:
   """A parsed `--objective`.
 
   Attributes:
@@ -46,19 +46,19 @@ class Objective:
             "train_minus_gen": "train_minus_gen"}[self.kind]
 
 
-def parse_objective(text: str) -> Objective:
-  """'kl' | 'task:SPLIT' | 'train_minus_gen' -> Objective.
+def parse_objective(text: str) -> PruningObjective:
+  """'kl' | 'task:SPLIT' | 'train_minus_gen' -> PruningObjective.
 
   Raises:
     ValueError: any other text, or 'task:' without a split.
   """
   text = text.strip()
   if text == "kl":
-    return Objective("kl")
+    return PruningObjective("kl")
   if text == "train_minus_gen":
-    return Objective("train_minus_gen", GEN_SPLIT)
+    return PruningObjective("train_minus_gen", GEN_SPLIT)
   if text.startswith("task:") and text[len("task:"):].strip():
-    return Objective("task", text[len("task:"):].strip())
+    return PruningObjective("task", text[len("task:"):].strip())
   raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)} (e.g. task:gen), got "
                    f"{text!r}")
 

@@ -7,7 +7,7 @@ file), and exits with code 75. The rows of the checkpoints it had finished are i
 already. A rerun with the same runs (checkpoint step, training seeds, (level, pruning seed)
 pairs) and the same table options loads the file and trains only the remaining steps: each step
 is a pure function of the run's state (its key and step included), so the table equals that of
-an uninterrupted command (tests/test_prune_interrupt.py). A file written for other runs or
+an uninterrupted command (tests/pruning/test_prune_interrupt.py). A file written for other runs or
 options is ignored with a warning (those runs start afresh); it is deleted once its step's rows
 are written.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from sg_jax import fileio
 from sg_jax.pruning import table
+from sg_jax.records import fileio
 
 log = py_logging.getLogger("sg_jax.prune")
 

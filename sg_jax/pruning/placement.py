@@ -9,11 +9,11 @@ over the devices (1 seed x 12 runs on 4 devices: 3 runs each). Parameters and me
 are split along `seed` only (a device holds the seeds of its block, so the frozen model's
 forward pass is shared by its runs of one seed), and the lines are replicated. Each device runs
 its own block with `jax.shard_map`; nothing is communicated between devices, and the results
-equal those on one device up to float reassociation (tests/test_prune_sharding.py).
+equal those on one device up to float reassociation (tests/pruning/test_prune_sharding.py).
 
 Pruning runs in one process: the mesh spans that process's devices (`jax.local_devices()`).
 On a CPU-only host, `python -m sg_jax.prune` splits the host into 2 x cores XLA devices, as
-training does (`sg_jax.host_devices`).
+training does (`sg_jax.runtime.host_devices`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sg_jax import sharding
 from sg_jax.pruning import run as run_lib
+from sg_jax.runtime import sharding
 
 SEED = sharding.SEED_AXIS
 RUN = "run"

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sg_jax.model import ModelConfig, TransformerLM
+from sg_jax.models.model_config import ModelConfig
+from sg_jax.models.transformer import TransformerLM
 from sg_jax.pruning import hard_concrete
 from sg_jax.pruning import objective as objective_lib
 
@@ -70,7 +71,7 @@ class Settings:
       with probability 1 - 2e-4, so in a tenth of the original's steps it hardly moves
       (docs/pruning.md).
     weight_by_params: weight each unit by its parameter count in the sparsity.
-    objective: 'kl', 'task' or 'train_minus_gen' (`objective.Objective.kind`).
+    objective: 'kl', 'task' or 'train_minus_gen' (`objective.PruningObjective.kind`).
     ablation: 'mean' or 'zero'.
   """
 
@@ -138,7 +139,7 @@ def pruning_model_config(config: ModelConfig) -> ModelConfig:
   frozen weights, and differentiates through the activations only; there the tuned layers'
   custom VJPs under vmap cost 1.4-2.7x the plain layers' time for the same FLOPs on CPU
   (benchmarks/prune_throughput.py, docs/pruning.md), while one run alone takes the same time
-  with either. Both give the same values (tests/test_layer_impl.py); an explicit "tuned" or
+  with either. Both give the same values (tests/models/test_layer_impl.py); an explicit "tuned" or
   "plain" is kept.
 
   Raises:

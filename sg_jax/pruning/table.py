@@ -18,8 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
-from sg_jax import fileio
-from sg_jax import long_csv
+from sg_jax.records import fileio
+from sg_jax.records import long_csv
 
 HEADER = "step,seed,sparsity,pruning_seed,name,value\n"
 MARKER = "achieved_sparsity"  # the row that marks a run as done

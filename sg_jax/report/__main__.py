@@ -11,12 +11,12 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from sg_jax.runtime import workdir_lock
-from sg_jax.runtime.commands import command_errors
 from sg_jax.analysis import registry
-from sg_jax.report import build_report, find_runs, log
+from sg_jax.report.build import build_report, find_runs, log
 from sg_jax.report.reading import default_out_dir
 from sg_jax.report.tables import _fmt
+from sg_jax.runtime import workdir_lock
+from sg_jax.runtime.commands import command_errors
 
 FLAGS = flags.FLAGS
 

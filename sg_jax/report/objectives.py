@@ -1,6 +1,6 @@
 """Runs of different training objectives side by side (issue 36): `lm`, `mlm`, `prefix_lm`.
 
-The one metric every objective has is the minimal-pair preference (`sg_jax.preference`), so the
+The one metric every objective has is the minimal-pair preference (`sg_jax.evaluation.minimal_pairs`), so the
 comparison reads it (in- and out-of-domain, per construction), beside the syntactic attention
 structure (`in_domain/uas`), the training loss and the onsets of each seed
 (`analysis.onsets`: the sharpest rise of UAS, the steepest fall of the loss, the sharpest rise of
@@ -225,7 +225,7 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
             "column]; onsets: median step over "
             "seeds (`sg_jax.analysis.onsets`; blank: no seed has one, or the curves have fewer "
             f"than {onsets_lib.MIN_POINTS} evaluations); preference: minimal pairs from the "
-            "grammar (`sg_jax.preference`, docs/objectives.md). The last column is the fraction of "
+            "grammar (`sg_jax.evaluation.minimal_pairs`, docs/objectives.md). The last column is the fraction of "
             "seeds whose structure onset lies within two evaluation intervals of their loss "
             "drop (Chen et al. 2024 find them together in masked LMs)."]
   return lines

@@ -13,10 +13,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from sg_jax import fileio
-from sg_jax import long_csv
-from sg_jax.runtime import workdir_lock
 from sg_jax.analysis import registry
+from sg_jax.records import fileio
+from sg_jax.records import long_csv
+from sg_jax.runtime import workdir_lock
 
 IN_ACC = "in_domain/accuracy"
 GEN_ACC = "out_of_domain/accuracy"

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from sg_jax import fileio
 from sg_jax import stats
 from sg_jax.analysis import registry
+from sg_jax.records import fileio
 from sg_jax.report import seed_stats
 from sg_jax.report.reading import GEN_ACC, IN_ACC, Run, analysis_sentences
 

@@ -7,7 +7,7 @@ table,
 
 and `python -m sg_jax.results render-docs` rewrites every such block from `results/<study>`
 (markers inside fenced code blocks are examples and are left alone)
-(`--check`: only report the blocks that differ, exit 1 if any). tests/test_results_docs.py runs
+(`--check`: only report the blocks that differ, exit 1 if any). tests/results/test_results_docs.py runs
 the check, so a doc whose table disagrees with its data fails the tests.
 
 Tables (`TABLES`), each computed as the report computes it, from every run in the study folder:
@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from sg_jax import claims as claims_lib
-from sg_jax import fileio
 from sg_jax import stats
+from sg_jax.records import fileio
 from sg_jax.report import reading
 from sg_jax.report import tables
 

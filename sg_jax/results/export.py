@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from sg_jax import environment
-from sg_jax import fileio
-from sg_jax import long_csv
+from sg_jax.records import fileio
+from sg_jax.records import long_csv
 from sg_jax.report import reading
+from sg_jax.runtime import environment
 
 FORMAT = "sg_jax.results/1"
 MANIFEST = reading.EXPORT_MANIFEST

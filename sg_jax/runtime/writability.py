@@ -8,7 +8,7 @@ import os
 import shutil
 
 from sg_jax import checkpointing
-from sg_jax import fileio
+from sg_jax.records import fileio
 
 
 def check_writable(workdir: str) -> list[str]:

@@ -233,7 +233,7 @@ def ordered_trend(groups: Sequence[Sequence[float]], alternative: str = "two-sid
   tau = 1 when every value of a later group exceeds every value of an earlier one. The null
   distribution reassigns the seeds to the groups (group sizes kept): every distinct assignment
   when there are at most `EXACT_LIMIT` (the multinomial count), else `num_resamples` seeded
-  draws. scipy has no Jonckheere-Terpstra test; tests/test_stats.py checks this one against a
+  draws. scipy has no Jonckheere-Terpstra test; tests/stats/test_stats.py checks this one against a
   loop over all assignments.
 
   Args:

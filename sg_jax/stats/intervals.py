@@ -2,7 +2,7 @@
 
 * `mean_interval`: Student's t interval of a seed mean. At n = 4 it covers the true mean of
   normal data 95% of the time (docs/analysis.md, "Statistics", measured in
-  tests/test_stats.py); the percentile bootstrap it replaces covers about 78% there.
+  tests/stats/test_stats.py); the percentile bootstrap it replaces covers about 78% there.
 * `proportion_interval`: Clopper-Pearson ("exact") interval of a proportion (e.g. the seeds above
   a threshold), conservative at every n (Clopper & Pearson 1934; `scipy.stats.binomtest`).
 """

@@ -2,7 +2,7 @@
 constructions, predictors or groups at once.
 
 The arithmetic is statsmodels' (`statsmodels.stats.multitest.multipletests(method="holm")`,
-which tests/test_stats.py checks it against); it is written out here because statsmodels' holm
+which tests/stats/test_stats.py checks it against); it is written out here because statsmodels' holm
 branch calls `gc.collect()` on every call, about 0.7 s in a process that holds JAX, and the
 report corrects many small tables.
 """

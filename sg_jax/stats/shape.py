@@ -43,7 +43,7 @@ def sarle_bimodality(values: Sequence[float]) -> float:
 def sarle_max(n: int) -> float:
   """The largest Sarle coefficient any n values can have: attained by two-point samples (for
   population moments b <= 1 with equality only for two points, Pearson's kurtosis >= skewness^2
-  + 1; tests/test_stats.py checks the sample version against a numerical search), so the
+  + 1; tests/stats/test_stats.py checks the sample version against a numerical search), so the
   maximum over the n - 1 splits of n values into two points. 2/7 at n = 4, 6/13 at 5, 4/7 at 6.
 
   Returns:

@@ -24,10 +24,10 @@ import itertools
 import re
 from typing import Any, Mapping, Sequence
 
-from sg_jax import composition
 from sg_jax import configlib
-from sg_jax import per_seed
 from sg_jax import terms
+from sg_jax.config import per_seed
+from sg_jax.data import composition
 from sg_jax.terms import base as terms_base
 
 DEPTH_FIELD = "model.num_layers"

@@ -107,7 +107,7 @@ class Task(Protocol):
     constructions: the construction tags `construction_ids` can give a line (the evaluation logs
       each split's metrics per tag, `<split>/accuracy/<tag>`); () = none.
     foil_kinds: the kinds of minimal-pair foils `foils` makes (the preference metric,
-      `sg_jax.preference`); () = none.
+      `sg_jax.evaluation.minimal_pairs`); () = none.
     config_fields: the run-config fields only this task reads, {dotted field: default} (Dyck:
       `data.max_length`, ...), read by its `from_config`. `configlib.base_config` adds every
       registered task's, so a config of any task has the same fields (as an old run's
@@ -211,7 +211,7 @@ class Task(Protocol):
   def foils(self, example: Example, vocab) -> dict:
     """{kind: output words} of the minimal-pair foils of a transformed line: the output a
     non-hierarchical rule would give, for each of `foil_kinds` (absent where it is the correct
-    output itself). Default: none (`sg_jax.preference`; docs/objectives.md, "Minimal pairs: one
+    output itself). Default: none (`sg_jax.evaluation.minimal_pairs`; docs/objectives.md, "Minimal pairs: one
     generalisation metric for every objective")."""
     del example, vocab
     return {}

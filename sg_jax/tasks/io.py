@@ -26,7 +26,7 @@ import pathlib
 import urllib.request
 from typing import Iterable, Mapping, Optional, Sequence
 
-from sg_jax import fileio
+from sg_jax.records import fileio
 from sg_jax.tasks import trees
 from sg_jax.tasks.examples import DataError, Example
 

@@ -65,7 +65,7 @@ def fronted(words: Sequence[str], k: int) -> tuple:
 
 def question_foils(words: Sequence[str], question: Sequence[str]) -> dict:
   """{kind: question} of the linear rules' questions that differ from the correct `question`
-  (the minimal-pair foils of `sg_jax.preference`):
+  (the minimal-pair foils of `sg_jax.evaluation.minimal_pairs`):
 
   * `move_first`: front the first auxiliary (McCoy et al. 2020's linear rule);
   * `skip_relative`: front the first auxiliary not directly after `that`/`who`

@@ -113,7 +113,7 @@ def linear_present(past_words: Sequence[str]) -> tuple:
 
 
 def tense_foils(past: Sequence[str], present: Sequence[str], main_verb: int) -> dict:
-  """{kind: present sentence} of the minimal-pair foils of a `PRESENT` line (`sg_jax.preference`):
+  """{kind: present sentence} of the minimal-pair foils of a `PRESENT` line (`sg_jax.evaluation.minimal_pairs`):
   the correct `present` with its main verb (index `main_verb`) replaced by
 
   * `attractor`: the form agreeing with the most recent noun before it (`linear_present`: the

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sg_jax import per_seed
-from sg_jax import sharding
+from sg_jax.config import per_seed
+from sg_jax.runtime import sharding
 
 Array = jax.Array
 

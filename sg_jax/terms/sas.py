@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sg_jax.attention_masks import line_mask
+from sg_jax.models.attention_masks import line_mask
 from sg_jax.tasks import dependencies
 from sg_jax.terms import base
 

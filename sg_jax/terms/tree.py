@@ -51,8 +51,8 @@ import ml_collections
 import numpy as np
 
 from sg_jax import objectives
-from sg_jax import per_seed
 from sg_jax import tasks
+from sg_jax.config import per_seed
 from sg_jax.tasks import trees
 from sg_jax.terms import base
 

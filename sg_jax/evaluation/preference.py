@@ -1,0 +1,46 @@
+"""The `preference` evaluator: the minimal-pair preference of each held-out split at every
+evaluation (`sg_jax.evaluation.minimal_pairs`; docs/objectives.md): does the model score a line's correct
+output above the outputs of non-hierarchical rules (its foils)?
+
+Logged per split: `preference`, `preference_vs_<kind>`, `preference/<tag>`. The sentences are
+scored by the objective (`Objective.sentence_scores`: log P(output | input), or a masked LM's
+pseudo-log-likelihood). Options (`evals.preference`): `lines`, the first transformed lines of
+each split (0 disables; formerly `eval.preference_lines`, which still sets it). A task without
+foils (Dyck) logs none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sg_jax.evaluation import registry
+
+
+@registry.register
+@dataclasses.dataclass(frozen=True)
+class MinimalPairPreference(registry.Evaluator):
+  """Minimal-pair preference (`sg_jax.evaluation.minimal_pairs`); `lines`: lines per split (0 = off)."""
+
+  name = "preference"
+  legacy_fields = {"lines": "preference_lines"}
+
+  lines: int = 256
+
+  def check(self) -> None:
+    if self.lines < 0:
+      raise ValueError(f"lines must be >= 0 (0 disables), got {self.lines}")
+
+  def build(self, context: registry.Context) -> registry.Evaluation | None:
+    from sg_jax.evaluation import (minimal_pairs)  # pylint: disable=import-outside-toplevel  (task_metric.py)
+    batches = minimal_pairs.eval_batches(self.lines, context.options.batch_size, context.task,
+                                      context.vocab, context.data_dir)
+    if not batches:
+      return None
+    score = minimal_pairs.make_preference_eval(context.model, context.objective, context.task,
+                                            context.put(batches))
+
+    def evaluate(params, progress):
+      progress.note("scoring the minimal pairs of both splits (sg_jax/evaluation/minimal_pairs.py)")
+      return score(params)
+
+    return registry.Evaluation(evaluate=evaluate)

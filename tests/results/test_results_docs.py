@@ -1,0 +1,162 @@
+"""The docs-vs-data check: every table in docs/ marked as generated from `results/` must equal
+what `results/` gives today (`sg_jax.results.docs`); and the report of exported runs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sg_jax import claims
+from sg_jax.report import build as report
+from sg_jax.report import reading
+from sg_jax.results import docs as docs_lib
+from sg_jax.results import export
+
+import results_fixtures  # pylint: disable=wrong-import-order  (tests/ is on the path)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_docs_match_the_committed_results():
+  """Every generated block of docs/ equals its table rendered from results/ (a block naming a
+  study that is not in results/ fails too). Passes, and says so, when there is none yet."""
+  results, docs = os.path.join(ROOT, "results"), os.path.join(ROOT, "docs")
+  found = [b for path in docs_lib.markdown_files(docs) for b in docs_lib.blocks(path, results)]
+  stale = [f"{os.path.relpath(b.doc, ROOT)}:{b.line} {b.study}/{b.table}" for b in found
+           if b.current != b.expected]
+  assert not stale, ("docs tables that disagree with results/ (run `python -m sg_jax.results "
+                     f"render-docs`): {stale}")
+  if not found:
+    print(f"no generated tables in docs/ yet; {len(docs_lib.studies(results))} studies in "
+          "results/")
+
+
+def _study(tmp_path, finals_by_depth):
+  """results/tiny_study/depth<D>: exports of hand-made tiny workdirs."""
+  results = tmp_path / "results"
+  for depth, finals in finals_by_depth.items():
+    work = results_fixtures.make_workdir(str(tmp_path / "runs" / f"depth{depth}"), depth=depth,
+                                         finals=finals, analysis=False, pruning=False)
+    export.export_run(work, str(results / "tiny_study" / f"depth{depth}"))
+  return str(results)
+
+
+DOC = """# A page
+
+Some text.
+
+<!-- results: tiny_study/depths -->
+| depth | seeds | final gen. mean [95% t-interval] | median | seeds > 0.8 | early stop, first best | early stop, last best |
+|---|---|---|---|---|---|---|
+| 1 | 2 | 0.600 [-3.212, 4.412] | 0.6 | 1/2 | 0.100 | 0.600 |
+<!-- /results -->
+
+More text, left as it is.
+
+```
+<!-- results: not_a_study/claims -->
+an example in a code fence is not a generated block
+<!-- /results -->
+```
+"""
+
+
+def test_check_fails_on_a_mismatch_and_render_docs_fixes_it(tmp_path):
+  results = _study(tmp_path, {1: (0.9, 0.3)})
+  doc = tmp_path / "docs" / "page.md"
+  doc.parent.mkdir()
+  doc.write_text(DOC)
+  block, = docs_lib.blocks(str(doc), results)
+  assert block.current == block.expected  # the hand-written table is what the data give
+  assert docs_lib.stale_blocks(str(doc.parent), results) == []
+  # the data change (a seed ends elsewhere): the doc no longer matches
+  _study(tmp_path, {1: (0.9, 0.1)})
+  stale, = docs_lib.stale_blocks(str(doc.parent), results)
+  assert (stale.study, stale.table, stale.line) == ("tiny_study", "depths", 5)
+  docs_lib.render_docs(str(doc.parent), results)
+  text = doc.read_text()
+  assert "| 1 | 2 | 0.500 [-4.582, 5.582] | 0.5 | 1/2 | 0.100 | 0.500 |" in text
+  assert text.startswith("# A page\n\nSome text.\n") and text.endswith(DOC[DOC.index("\nMore"):])
+  assert docs_lib.stale_blocks(str(doc.parent), results) == []
+
+
+def test_a_block_naming_missing_data_fails(tmp_path):
+  results = _study(tmp_path, {1: (0.9, 0.3)})
+  doc = tmp_path / "page.md"
+  doc.write_text("<!-- results: gone_study/claims -->\n| x |\n<!-- /results -->\n")
+  with pytest.raises(docs_lib.DocsError, match="page.md:1: results/gone_study"):
+    docs_lib.stale_blocks(str(doc), results)
+  doc.write_text("<!-- results: tiny_study/nope -->\n<!-- /results -->\n")
+  with pytest.raises(docs_lib.DocsError, match="no table 'nope'"):
+    docs_lib.stale_blocks(str(doc), results)
+
+
+def test_claims_and_seeds_tables_render(tmp_path):
+  results = _study(tmp_path, {1: (0.9, 0.3), 2: (0.8, 0.7)})
+  claims_md = docs_lib.render(results, "tiny_study", "claims")
+  assert claims_md.startswith("| claim | setting | seeds per arm | test |")
+  assert "murty.grokking | question formation, depth 1 | 2 |" in claims_md
+  assert "no runs" not in claims_md  # only claims the study can test
+  seeds_md = docs_lib.render(results, "tiny_study", "seeds").splitlines()
+  assert seeds_md[2] == "| depth1 | 1 | 0 | 1 | 0.9 |  |"
+  assert len(seeds_md) == 2 + 4
+
+
+def test_claims_table_same_from_workdir_and_export(tmp_path):
+  work = results_fixtures.make_workdir(str(tmp_path / "runs" / "w"), depth=2,
+                                       finals=(0.9, 0.3, 0.6))
+  out = str(tmp_path / "results" / "study" / "w")
+  export.export_run(work, out)
+  rows = [claims.evaluate([reading.load_run(folder)]) for folder in (work, out)]
+  assert rows[0] == rows[1]
+  assert {r["claim"] for r in rows[0] if r["verdict"] != claims.NO_RUNS} >= {
+      "murty.grokking", "murty.early_stopping", "bhaskar.shared_core", "bhaskar.core_ablation"}
+
+
+@pytest.mark.slow
+def test_report_of_an_export_equals_the_report_of_its_workdir(tmp_path):
+  work = results_fixtures.make_workdir(str(tmp_path / "runs" / "w"), depth=2,
+                                       finals=(0.9, 0.3, 0.6))
+  out = tmp_path / "results" / "study" / "w"
+  export.export_run(work, str(out))
+  listing = lambda: sorted(os.path.relpath(os.path.join(d, n), tmp_path / "results")
+                           for d, _, names in os.walk(tmp_path / "results") for n in names)
+  before = listing()
+  a = report.build_report(work, str(tmp_path / "report_work"))
+  b = report.build_report(str(out.parent))
+  assert b["out_dir"] == str(tmp_path / "runs" / "results_reports" / "study")
+  assert listing() == before  # nothing written into results/
+  for name in ("summary.csv", "summary_seeds.csv", "claims.csv", "summary_pruning.csv",
+               "summary_pruning_seeds.csv"):
+    left = (tmp_path / "report_work" / name).read_text()
+    right = (tmp_path / "runs" / "results_reports" / "study" / name).read_text()
+    assert left == right, name
+  claims_csv = (tmp_path / "report_work" / "claims.csv").read_text().splitlines()
+  assert claims_csv[0].startswith("claim,setting,seeds per arm,test,statistic,p or interval,"
+                                  "detectable effect,verdict,")
+  summary = (tmp_path / "report_work" / "summary.md").read_text()
+  assert "\n## Claims\n" in summary
+  assert "| murty.grokking | question formation, depth 2 |" in summary
+  assert len(a["figures"]) == len(b["figures"])
+
+
+@pytest.mark.slow
+def test_command_line_export_and_render_docs(tmp_path):
+  work = results_fixtures.make_workdir(str(tmp_path / "w"), pruning=False, analysis=False)
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  run = lambda *args: subprocess.run([sys.executable, "-m", "sg_jax.results", *args], cwd=ROOT,
+                                     env=env, capture_output=True, text=True, timeout=300)
+  done = run("export", f"--workdir={work}", f"--out={tmp_path}/results/s/depth1",
+             "--command=python -m sg_jax.main --config=configs/question.py:tiny")
+  assert done.returncode == 0, done.stderr
+  assert "exported w: 3 files" in done.stdout
+  doc = tmp_path / "docs" / "p.md"
+  doc.parent.mkdir()
+  doc.write_text("<!-- results: s/seeds -->\nold\n<!-- /results -->\n")
+  args = (f"--docs={doc.parent}", f"--results={tmp_path}/results")
+  check = run("render-docs", "--check", *args)
+  assert check.returncode == 1 and "p.md:1: s/seeds stale" in check.stdout
+  assert run("render-docs", *args).returncode == 0
+  assert run("render-docs", "--check", *args).returncode == 0
+  assert "| depth1 | 1 | 0 | 1 | 0.9 |  |" in doc.read_text()
