@@ -163,7 +163,8 @@ def _check_module(module_name: str, commands: list[dict]) -> list[str]:
     from sg_jax.runtime import host_devices
     host_devices.configure_cpu_devices()
   module = importlib.import_module(
-      module_name + (".__main__" if module_name in ("sg_jax.report", "sg_jax.results") else ""))
+      module_name + (".__main__" if module_name in ("sg_jax.report", "sg_jax.results",
+                                                    "sg_jax.data") else ""))
   for name in ("define_flags", "_define_flags"):
     if hasattr(module, name):
       getattr(module, name)()
