@@ -27,6 +27,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from sg_jax import configlib
+from sg_jax.config.cli_options import parse_flags
 from sg_jax.accelerators import programs as programs_lib
 from sg_jax.accelerators import table
 from sg_jax.accelerators import targets as targets_lib
@@ -73,17 +74,6 @@ def main(argv):
   for note in table.NOTES:
     print(f"  * {note}")
 
-
-def parse_flags(argv):
-  """absl flag parsing that reports a bad --config as one line (as `sg_jax.main`)."""
-  problem = configlib.check_command_line(argv[1:])
-  if problem:
-    sys.exit(f"error: {problem}")
-  try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError) as e:
-    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-    sys.exit(f"error: {lines[-1] if lines else e}")
 
 
 if __name__ == "__main__":

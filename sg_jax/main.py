@@ -22,7 +22,6 @@ unsaved then; during training after the current compiled call (at most about
 
 import logging
 import os
-import re
 import signal
 import sys
 
@@ -45,6 +44,7 @@ import jax
 from ml_collections import config_flags
 
 from sg_jax import configlib
+from sg_jax.config.cli_options import parse_flags
 from sg_jax import train
 from sg_jax.accelerators import profiling
 from sg_jax.config import checks as config_checks
@@ -190,20 +190,6 @@ def _exit_at_once(code: int) -> None:
   sharding.leave(_HEARTBEAT.value)  # the other processes of a multi-process run see a clean exit
   exit_at_once(code)
 
-
-def parse_flags(argv):
-  """absl flag parsing that reports a bad --config (a missing file, an unknown key in the config
-  string, an unknown --config.<field>) as one line instead of a traceback."""
-  problem = configlib.check_command_line(argv[1:])
-  if problem:
-    sys.exit(f"error: {problem}")
-  try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError) as e:
-    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-    # The last line of a traceback config_flags embeds reads "SomeError: message".
-    last = re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", lines[-1]) if lines else str(e)
-    sys.exit(f"error: {last}")
 
 
 if __name__ == "__main__":

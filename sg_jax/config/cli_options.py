@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import sys
 from typing import Mapping
 
+from absl import flags
+
+from sg_jax import configlib
 from sg_jax.records import fileio
 
 log = logging.getLogger("sg_jax")
@@ -69,3 +74,19 @@ def check_options(path: str, options: dict, legacy: Mapping[str, object] | None 
     # workdir on a read-only mount can be re-checked)
     with fileio.open_atomic(opt_path) as f:
       json.dump({**old, **options}, f, indent=1)
+
+
+def parse_flags(argv):
+  """absl flag parsing for the commands that take --config (`sg_jax.main`, `sg_jax.aot`): a bad
+  --config (a missing file, an unknown key in the config string, an unknown --config.<field>)
+  exits with one line instead of a traceback."""
+  problem = configlib.check_command_line(argv[1:])
+  if problem:
+    sys.exit(f"error: {problem}")
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, ValueError) as e:
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    # The last line of a traceback config_flags embeds reads "SomeError: message".
+    last = re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", lines[-1]) if lines else str(e)
+    sys.exit(f"error: {last}")
