@@ -237,6 +237,14 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.checkpoint.every = 3_000
   # Checkpoints kept (0 = keep all: the analysis needs the whole trajectory).
   c.checkpoint.max_to_keep = 0
+  # Preservation policy (docs/performance.md, sg_jax/checkpointing/policy.py): N > 0 keeps the
+  # full states (optimiser moments included) of the newest N saves only, in WORKDIR/full_states/,
+  # and parameter-only checkpoints for the analysis in checkpoints/ (then max_to_keep is unused);
+  # 0 = every checkpoint a full state (the layout before the policy).
+  c.checkpoint.keep_full = 0
+  # Under the policy: parameter-only checkpoints kept at multiples of this (a multiple of
+  # checkpoint.every; 0 = checkpoint.every) and at the last step.
+  c.checkpoint.params_every = 0
   # Fields only one task reads, declared by the task (`Task.config_fields`: Dyck's
   # data.max_length, eval.dyck_min_distance, eval.dyck_bracket_arcs); every registered task's,
   # so that the configs of all tasks (and old runs' config.json) have the same fields.

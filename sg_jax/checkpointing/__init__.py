@@ -12,22 +12,31 @@ was written with another config: restoring it is refused (`CheckpointMismatch`) 
 moved. Only a checkpoint that cannot be read for another reason is moved aside, to
 `WORKDIR/corrupt_checkpoints/`. Every manager and checkpointer made here is closed after use.
 
-Modules: `layout` (paths, managers, metadata, errors), `writer` (saves, fault injection) and
-`reader` (restores, inspection, the resume-time fallback); their public names are imported here.
+A preservation policy (`checkpoint.keep_full` > 0, module `policy`) keeps only the newest full
+states (in `WORKDIR/full_states/`) and parameter-only checkpoints for the analysis in
+`checkpoints/`; the default keeps every checkpoint's full state.
+
+Modules: `layout` (paths, managers, metadata, errors), `policy` (what a run keeps), `writer`
+(saves, fault injection) and `reader` (restores, inspection, the resume-time fallback); their
+public names are imported here.
 """
 
-from sg_jax.checkpointing.layout import (CHECKPOINT_DIR, CheckpointError, CheckpointMismatch,
+from sg_jax.checkpointing.layout import (ANALYSIS_FIELDS, CHECKPOINT_DIR, FULL_STATE_DIR,
+                                         CheckpointError, CheckpointMismatch,
                                          CheckpointWriteError, WorkdirError, all_steps,
                                          checkpoint_dir, error_cause, make_manager, make_meta,
                                          read_meta, temporary_folders)
-from sg_jax.checkpointing.reader import (Restored, diverged_seeds, quarantine, restore,
-                                         restore_latest_good, restore_seed_params,
+from sg_jax.checkpointing.policy import (Preservation, analysis_state, disk_bytes_per_seed,
+                                         state_bytes)
+from sg_jax.checkpointing.reader import (Restored, diverged_seeds, is_analysis_only, quarantine,
+                                         restore, restore_latest_good, restore_seed_params,
                                          stored_arrays)
 from sg_jax.checkpointing.writer import (DISK_FULL_AT_SAVE_ENV, DISK_FULL_BYTES,
                                          KILL_DURING_SAVE_ENV, CheckpointWriter, save, wait)
 
 __all__ = [
-    "CHECKPOINT_DIR", "CheckpointError", "CheckpointMismatch", "CheckpointWriteError",
+    "ANALYSIS_FIELDS", "FULL_STATE_DIR", "Preservation", "analysis_state", "disk_bytes_per_seed",
+    "state_bytes", "is_analysis_only", "CHECKPOINT_DIR", "CheckpointError", "CheckpointMismatch", "CheckpointWriteError",
     "WorkdirError", "all_steps", "checkpoint_dir", "error_cause", "make_manager", "make_meta",
     "read_meta", "temporary_folders", "Restored", "diverged_seeds", "quarantine", "restore",
     "restore_latest_good",

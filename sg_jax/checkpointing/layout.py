@@ -2,7 +2,10 @@
 
 `WORKDIR/checkpoints/<step>/{state,meta}`: `state` holds the stacked per-seed `TrainState` (every
 array with a leading seed axis `[seed, ...]`), `meta` (JSON) the resolved config, the vocabulary
-and the seed ids (`make_meta`). Written by `checkpointing.writer`, read by
+and the seed ids (`make_meta`). Under a preservation policy (`checkpointing.policy`,
+`checkpoint.keep_full` > 0) `checkpoints/<step>/state` holds only the fields the analysis reads
+(`ANALYSIS_FIELDS`: parameters and divergence flags) and the full states of the latest saves are
+in `WORKDIR/full_states/<step>/{state,meta}`. Written by `checkpointing.writer`, read by
 `checkpointing.reader`.
 """
 
@@ -21,6 +24,12 @@ import orbax.checkpoint as ocp
 from sg_jax.runtime.exit_codes import OneLineError
 
 CHECKPOINT_DIR = "checkpoints"
+# The full states (optimiser moments, PRNG keys, ...) of the latest saves, kept only under a
+# preservation policy (`checkpoint.keep_full` > 0); resuming reads them.
+FULL_STATE_DIR = "full_states"
+# The `TrainState` fields a parameter-only checkpoint keeps: what the analysis and pruning read
+# (parameters; the divergence flags, `reader.diverged_seeds`; the step).
+ANALYSIS_FIELDS = ("step", "params", "diverged", "diverged_step")
 
 
 class CheckpointError(OneLineError, RuntimeError):
@@ -84,24 +93,35 @@ def _is_orbax_coroutine(obj) -> bool:
       f"{os.sep}orbax{os.sep}" in code.co_filename)
 
 
-def checkpoint_dir(workdir: str) -> str:
-  """Absolute path of the checkpoint folder of `workdir` (orbax needs absolute paths)."""
-  return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+def checkpoint_dir(workdir: str, folder: str = CHECKPOINT_DIR) -> str:
+  """Absolute path of the checkpoint folder of `workdir` (orbax needs absolute paths);
+  `folder`: CHECKPOINT_DIR or FULL_STATE_DIR."""
+  return os.path.abspath(os.path.join(workdir, folder))
 
 
 def make_manager(workdir: str, *, max_to_keep: int = 0, create: bool = True,
-                 asynchronous: bool = True, cleanup_tmp: bool = False) -> ocp.CheckpointManager:
+                 asynchronous: bool = True, cleanup_tmp: bool = False,
+                 folder: str = CHECKPOINT_DIR,
+                 preservation_policy: ocp.checkpoint_managers.PreservationPolicy | None = None
+                 ) -> ocp.CheckpointManager:
   """CheckpointManager for `workdir` (max_to_keep 0 = keep all); close it after use.
 
   `cleanup_tmp` removes the temporary folders of saves that never finished (a process killed
   while writing): only for the run that writes the workdir, never for a reader such as the
-  analysis, which could otherwise delete a save in progress.
+  analysis, which could otherwise delete a save in progress. `folder` picks the checkpoint
+  folder (CHECKPOINT_DIR or FULL_STATE_DIR); `preservation_policy` (an orbax policy, e.g.
+  `LatestN`) replaces `max_to_keep`.
   """
   _quiet_closed_loop_callbacks()
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep or None, create=create,
-      enable_async_checkpointing=asynchronous, cleanup_tmp_directories=cleanup_tmp)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+  if preservation_policy is not None:
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=preservation_policy, create=create,
+        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=cleanup_tmp)
+  else:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep or None, create=create,
+        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=cleanup_tmp)
+  return ocp.CheckpointManager(checkpoint_dir(workdir, folder), options=options,
                                item_names=("state", "meta"))
 
 
@@ -136,15 +156,18 @@ def error_cause(e: BaseException) -> str:
 
 
 def temporary_folders(workdir: str) -> list[str]:
-  """Folders of checkpoint saves that never finished (orbax's `*.orbax-checkpoint-tmp*`)."""
-  return sorted(glob.glob(os.path.join(checkpoint_dir(workdir), "*.orbax-checkpoint-tmp*")))
+  """Folders of checkpoint saves that never finished (orbax's `*.orbax-checkpoint-tmp*`), in
+  both checkpoint folders."""
+  return sorted(path for folder in (CHECKPOINT_DIR, FULL_STATE_DIR) for path in glob.glob(
+      os.path.join(checkpoint_dir(workdir, folder), "*.orbax-checkpoint-tmp*")))
 
 
-def all_steps(workdir: str) -> list[int]:
-  """Sorted steps with a committed checkpoint (empty if there is none)."""
-  if not os.path.isdir(checkpoint_dir(workdir)):
+def all_steps(workdir: str, folder: str = CHECKPOINT_DIR) -> list[int]:
+  """Sorted steps with a committed checkpoint in `folder` (empty if there is none): by default
+  the checkpoints the analysis reads."""
+  if not os.path.isdir(checkpoint_dir(workdir, folder)):
     return []
-  mngr = make_manager(workdir, create=False, asynchronous=False)
+  mngr = make_manager(workdir, create=False, asynchronous=False, folder=folder)
   try:
     return sorted(int(s) for s in mngr.all_steps())
   finally:

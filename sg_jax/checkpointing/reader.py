@@ -20,7 +20,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sg_jax import configlib
-from sg_jax.checkpointing.layout import (CheckpointError, CheckpointMismatch, all_steps,
+from sg_jax.checkpointing.layout import (ANALYSIS_FIELDS, CHECKPOINT_DIR, FULL_STATE_DIR,
+                                         CheckpointError, CheckpointMismatch, all_steps,
                                          checkpoint_dir, error_cause, make_manager, read_meta)
 from sg_jax.runtime import config_changes
 
@@ -143,8 +144,10 @@ def _array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
           for path, leaf in leaves}
 
 
-def stored_arrays(workdir: str, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
-  """Shapes and dtypes of the state stored at `step`, read from its metadata only (no arrays).
+def stored_arrays(workdir: str, step: int,
+                  folder: str = CHECKPOINT_DIR) -> dict[str, tuple[tuple[int, ...], str]]:
+  """Shapes and dtypes of the state stored at `step` (in `folder`: CHECKPOINT_DIR or
+  FULL_STATE_DIR), read from its metadata only (no arrays).
 
   Returns:
     {'params/embedding/embedding': ((seed, vocab, d_model), 'float32'), ...}.
@@ -152,7 +155,7 @@ def stored_arrays(workdir: str, step: int) -> dict[str, tuple[tuple[int, ...], s
   Raises:
     Exception: whatever orbax raises for an unreadable checkpoint.
   """
-  path = os.path.join(checkpoint_dir(workdir), str(int(step)), "state")
+  path = os.path.join(checkpoint_dir(workdir, folder), str(int(step)), "state")
   with ocp.PyTreeCheckpointer() as checkpointer:
     specs = _array_specs(_metadata_tree(checkpointer, path))
   if not specs:  # orbax logs a warning and returns no tree for missing or damaged metadata
@@ -226,12 +229,13 @@ def diverged_seeds(workdir: str, step: int) -> dict[int, int]:
   return {seeds[i]: int(at[i]) for i in np.flatnonzero(marked)}
 
 
-def quarantine(workdir: str, step: int) -> str:
-  """Moves an unreadable checkpoint to WORKDIR/corrupt_checkpoints/<step> (nothing is deleted).
+def quarantine(workdir: str, step: int, folder: str = CHECKPOINT_DIR) -> str:
+  """Moves an unreadable checkpoint (of `folder`) to WORKDIR/corrupt_checkpoints/<step> (nothing
+  is deleted).
 
   Returns the new path. The step can then be written again by a resumed run.
   """
-  src = os.path.join(checkpoint_dir(workdir), str(step))
+  src = os.path.join(checkpoint_dir(workdir, folder), str(step))
   dst_root = os.path.join(os.path.abspath(workdir), "corrupt_checkpoints")
   os.makedirs(dst_root, exist_ok=True)
   dst = os.path.join(dst_root, str(step))
@@ -243,18 +247,27 @@ def quarantine(workdir: str, step: int) -> str:
   return dst
 
 
+def is_analysis_only(stored: dict[str, tuple[tuple[int, ...], str]]) -> bool:
+  """Whether a stored state (`stored_arrays`) is a parameter-only checkpoint written under a
+  preservation policy (`layout.ANALYSIS_FIELDS`): the analysis reads it, a resume cannot."""
+  return {name.split("/")[0] for name in stored} == set(ANALYSIS_FIELDS)
+
+
 def restore_latest_good(manager: ocp.CheckpointManager, workdir: str, target: Any,
                         quarantine_bad: bool = True,
                         config: ml_collections.ConfigDict | None = None
                         ) -> tuple[int | None, Any]:
-  """Restores the newest readable checkpoint into `target`; (None, None) if there is none.
+  """Restores the newest readable full state into `target`; (None, None) if there is none.
 
-  Each checkpoint's stored shapes are compared with `target`'s first (from its metadata). An
-  unreadable newer checkpoint (truncated or corrupted files) is skipped with a warning that
-  names its step and, if `quarantine_bad`, moved aside with `quarantine`.
+  Full states are in `manager`'s folder (`checkpoints/`) and, under a preservation policy
+  (`checkpointing.policy`), in `WORKDIR/full_states/`; the newest of either is restored, and the
+  parameter-only checkpoints of `checkpoints/` are passed over. Each checkpoint's stored shapes
+  are compared with `target`'s first (from its metadata). An unreadable newer checkpoint
+  (truncated or corrupted files) is skipped with a warning that names its step and, if
+  `quarantine_bad`, moved aside with `quarantine`.
 
   Args:
-    manager: the workdir's manager.
+    manager: the workdir's manager (of `checkpoints/`).
     workdir: run directory.
     target: abstract stacked state [seed, ...] (e.g. `sharding.abstract_like`).
     quarantine_bad: move unreadable checkpoints to WORKDIR/corrupt_checkpoints/.
@@ -265,22 +278,46 @@ def restore_latest_good(manager: ocp.CheckpointManager, workdir: str, target: An
     CheckpointMismatch: a readable checkpoint holds other shapes or another structure than
       `target` (written with another config); nothing is moved.
   """
-  for step in sorted(manager.all_steps(), reverse=True):
+  full_steps = all_steps(workdir, FULL_STATE_DIR)
+  newest_full = full_steps[-1] if full_steps else -1
+  # A full state in checkpoints/ newer than every one in full_states/ (the policy switched off).
+  step, state = _restore_newest(manager, workdir, CHECKPOINT_DIR, target, quarantine_bad, config,
+                                after=newest_full)
+  if step is not None or not full_steps:
+    return step, state
+  full_manager = make_manager(workdir, create=False, asynchronous=False, folder=FULL_STATE_DIR)
+  try:
+    step, state = _restore_newest(full_manager, workdir, FULL_STATE_DIR, target, quarantine_bad,
+                                  config)
+  finally:
+    full_manager.close()
+  if step is not None:
+    return step, state
+  return _restore_newest(manager, workdir, CHECKPOINT_DIR, target, quarantine_bad, config)
+
+
+def _restore_newest(manager: ocp.CheckpointManager, workdir: str, folder: str, target: Any,
+                    quarantine_bad: bool, config: ml_collections.ConfigDict | None,
+                    after: int = -1) -> tuple[int | None, Any]:
+  """`restore_latest_good` within one folder, over its steps > `after`."""
+  for step in sorted((s for s in manager.all_steps() if s > after), reverse=True):
     try:
-      stored = stored_arrays(workdir, step)
+      stored = stored_arrays(workdir, step, folder)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-      _skip_unreadable(manager, workdir, step, e, quarantine_bad)
+      _skip_unreadable(manager, workdir, step, e, quarantine_bad, folder)
       continue
+    if is_analysis_only(stored):
+      continue  # parameters only (preservation policy): its full state is in full_states/
     mismatch = _describe_mismatch(stored, _array_specs(target))
     if mismatch is not None and _same_config(manager, step, config):
       # Other arrays than its own config gives: damaged files, not another config.
       _skip_unreadable(manager, workdir, step, CheckpointError(
           f"its stored arrays do not match the config it was written with: {mismatch}"),
-          quarantine_bad)
+          quarantine_bad, folder)
       continue
     if mismatch is not None:
       raise CheckpointMismatch(
-          f"checkpoint step {step} in {checkpoint_dir(workdir)} was written with another "
+          f"checkpoint step {step} in {checkpoint_dir(workdir, folder)} was written with another "
           f"config: {mismatch}{_differing_fields(manager, step, config)}; nothing was changed; "
           f"use another --workdir")
     try:
@@ -289,16 +326,17 @@ def restore_latest_good(manager: ocp.CheckpointManager, workdir: str, target: An
       _check_finite_structure(state, target)
       return int(step), state
     except Exception as e:  # pylint: disable=broad-except  (tensorstore: many types)
-      _skip_unreadable(manager, workdir, step, e, quarantine_bad)
+      _skip_unreadable(manager, workdir, step, e, quarantine_bad, folder)
   return None, None
 
 
 def _skip_unreadable(manager, workdir: str, step: int, error: Exception,
-                     quarantine_bad: bool) -> None:
+                     quarantine_bad: bool, folder: str = CHECKPOINT_DIR) -> None:
   log.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back to the previous "
-              "one", step, checkpoint_dir(workdir), type(error).__name__, error_cause(error))
+              "one", step, checkpoint_dir(workdir, folder), type(error).__name__,
+              error_cause(error))
   if quarantine_bad:
-    moved = quarantine(workdir, step)
+    moved = quarantine(workdir, step, folder)
     log.warning("moved the unreadable checkpoint step %d to %s", step, moved)
     manager.reload()
 

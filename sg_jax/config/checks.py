@@ -89,6 +89,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   terms.validate(config)  # every loss term's per-seed fields and options
   evals.validate(config)  # every evaluator's section (`evals.<name>`) and options
   need(config.checkpoint.max_to_keep >= 0, "checkpoint.max_to_keep", "must be >= 0 (0 = all)")
+  need(config.checkpoint.keep_full >= 0, "checkpoint.keep_full",
+       "must be >= 0 (0 = every checkpoint a full state)")
+  need(config.checkpoint.params_every >= 0
+       and config.checkpoint.params_every % config.checkpoint.every == 0,
+       "checkpoint.params_every", "must be 0 or a multiple of checkpoint.every")
 
 
 def _get(config, dotted):

@@ -15,7 +15,7 @@ from __future__ import annotations
 # unless the learning-rate schedule ends at it (optim.decay_steps = 0).
 RESUMABLE_CHANGES = ("num_devices", "train.num_steps", "train.steps_per_call",
                      "train.max_call_seconds", "train.log_every", "eval.", "evals.",
-                     "checkpoint.every", "checkpoint.max_to_keep")
+                     "checkpoint.")
 # Fields --allow_config_change may change: they change the training from the resumed step on but
 # neither a parameter shape nor what a step is (its data, batch, seeds, model, optimiser state).
 CHANGEABLE_WITH_FLAG = ("train.num_steps", "optim.learning_rate", "optim.schedule",
