@@ -15,7 +15,8 @@ the best depth and within depth, weight norm and attention sparsity, early stopp
 et al. 2024 (`bhaskar`: subnetworks differ out of domain, shared core, core forms early, core
 ablation), Chen et al. 2024 (`chen`: the regulariser moves UAS, structure with a loss drop,
 brief suppression helps) and sg_jax's own (`own`: tree-regulariser and disambiguating-line
-dose responses, objectives). A new claim is one `register(Claim(...))` (or the `@claim(...)`
+dose responses, objectives) and what decides grokking (`hyperparameters`: weight decay, the
+initialisation against the data order). A new claim is one `register(Claim(...))` (or the `@claim(...)`
 decorator) in any imported module.
 """
 
@@ -27,6 +28,7 @@ from sg_jax.claims import murty  # pylint: disable=unused-import  (registers its
 from sg_jax.claims import bhaskar  # pylint: disable=unused-import
 from sg_jax.claims import chen  # pylint: disable=unused-import
 from sg_jax.claims import own  # pylint: disable=unused-import
+from sg_jax.claims import hyperparameters  # pylint: disable=unused-import
 
 __all__ = ["ALPHA", "CONTRADICTED", "Claim", "ERROR", "Item", "NOT_TESTABLE", "NO_RUNS",
            "Outcome", "SUPPORTED", "VERDICTS", "claim", "claims", "decide", "evaluate", "family",

@@ -4,7 +4,8 @@ Plain sequences of per-seed values in (NaN entries dropped), small frozen result
 `Interval` (an estimate with its interval, its method and n) and `Test` (p-value, observed
 effect, minimum detectable effect at alpha 0.05 / power 0.8, and the smallest p the test can reach
 at this n, so that "not testable at this n" is computed). Modules by concern: `intervals`,
-`comparisons`, `survival`, `power`, `multiple`, `shape`. The reasons and the coverage measured
+`comparisons`, `survival`, `power`, `multiple`, `shape`, `crossed` (two crossed factors:
+variance shares and restricted permutation tests). The reasons and the coverage measured
 at n = 4, 8, 16 are in docs/analysis.md ("Statistics").
 
   from sg_jax import stats
@@ -14,6 +15,7 @@ at n = 4, 8, 16 are in docs/analysis.md ("Statistics").
 
 from sg_jax.stats.comparisons import (EXACT_LIMIT, NUM_RESAMPLES, Test, compare_means,
                                       compare_proportions, ordered_trend, stratified_association)
+from sg_jax.stats.crossed import CrossedResult, FactorShare, crossed_variance
 from sg_jax.stats.intervals import (Interval, finite, mean_interval, mean_intervals,
                                     proportion_interval)
 from sg_jax.stats.multiple import holm
@@ -24,11 +26,11 @@ from sg_jax.stats.power import (ALPHA, POWER, detectable_log_hazard_ratio,
 from sg_jax.stats.shape import SARLE_THRESHOLD, sarle_bimodality, sarle_max, sarle_signals
 from sg_jax.stats.survival import KaplanMeier, kaplan_meier, logrank, sustained
 
-__all__ = ["ALPHA", "EXACT_LIMIT", "Interval", "KaplanMeier", "NUM_RESAMPLES", "POWER",
-           "SARLE_THRESHOLD", "Test", "compare_means", "compare_proportions",
+__all__ = ["ALPHA", "compare_means", "compare_proportions", "crossed_variance", "CrossedResult",
            "detectable_log_hazard_ratio", "detectable_mean_difference",
-           "detectable_proportion_difference", "detectable_stratified_rho",
-           "detectable_trend_tau", "finite", "fisher_power", "holm", "kaplan_meier", "logrank",
-           "mean_interval", "mean_intervals", "ordered_trend", "proportion_interval",
-           "sarle_bimodality", "sarle_max", "sarle_signals", "seeds_per_arm",
-           "stratified_association", "sustained"]
+           "detectable_proportion_difference", "detectable_stratified_rho", "detectable_trend_tau",
+           "EXACT_LIMIT", "FactorShare", "finite", "fisher_power", "holm", "Interval",
+           "kaplan_meier", "KaplanMeier", "logrank", "mean_interval", "mean_intervals",
+           "NUM_RESAMPLES", "ordered_trend", "POWER", "proportion_interval", "sarle_bimodality",
+           "sarle_max", "sarle_signals", "SARLE_THRESHOLD", "seeds_per_arm",
+           "stratified_association", "sustained", "Test"]
