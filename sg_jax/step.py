@@ -35,6 +35,8 @@ from sg_jax import terms as terms_lib
 from sg_jax.config import per_seed
 from sg_jax.data.packing import pack_lines
 from sg_jax.models import transformer as model_lib
+from sg_jax.optim.adamw import PerSeedAdamW, make_optimizer, make_per_seed_optimizer
+from sg_jax.optim.options import OptimOptions
 from sg_jax.runtime import config_changes
 from sg_jax.runtime import sharding
 
@@ -64,216 +66,6 @@ class TrainState:
   diverged: Array
   diverged_step: Array
   sums: dict
-
-
-def make_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """Learning rate per step (a function of the 0-based step), one of `optim.schedule`:
-
-  * "linear" (reference, docs/REFERENCE.md §1): linear warm-up from 0 over `warmup_steps`, then
-    linear decay to 0 at `decay_steps`;
-  * "constant": warm-up, then `learning_rate` forever;
-  * "wsd" (warm-up, stable, decay): warm-up, constant, then a linear cool-down to 0 over the
-    last `cooldown_steps` steps before `decay_steps` (0 after it).
-
-  `decay_steps` = 0 means `num_steps` (the run's train.num_steps): the decay ends at the last step.
-  This is optax's schedule with the values compiled in: the schedule of one value of
-  `learning_rate` and `warmup_steps` (a per-seed field must hold one value: `schedule_at` takes
-  them per seed, as data).
-
-  Raises:
-    ValueError: `learning_rate` or `warmup_steps` holds several values (one per seed).
-  """
-  lr, warmup = (_single(optim, name) for name in ("learning_rate", "warmup_steps"))
-  decay_steps = optim.decay_steps or num_steps
-  if optim.schedule == "constant":
-    after = optax.constant_schedule(lr)
-  elif optim.schedule == "wsd":
-    stable = decay_steps - optim.cooldown_steps - warmup
-    after = optax.join_schedules(
-        [optax.constant_schedule(lr), optax.linear_schedule(lr, 0.0, optim.cooldown_steps)],
-        [stable])
-  else:
-    after = optax.linear_schedule(lr, 0.0, decay_steps - warmup)
-  if warmup == 0:
-    return after
-  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
-
-
-def learning_rates(config: ml_collections.ConfigDict, step: int) -> np.ndarray:
-  """float64 [S]: each seed's learning rate at 0-based `step` (`make_schedule` of its own
-  learning rate and warm-up; `train/learning_rate`)."""
-  n = int(config.num_seeds)
-  lrs = per_seed.values(config.optim.learning_rate, n, "optim.learning_rate")
-  warmups = per_seed.values(config.optim.warmup_steps, n, "optim.warmup_steps")
-  out = []
-  for lr, warmup in zip(lrs, warmups):
-    optim = ml_collections.ConfigDict(json.loads(config.optim.to_json())
-                                      | {"learning_rate": lr, "warmup_steps": warmup})
-    out.append(float(make_schedule(optim, int(config.train.num_steps))(step)))
-  return np.asarray(out)
-
-
-def _single(section, name: str):
-  """The one value of a per-seed field (a scalar or a list of equal values)."""
-  value = section[name]
-  if isinstance(value, (list, tuple)):
-    if len(set(value)) != 1:
-      raise ValueError(f"optim.{name} holds one value per seed {tuple(value)}: this needs one "
-                       f"value (step.schedule_at takes them per seed)")
-    value = value[0]
-  return value
-
-
-def schedule_at(schedule: str, decay_steps: int, cooldown_steps: int, count: Array, lr: Array,
-                warmup: Array) -> Array:
-  """float32 []: `make_schedule`'s learning rate at `count` for one seed whose peak learning
-  rate `lr` (float32 []) and warm-up length `warmup` (int32 []) are data, not constants.
-
-  The arithmetic is optax's (`polynomial_schedule` with power 1, `join_schedules`) with the
-  same operations in the same order, and a division by a step count that is data done as XLA
-  compiles optax's division by a constant (times the float32 reciprocal), so that the value
-  equals `make_schedule`'s bit for bit for the same lr and warm-up
-  (tests/training/test_per_seed_hparams.py). A warm-up of 0 selects the
-  after-warm-up schedule at every step, as `make_schedule` does.
-
-  Args:
-    schedule: 'linear', 'constant' or 'wsd' (static).
-    decay_steps: the resolved end of the decay (0 already replaced by train.num_steps; static).
-    cooldown_steps: 'wsd' only (static).
-    count: int32 [] the optimiser's step count.
-  """
-  def linear(init, end, steps, c):  # optax.polynomial_schedule(power=1, transition_begin=0)
-    c = jnp.clip(c - 0, 0, steps)
-    if isinstance(steps, int):
-      frac = 1 - c / steps
-    else:  # XLA compiles optax's division by a constant as a product with its reciprocal
-      frac = 1 - c * (1 / steps.astype(jnp.float32))
-    return (init - end) * (frac ** 1) + end
-
-  def after(c):
-    if schedule == "constant":
-      return lr
-    if schedule == "wsd":
-      stable = decay_steps - cooldown_steps - warmup
-      return jnp.where(c < stable, lr, linear(lr, 0.0, cooldown_steps, c - stable))
-    return linear(lr, 0.0, decay_steps - warmup, c)
-
-  # The warm-up branch is selected only when warmup > 0 (0/0 in the other branch is dropped).
-  warm = linear(0.0, lr, jnp.maximum(warmup, 1), count)
-  return jnp.where(count < warmup, warm, after(count - warmup))
-
-
-def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int
-                   ) -> optax.GradientTransformation:
-  """Clipping at global norm `grad_clip_norm` (0 = off), then AdamW (docs/REFERENCE.md §1) with
-  the learning rate of `make_schedule(optim, num_steps)`: optax's chain with one value of each
-  field compiled in (the reference `PerSeedAdamW` is tested against; its state is the state of
-  the training step's optimiser)."""
-  o = {name: _single(optim, name) for name in ("b1", "b2", "eps", "weight_decay",
-                                                "grad_clip_norm")}
-  adamw = optax.adamw(make_schedule(optim, num_steps), b1=o["b1"], b2=o["b2"], eps=o["eps"],
-                      weight_decay=o["weight_decay"])
-  if o["grad_clip_norm"] > 0:
-    return optax.chain(optax.clip_by_global_norm(o["grad_clip_norm"]), adamw)
-  return adamw
-
-
-@dataclasses.dataclass(frozen=True)
-class PerSeedAdamW:
-  """`make_optimizer`'s clipping + AdamW for one seed whose hyperparameters are data.
-
-  `update(grads, opt_state, params, hp)` takes this seed's values (`hp`: {name: []} from
-  `per_seed.hparam_arrays`: learning_rate, warmup_steps, b1, one_minus_b1, b2, one_minus_b2,
-  eps, weight_decay, grad_clip_norm), so one compiled step serves any values, and a seed in a
-  group with other values trains as it would alone. The state has the structure of optax's
-  chain (`make_optimizer`), so checkpoints of runs from before are restored as they were.
-  Every operation is optax's (0.2.x: `clip_by_global_norm`, `scale_by_adam`,
-  `add_decayed_weights`, `scale_by_learning_rate`) in the same order, with `1 - b` computed on
-  the host in float64 as optax computes it from a Python float, and a division by a data step
-  count done as XLA compiles optax's division by a constant: alone, the updates equal optax's
-  bit for bit (tests/training/test_per_seed_hparams.py; `optax.inject_hyperparams` does not: it
-  computes `1 - b1` in float32, optax#1532). Inside a whole training step XLA may still fuse
-  the arguments otherwise than constants (a 40-step `tiny` run without clipping ended 1 ulp
-  away), so runs whose fields hold one value each keep optax's chain with the values compiled
-  in (`per_seed.as_data`).
-
-  Attributes (static):
-    schedule, decay_steps, cooldown_steps: `schedule_at`'s (decay_steps resolved).
-    clip: whether any seed clips (`grad_clip_norm` > 0); a seed with 0 does not clip.
-    weight_decay: whether any seed has weight decay; off = optax's skip of a zero decay.
-    defaults: {name: float32/int32 [S]} the config's values, used when `update` gets no `hp`
-      (the first seed's) and by `make_chunk_fn` when its data carries no 'hparams'.
-    reference: `make_optimizer`'s chain, whose `init` gives the state.
-  """
-
-  schedule: str
-  decay_steps: int
-  cooldown_steps: int
-  clip: bool
-  weight_decay: bool
-  defaults: Any
-  reference: Any
-
-  def init(self, params):
-    """The optimiser state of one seed's `params` (optax's chain's)."""
-    return self.reference.init(params)
-
-  def update(self, grads, opt_state, params, hp: dict | None = None):
-    """(updates, new state) of one seed; `hp` None: the first seed's configured values."""
-    if hp is None:
-      hp = {name: jnp.asarray(value[0]) for name, value in self.defaults.items()}
-    if self.clip:
-      clip_state, (adam, decay_state, sched) = opt_state
-      g_norm = optax.tree.norm(grads)
-      max_norm = hp["grad_clip_norm"]
-      trigger = jnp.squeeze(g_norm < max_norm) | (max_norm <= 0)
-      grads = jax.tree_util.tree_map(
-          lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm), grads)
-    else:
-      adam, decay_state, sched = opt_state
-    b1, b2 = hp["b1"], hp["b2"]
-    mu = jax.tree_util.tree_map(lambda g, t: hp["one_minus_b1"] * (g ** 1) + b1 * t, grads,
-                                adam.mu)
-    nu = jax.tree_util.tree_map(lambda g, t: hp["one_minus_b2"] * (g ** 2) + b2 * t, grads,
-                                adam.nu)
-    count_inc = optax.safe_increment(adam.count)
-    mu_hat = optax.tree.bias_correction(mu, b1, count_inc)
-    nu_hat = optax.tree.bias_correction(nu, b2, count_inc)
-    eps = hp["eps"]
-    updates = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v + 0.0) + eps), mu_hat, nu_hat)
-    if self.weight_decay:
-      updates = jax.tree_util.tree_map(lambda g, p: g + hp["weight_decay"] * p, updates,
-                                       params)
-    lr = schedule_at(self.schedule, self.decay_steps, self.cooldown_steps, sched.count,
-                     hp["learning_rate"], hp["warmup_steps"])
-    step_size = -1 * lr
-    updates = jax.tree_util.tree_map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
-    inner = (type(adam)(count=count_inc, mu=mu, nu=nu), decay_state,
-             type(sched)(count=optax.safe_increment(sched.count)))
-    return updates, ((clip_state, inner) if self.clip else inner)
-
-
-def make_per_seed_optimizer(config: ml_collections.ConfigDict) -> PerSeedAdamW:
-  """The training step's optimiser of a run config (`PerSeedAdamW`)."""
-  optim, num_steps = config.optim, int(config.train.num_steps)
-  on = per_seed.switches(config)
-  defaults = per_seed.hparam_arrays(config)
-  # The chain whose state the step keeps: clipping present when any seed clips; its values
-  # are never used (the first seed's, for a structure only).
-  first = json.loads(optim.to_json())
-  for name in ("learning_rate", "b1", "b2", "eps", "weight_decay", "grad_clip_norm",
-               "warmup_steps"):
-    value = defaults[name][0].item()
-    if name == "grad_clip_norm":
-      value = 1.0 if on["optim.grad_clip_norm"] else 0.0
-    if name == "weight_decay":
-      value = 0.0
-    first[name] = value
-  first = ml_collections.ConfigDict(first)
-  return PerSeedAdamW(schedule=optim.schedule, decay_steps=optim.decay_steps or num_steps,
-                      cooldown_steps=optim.cooldown_steps, clip=on["optim.grad_clip_norm"],
-                      weight_decay=on["optim.weight_decay"], defaults=defaults,
-                      reference=make_optimizer(first, num_steps))
 
 
 def seed_keys(seeds: list[int]) -> Array:
@@ -672,8 +464,9 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
     objective = objectives.from_config(config)
     model = models.build(objectives.model_config(config, vocab_size))
     as_data = per_seed.as_data(config)
-    tx = (make_per_seed_optimizer(config) if as_data
-          else make_optimizer(config.optim, int(config.train.num_steps)))
+    optim = OptimOptions.from_config(config)
+    tx = (make_per_seed_optimizer(optim, per_seed.hparam_arrays(config)) if as_data
+          else make_optimizer(optim))
     terms = terms_lib.active(config)
     sums = tuple(terms_lib.sum_name(term) for term in terms) + objective.metric_names
 

@@ -28,7 +28,6 @@ from sg_jax import checkpointing
 from sg_jax import evaluation as evals
 from sg_jax import models
 from sg_jax import objectives
-from sg_jax import step as step_lib
 from sg_jax import terms as terms_lib
 from sg_jax.accelerators import profiling
 from sg_jax.config import checks as config_checks
@@ -40,6 +39,8 @@ from sg_jax.evaluation import scoring as evaluation
 from sg_jax.evaluation.evaluator import run_evaluations
 from sg_jax.models import layers
 from sg_jax.models import transformer as model_lib
+from sg_jax.optim.options import OptimOptions
+from sg_jax.optim.schedules import learning_rates
 from sg_jax.records import metric_logging
 from sg_jax.runtime import compile_cache
 from sg_jax.runtime import cost_check
@@ -479,7 +480,7 @@ def _log_train(loop: _Loop, *, step: int, state: TrainState) -> TrainState:
   diverged = np.asarray(sharding.to_host(state.diverged))
   diverged_step = np.asarray(sharding.to_host(state.diverged_step), np.float64)
   n = np.maximum(sums["steps"], 1.0)
-  learning_rate = step_lib.learning_rates(config, step - 1)  # one per seed
+  learning_rate = learning_rates(OptimOptions.from_config(config), step - 1)  # per seed
   metrics = {
       "train/loss": sums["loss"] / n,
       "train/grad_norm": sums["grad_norm"] / n,

@@ -1,6 +1,6 @@
 """The run config stays at the top (issue 51 item 3): below the training loop, functions take the
 typed options they use (`input_pipeline.DataOptions`, `packing.BatchLayout`, `composition.Mix`,
-`terms.Schedule`, `model.ModelConfig`, ...), never the whole ConfigDict.
+`terms.Schedule`, `model.ModelConfig`, `optim.OptimOptions`, ...), never the whole ConfigDict.
 
 The check reads every module of sg_jax/ (AST, nothing imported) and finds each function
 parameter that is THE RUN CONFIG:
@@ -68,8 +68,6 @@ CHECKS = {"validate", "check"}
 # takes typed options.
 PENDING = {
     ("step.py", "make_train_fns"): "the compiled step's builder: typed options pending (step.py)",
-    ("step.py", "learning_rates"): "read by make_train_fns and train's log: pending (step.py)",
-    ("step.py", "make_per_seed_optimizer"): "read by make_train_fns: pending (step.py)",
     ("step.py", "_compiled_fields"): "read by make_train_fns: pending (step.py)",
     ("objectives/base.py", "model_name"): "an objective's model choice: pending (objectives/)",
     ("objectives/base.py", "model_config"): "an objective's ModelConfig: pending (objectives/)",

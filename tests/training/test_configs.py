@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from sg_jax import configlib
-from sg_jax import step as step_lib
 from sg_jax.config import checks as config_checks
+from sg_jax.optim import schedules
+from sg_jax.optim.options import OptimOptions
 from sg_jax.records import metric_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,7 +93,8 @@ def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(load_config):
   c = load_config("question", "optim.schedule=wsd,lr=1e-3,warmup=100,optim.decay_steps=1000,"
                        "optim.cooldown_steps=400")
   config_checks.validate(c)
-  lr = step_lib.make_schedule(c.optim, 123)  # num_steps unused: decay_steps is set
+  c.train.num_steps = 123  # unused: decay_steps is set
+  lr = schedules.make_schedule(OptimOptions.from_config(c))
   expected = {0: 0.0, 50: 5e-4, 100: 1e-3, 400: 1e-3, 600: 1e-3, 800: 5e-4, 1000: 0.0,
               5000: 0.0}
   for step, value in expected.items():
@@ -106,7 +108,8 @@ def test_grok_cpu_preset_cools_down_at_its_last_step(load_config):
   assert c.optim.schedule == "wsd" and c.optim.decay_steps == 0  # = train.num_steps
   assert (c.model.num_layers, c.model.d_model, c.num_seeds) == (6, 128, 4)
   for steps in (30_000, 50_000):  # the cool-down follows a changed step count
-    lr = step_lib.make_schedule(c.optim, steps)
+    c.train.num_steps = steps
+    lr = schedules.make_schedule(OptimOptions.from_config(c))
     assert float(lr(steps - 10_000)) == pytest.approx(3e-4)
     assert float(lr(steps - 5_000)) == pytest.approx(1.5e-4)
     assert float(lr(steps)) == 0.0

@@ -20,6 +20,8 @@ from sg_jax import step as step_lib
 from sg_jax.config import checks as config_checks
 from sg_jax.config import per_seed
 from sg_jax.data import input_pipeline
+from sg_jax.optim import adamw, schedules
+from sg_jax.optim.options import OptimOptions
 
 
 def _config(**fields):
@@ -57,8 +59,9 @@ OPTIM_CASES = {
 @pytest.mark.parametrize("case", list(OPTIM_CASES))
 def test_per_seed_adamw_with_values_as_data_equals_optax_bit_for_bit(case):
   config = _config(**OPTIM_CASES[case])
-  reference = step_lib.make_optimizer(config.optim, int(config.train.num_steps))
-  mine = step_lib.make_per_seed_optimizer(config)
+  options = OptimOptions.from_config(config)
+  reference = adamw.make_optimizer(options)
+  mine = adamw.make_per_seed_optimizer(options, per_seed.hparam_arrays(config))
   hp = {k: jnp.asarray(v[0]) for k, v in per_seed.hparam_arrays(config).items()}
 
   # Everything enters as an argument, as in training: no step count or gradient a constant
@@ -90,11 +93,11 @@ def test_per_seed_adamw_with_values_as_data_equals_optax_bit_for_bit(case):
 def test_schedule_at_equals_make_schedule_bit_for_bit(case):
   config = _config(**OPTIM_CASES[case])
   num_steps = int(config.train.num_steps)
-  schedule = step_lib.make_schedule(config.optim, num_steps)
+  schedule = schedules.make_schedule(OptimOptions.from_config(config))
   o = config.optim
   counts = jnp.arange(16, dtype=jnp.int32)
   want = jax.jit(jax.vmap(schedule))(counts)
-  got = jax.jit(jax.vmap(lambda c, lr, w: step_lib.schedule_at(
+  got = jax.jit(jax.vmap(lambda c, lr, w: schedules.schedule_at(
       o.schedule, o.decay_steps or num_steps, o.cooldown_steps, c, lr, w),
                          in_axes=(0, None, None)))(counts, jnp.float32(o.learning_rate),
                                                    jnp.int32(o.warmup_steps))
@@ -105,7 +108,7 @@ def test_learning_rates_per_seed_follow_each_seeds_schedule():
   config = _config(**{"num_seeds": 3, "optim.learning_rate": (1e-3, 2e-3, 1e-3),
                       "optim.warmup_steps": (10, 10, 0)})
   # constant schedule: warm-up from 0 (step 5 of 10: half the peak), then the peak
-  np.testing.assert_allclose(step_lib.learning_rates(config, 5), [5e-4, 1e-3, 1e-3],
+  np.testing.assert_allclose(schedules.learning_rates(OptimOptions.from_config(config), 5), [5e-4, 1e-3, 1e-3],
                              rtol=1e-6)
 
 
@@ -193,14 +196,14 @@ def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_conf
 def test_one_value_each_keeps_optax_compiled_in_several_values_are_data():
   single = _config(**{"optim.weight_decay": 0.1, "model.dropout": 0.2})
   assert not per_seed.as_data(single)
-  assert not isinstance(step_lib.make_train_fns(single, 20).tx, step_lib.PerSeedAdamW)
+  assert not isinstance(step_lib.make_train_fns(single, 20).tx, adamw.PerSeedAdamW)
   assert per_seed.as_data(_config(**{"optim.weight_decay": (0.0, 0.1)}))
   assert per_seed.as_data(_config(**{"train.hparams_as_data": True}))
   # Label smoothing and the initialisation scale are data whenever used: no switch needed.
   assert not per_seed.as_data(_config(**{"model.init_scale": (1.0, 2.0),
                                          "train.label_smoothing": (0.0, 0.1)}))
   mixed = step_lib.make_train_fns(_config(**{"optim.b2": (0.99, 0.999)}), 20)
-  assert isinstance(mixed.tx, step_lib.PerSeedAdamW)
+  assert isinstance(mixed.tx, adamw.PerSeedAdamW)
 
 
 def _run_main(workdir, data_dir, cache, *overrides, num_steps=10):
