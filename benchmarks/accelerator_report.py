@@ -7,7 +7,10 @@ its training run, and its summary.md (docs/performance.md, "Accelerator check").
 
 `env` prints the machine, the Python packages (and where each was imported from: the check's
 carried wheels or the machine's own), JAX's backend and devices; `run` prints the seed-steps/s
-and the training loss at the end of a `python -m sg_jax.main` run from its log and metrics.csv;
+and the training loss at the end of a `python -m sg_jax.main` run from its log and metrics.csv,
+each measured figure beside the ahead-of-time projection of the same run (`aot_projection`:
+its training call compiled for this machine's accelerator, the roofline bound on seed-steps/s
+per chip from XLA's cost at the chip's published peaks, and the compiled peak memory per chip);
 `summary` writes OUT_DIR/summary.md from the stage table `stages.tsv` the check writes and the
 stages' output files.
 """
@@ -35,7 +38,7 @@ ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION",
             "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_DEFAULT_MATMUL_PRECISION",
             "CUDA_VISIBLE_DEVICES", "SG_JAX_CARRIED")
 
-# A training log line of `sg_jax.train._log_train`, e.g.
+# A training log line of `sg_jax.training.logs.log_train`, e.g.
 # "12:00:01 step 200/300000  loss [3.1 3.0]  4.10 steps/s (65.6 seed-steps/s)  20:01:00 left".
 LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) step (\d+)/(\d+)\s+loss .*?\s([0-9.]+) steps/s "
                       r"\(([0-9.]+) seed-steps/s\)")
@@ -155,6 +158,83 @@ def run_figures(metrics_rows, log_text: str) -> dict:
   return out
 
 
+# jax's device_kind of a chip -> the `sg_jax.accelerators.targets` generation of its figures.
+DEVICE_KINDS = (("h100", "h100"), ("h200", "h200"), ("a100", "a100"), ("v6 lite", "v6e"),
+                ("v6e", "v6e"), ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5p", "v5p"), ("v5", "v5p"),
+                ("v4", "v4"))
+
+
+def chip_generation(device_kind: str) -> str | None:
+  """'h100' for 'NVIDIA H100 80GB HBM3', 'v5e' for 'TPU v5 lite'; None for another device."""
+  kind = device_kind.lower()
+  return next((gen for key, gen in DEVICE_KINDS if key in kind), None)
+
+
+def aot_projection(config_json: str) -> dict | None:
+  """The run's training call compiled on this machine's devices, as the run laid it out: the
+  roofline bound on seed-steps/s per chip (XLA's FLOPs and bytes per seed-step at the chip's
+  published peaks, `sg_jax.accelerators`) and the compiled peak bytes per chip; None on a
+  device without published figures (the CPU).
+
+  Returns:
+    {'chip', 'seed_steps_per_s' (per chip, None without a cost analysis), 'peak' (bytes per
+     chip), 'seeds_per_chip', 'bound'}.
+  """
+  # Imported here: `env` and `summary` run without JAX (the check's first stages).
+  import jax  # pylint: disable=import-outside-toplevel
+
+  devices = jax.devices()
+  generation = chip_generation(devices[0].device_kind)
+  if generation is None:
+    return None
+  import json  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from sg_jax.accelerators import programs  # pylint: disable=import-outside-toplevel
+  from sg_jax.accelerators import roofline  # pylint: disable=import-outside-toplevel
+  from sg_jax.accelerators import targets  # pylint: disable=import-outside-toplevel
+  with open(config_json, encoding="utf-8") as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  target = targets.Target(f"{generation} (this machine)", generation, (len(devices),))
+  with tempfile.TemporaryDirectory(prefix="sg_jax_projection_") as tmp:
+    config = programs.target_config(config)
+    the_plan = programs._plan(config, target, tuple(devices), tmp,  # pylint: disable=protected-access
+                              ("train",))
+    result = programs.compile_program(the_plan.programs[0])
+  out = {"chip": target.chip.name, "seeds_per_chip": the_plan.seeds_per_chip,
+         "peak": result.peak, "seed_steps_per_s": None, "bound": ""}
+  if result.flops and result.bytes_accessed:
+    line = roofline.roofline(
+        roofline.per_seed_step(result.flops, the_plan.seeds_per_chip),
+        roofline.per_seed_step(result.bytes_accessed, the_plan.seeds_per_chip),
+        target.chip.matmul_peak(config.model.dtype, config.model.matmul_precision),
+        target.chip.hbm_bandwidth)
+    out["seed_steps_per_s"], out["bound"] = line.seed_steps_per_s, line.bound
+  return out
+
+
+def format_projection(fig: dict, projection: dict | None) -> list[str]:
+  """The measured seed-steps/s per chip (`run_figures`; the run's seeds over the chips they
+  take, seeds / seeds per chip) beside the AOT projection (`aot_projection`)."""
+  if projection is None:
+    return ["AOT projection: none (no published figures for this device)"]
+  lines = [f"AOT projection on {projection['chip']} ({projection['seeds_per_chip']} seeds per "
+           f"chip): compiled peak {projection['peak'] / 1e9:.2f} GB per chip"]
+  bound = projection["seed_steps_per_s"]
+  chips = max(1, fig["seeds"] // projection["seeds_per_chip"])
+  measured = fig["rate_steady"] / chips if fig["rate_steady"] is not None else None
+  if bound is None:
+    lines.append("seed-steps/s per chip: AOT bound - (no cost analysis on this device); "
+                 f"measured {measured:.1f}" if measured is not None else
+                 "seed-steps/s per chip: neither measured nor projected")
+  else:
+    got = (f"measured {measured:.1f} ({100 * measured / bound:.0f}% of the bound)"
+           if measured is not None else "not measured")
+    lines.append(f"seed-steps/s per chip: AOT roofline bound {bound:.1f} ({projection['bound']}-"
+                 f"bound), {got}")
+  return lines
+
+
 def format_run(fig: dict, exit_code: int) -> list[str]:
   """Lines of the run's figures (`run_figures`)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -263,6 +343,14 @@ def main(argv: list[str]) -> int:
       print(f"error: {e}")
       return 1
     print("\n".join(format_run(fig, int(argv[3]))))
+    config_json = os.path.join(argv[1], "config.json")
+    if os.path.exists(config_json):
+      try:
+        projection = aot_projection(config_json)
+      except Exception as e:  # pylint: disable=broad-except  (the measured figures stand)
+        print(f"AOT projection: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+      else:
+        print("\n".join(format_projection(fig, projection)))
     return 0
   if len(argv) == 3 and argv[0] == "summary":
     print(write_summary(argv[1], argv[2]))
