@@ -31,16 +31,22 @@ Sown intermediates (`intermediates.apply_with_intermediates`) are the ENCODER's:
 embedding output and each encoder layer's output) and per encoder layer `layer_<i>` its
 attention, heads and MLP output, so tree projections (Murty et al., ICLR 2023, defined on
 encoders), UAS and the attention analyses read the encoder. The decoder sows `decoder_hidden`
-and `decoder_layer_<i>` (self- and cross-attention, MLP). An analysis's `attention_mask` is
+and `decoder_layer_<i>` (self- and cross-attention, MLP), and the model sows `unit_tokens`
+(input part, output part: bool [B, L] each, the positions where the encoder's and the decoder's
+units compute something used; `intermediates.unit_outputs`). An analysis's `attention_mask` is
 AND-ed with the encoder's self-attention mask only.
 
-Not supported (a one-line ValueError): incremental decoding with a key/value cache and head/MLP
-interventions (pruning).
+Head and MLP interventions (pruning; Bhaskar et al., ACL 2024) gate every attention head and
+MLP block: `head_mask` [3 num_layers, num_heads] has the encoder's self-attention rows, then the
+decoder's self-attention rows, then its cross-attention rows; `mlp_mask` [2 num_layers] the
+encoder's, then the decoder's MLP blocks (`interventions.unit_rows`: `enc_l<i>`, `dec_l<i>`,
+`cross_l<i>`). A head's mask and mean act on its output before the merge projection, as in
+`TransformerLM`.
+
+Not supported (a one-line ValueError): incremental decoding with a key/value cache.
 """
 
 from __future__ import annotations
-
-import math
 
 import flax.linen as nn
 import jax
@@ -48,8 +54,10 @@ import jax.numpy as jnp
 
 from sg_jax.models import layers
 from sg_jax.models.attention_masks import causal_mask, line_key_mask, prefix_keys
+from sg_jax.models.interventions import check_interventions
 from sg_jax.models.transformer import (INTERMEDIATES, MultiHeadAttention, TransformerLayer,
-                                       sinusoidal_positions, xavier_uniform)
+                                       add_positions, embed_tokens, feed_forward,
+                                       layer_dropout, output_logits, with_attention_mask)
 from sg_jax.models import registry
 from sg_jax.models.model_config import ModelConfig
 
@@ -95,43 +103,52 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, y_BxLxD: Array, memory_BxLxD: Array, self_mask: Array, cross_mask: Array,
                deterministic: bool, ids_BxL: Array, positions_BxL: Array,
-               lines: tuple[Array, Array] | None = None) -> Array:
-    """Returns the layer's output [B, L, d_model]; `memory_BxLxD` is the encoder's output."""
+               lines: tuple[Array, Array] | None = None,
+               interventions: tuple[Array | None, ...] = (None,) * 6) -> Array:
+    """Returns the layer's output [B, L, d_model]; `memory_BxLxD` is the encoder's output.
+
+    `interventions` = this layer's (self-attention head mask [H], its means, cross-attention
+    head mask [H], its means, MLP mask [], its means), each None or as
+    `model.TransformerLayer`'s slices (`interventions.mean_ablate`).
+    """
+    self_z, self_mu, cross_z, cross_mu, mlp_z, mlp_mu = interventions
     cfg = self.config
     dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
-    ids = ids_BxL[..., None]
-    drop = lambda y, name: layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name=name)(
-        y, ids, layers.feature_index(y.shape[-1]), deterministic)
+    drop = layer_dropout(cfg, ids_BxL, deterministic)
     norm = lambda name: lay.layer_norm(epsilon=cfg.layer_norm_eps, dtype=dtype, name=name)
     attn_BxLxD = MultiHeadAttention(cfg, name="attention")(
-        y_BxLxD, self_mask, deterministic, ids_BxL, positions_BxL, lines)
+        y_BxLxD, self_mask, deterministic, ids_BxL, positions_BxL, lines,
+        head_mask_H=self_z, head_means=self_mu)
     y_BxLxD = norm("norm1")(y_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
     cross_BxLxD = MultiHeadAttention(cfg, name="cross_attention")(
         y_BxLxD, cross_mask, deterministic, ids_BxL, positions_BxL, lines,
-        memory_BxLxD=memory_BxLxD)
+        head_mask_H=cross_z, head_means=cross_mu, memory_BxLxD=memory_BxLxD)
     y_BxLxD = norm("norm_cross")(y_BxLxD + drop(cross_BxLxD, "cross_attention_output_dropout"))
-    h_BxLxF = lay.dense(cfg.d_ff, dtype=dtype, name="linear1",
-                        kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
-                            y_BxLxD)
-    h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
-    ff_BxLxD = lay.dense(cfg.d_model, dtype=dtype, name="linear2",
-                         kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
+    ff_BxLxD = feed_forward(cfg, y_BxLxD, drop, mlp_z, mlp_mu)
     self.sow(INTERMEDIATES, "mlp", ff_BxLxD)
     return norm("norm2")(y_BxLxD + drop(ff_BxLxD, "output_dropout"))
 
 
-@registry.register("encoder_decoder", "encoder_decoder")
+FAMILY = "encoder_decoder"
+
+
+@registry.register("encoder_decoder", FAMILY)
 class EncoderDecoder(nn.Module):
   """The encoder-decoder of the module docstring, for one seed.
 
   Call signature and arguments as `model.TransformerLM` (tokens_BxL [B, L], deterministic,
-  attention_mask, positions_BxL, token_ids_BxL, lines); `config.prefix_end_ids` must name the
-  task tokens. Returns logits float32 [B, L, vocab_size]; the logits at a line's output part
-  (from its task token on) are the decoder's predictions of the next output token.
+  attention_mask, positions_BxL, token_ids_BxL, lines, head_mask, head_means, mlp_mask,
+  mlp_means); `config.prefix_end_ids` must name the task tokens. The interventions' leading axis
+  is the rows of the module docstring: head_mask float [3 num_layers, num_heads], head_means
+  [3 num_layers, num_heads, head_dim] or [3 num_layers, B, L, num_heads, head_dim], mlp_mask
+  [2 num_layers], mlp_means [2 num_layers, d_model] or [2 num_layers, B, L, d_model]. Returns
+  logits float32 [B, L, vocab_size]; the logits at a line's output part (from its task token on)
+  are the decoder's predictions of the next output token.
 
   Raises:
-    ValueError: no `prefix_end_ids`; `decode` or an intervention (head/MLP masks or means);
-      `attention_mask` with `lines`; a sequence longer than `max_len` (as `TransformerLM`).
+    ValueError: no `prefix_end_ids`; `decode`; an intervention array of the wrong shape, or
+      means without their mask; `attention_mask` with `lines`; a sequence longer than `max_len`
+      (as `TransformerLM`).
   """
 
   config: ModelConfig
@@ -144,24 +161,18 @@ class EncoderDecoder(nn.Module):
                head_means: Array | None = None, mlp_mask: Array | None = None,
                mlp_means: Array | None = None) -> Array:
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    batch, length = tokens_BxL.shape
+    length = tokens_BxL.shape[1]
     if not cfg.prefix_end_ids:
       raise ValueError("model encoder_decoder needs the ids that end a line's input part "
                        "(ModelConfig.prefix_end_ids: the task tokens)")
     if decode:
       raise ValueError("model encoder_decoder has no key/value-cached decoding; decode with "
                        "full forward passes")
-    if any(a is not None for a in (head_mask, head_means, mlp_mask, mlp_means)):
-      raise ValueError("model encoder_decoder takes no head/MLP interventions (pruning "
-                       "supports model transformer_lm only)")
+    check_interventions(cfg, head_mask, head_means, mlp_mask, mlp_means, FAMILY)
     if length > cfg.max_len and positions_BxL is None:
       raise ValueError(f"sequence length {length} exceeds model max_len {cfg.max_len}")
     if attention_mask is not None and lines is not None:
       raise ValueError("pass either attention_mask or lines (packed rows), not both")
-    default_ids, default_positions = layers.default_token_ids_and_positions(batch, length)
-    positions_BxL = default_positions if positions_BxL is None else positions_BxL
-    token_ids_BxL = default_ids if token_ids_BxL is None else token_ids_BxL
     split = tuple(cfg.prefix_end_ids)
 
     if lines is None:
@@ -170,41 +181,31 @@ class EncoderDecoder(nn.Module):
       line_tokens, key_real = layers.unpack_lines(tokens_BxL, lines[0]), line_key_mask(*lines)
     inputs_part, outputs_part = part_masks(line_tokens, key_real, split)
     cross_mask = inputs_part[:, None, None, :]  # [B, 1, 1, L]: keys of the input part
-    encoder_mask = cross_mask
-    if attention_mask is not None:
-      extra = attention_mask if attention_mask.ndim == 4 else attention_mask[:, None]
-      encoder_mask = jnp.logical_and(encoder_mask, extra)
+    encoder_mask = with_attention_mask(cross_mask, attention_mask)
     decoder_mask = causal_mask(line_tokens.shape[1])[None, None] & outputs_part[:, None, None, :]
 
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
-                     embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
-    e_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
-    table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), dtype)
-    embed_drop = lambda x, name: layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep,
-                                                          name=name)(
-        x, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
-    x_BxLxD = embed_drop(e_BxLxD + table[positions_BxL], "embedding_dropout")
-    y_BxLxD = embed_drop(e_BxLxD + table[decoder_positions(tokens_BxL, positions_BxL, split)],
-                         "decoder_embedding_dropout")
+    embed, e_BxLxD, positions_BxL, token_ids_BxL = embed_tokens(cfg, tokens_BxL, positions_BxL,
+                                                                token_ids_BxL)
+    x_BxLxD = add_positions(cfg, e_BxLxD, positions_BxL, token_ids_BxL, deterministic)
+    y_BxLxD = add_positions(cfg, e_BxLxD, decoder_positions(tokens_BxL, positions_BxL, split),
+                            token_ids_BxL, deterministic, "decoder_embedding_dropout")
 
+    n = cfg.num_layers
+    at = lambda a, i: None if a is None else a[i]  # row i of an intervention (`unit_rows`)
+    self.sow(INTERMEDIATES, "unit_tokens", (inputs_part, outputs_part))
     self.sow(INTERMEDIATES, "hidden", x_BxLxD)
-    for i in range(cfg.num_layers):
+    for i in range(n):
       x_BxLxD = TransformerLayer(cfg, name=f"layer_{i}")(
-          x_BxLxD, encoder_mask, deterministic, token_ids_BxL, positions_BxL, lines)
+          x_BxLxD, encoder_mask, deterministic, token_ids_BxL, positions_BxL, lines,
+          head_mask_H=at(head_mask, i), head_means=at(head_means, i),
+          mlp_mask=at(mlp_mask, i), mlp_means=at(mlp_means, i))
       self.sow(INTERMEDIATES, "hidden", x_BxLxD)
     self.sow(INTERMEDIATES, "decoder_hidden", y_BxLxD)
-    for i in range(cfg.num_layers):
+    for i in range(n):
       y_BxLxD = DecoderLayer(cfg, name=f"decoder_layer_{i}")(
           y_BxLxD, x_BxLxD, decoder_mask, cross_mask, deterministic, token_ids_BxL,
-          positions_BxL, lines)
+          positions_BxL, lines, (at(head_mask, n + i), at(head_means, n + i),
+                                 at(head_mask, 2 * n + i), at(head_means, 2 * n + i),
+                                 at(mlp_mask, n + i), at(mlp_means, n + i)))
       self.sow(INTERMEDIATES, "decoder_hidden", y_BxLxD)
-
-    lay = layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
-    if cfg.tied_embeddings:
-      logits_BxLxV = jnp.dot(y_BxLxD.astype(jnp.float32), embed.embedding.T,
-                             precision=lay.precision)
-    else:
-      logits_BxLxV = lay.dense(cfg.vocab_size, name="output",
-                               kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
-                                   y_BxLxD.astype(jnp.float32))
-    return logits_BxLxV.astype(jnp.float32)
+    return output_logits(cfg, embed, y_BxLxD)

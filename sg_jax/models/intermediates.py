@@ -69,6 +69,49 @@ def apply_with_intermediates(model: TransformerLM, params, tokens_BxL: Array,
   }
 
 
+def unit_outputs(model: TransformerLM, params, tokens_BxL: Array, **kwargs
+                 ) -> tuple[Array, dict[str, Array]]:
+  """The forward pass of one seed with the outputs of every gated unit, in the rows of its
+  head and MLP masks (`interventions.unit_rows`), and where each unit's output is used.
+
+  A decoder-only model's rows are its layers; an encoder-decoder's head rows are the encoder's
+  self-attention, the decoder's self-attention and its cross-attention, its MLP rows the
+  encoder's then the decoder's (`models.encoder_decoder`).
+
+  Args:
+    model, params, tokens_BxL, **kwargs: as `apply_with_intermediates` (the padded layout:
+      no `lines`).
+
+  Returns:
+    (logits [B, L, vocab_size] float32, dict) with
+      'heads': [R_h, B, L, heads, head_dim], each head's output as it enters the merge
+        projection (after `head_mask`);
+      'mlp': [R_m, B, L, d_model], each MLP block's output before dropout and the residual add;
+      'heads_tokens': bool [R_h, B, L], 'mlp_tokens': bool [R_m, B, L]: the positions whose
+        outputs the model uses (the real tokens; an encoder-decoder's encoder rows its input
+        part, its decoder rows its output part).
+
+  Raises:
+    ValueError: `decode` or `lines` is passed, or as the model's `__call__`.
+  """
+  if "decode" in kwargs or "lines" in kwargs:
+    raise ValueError("unit_outputs runs the padded layout (no decode, no lines)")
+  model = models.build(model.config)
+  logits, state = model.apply({"params": params}, tokens_BxL, mutable=[INTERMEDIATES], **kwargs)
+  sown = state[INTERMEDIATES]
+  n = model.config.num_layers
+  encoder = [sown[f"layer_{i}"] for i in range(n)]
+  decoder = [sown[f"decoder_layer_{i}"] for i in range(n) if f"decoder_layer_{i}" in sown]
+  real = tokens_BxL != 0
+  enc_tokens, dec_tokens = sown["unit_tokens"][0] if "unit_tokens" in sown else (real, real)
+  heads = ([s["attention"]["heads"][0] for s in encoder + decoder]
+           + [s["cross_attention"]["heads"][0] for s in decoder])
+  tokens = lambda rows: jnp.stack([enc_tokens] * n + [dec_tokens] * (rows - n))
+  return logits, {"heads": jnp.stack(heads), "mlp": jnp.stack([s["mlp"][0] for s in
+                                                               encoder + decoder]),
+                  "heads_tokens": tokens(len(heads)), "mlp_tokens": tokens(n + len(decoder))}
+
+
 def attention_probabilities(config: ModelConfig, attention_params, x_BxLxD: Array,
                             mask_BxHxLxL: Array) -> Array:
   """One layer's attention probabilities on given inputs (dropout-free), for one seed.

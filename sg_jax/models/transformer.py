@@ -63,6 +63,91 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   return pe.astype(np.float32)
 
 
+def embed_tokens(cfg: ModelConfig, tokens_BxL: Array, positions_BxL: Array | None,
+                 token_ids_BxL: Array | None) -> tuple[nn.Embed, Array, Array, Array]:
+  """The token embedding of a model's `__call__` (`TransformerLM`, `EncoderDecoder`).
+
+  Creates the `embedding` submodule (Xavier-uniform, [vocab_size, d_model]) in the calling
+  module and scales the looked-up rows by sqrt(d_model) (Vaswani et al. 2017, §3.4).
+
+  Args:
+    cfg: the model config.
+    tokens_BxL: int32 [B, L] token ids.
+    positions_BxL, token_ids_BxL: the caller's, or None for the padded layout's defaults
+      (`layers.default_token_ids_and_positions`).
+
+  Returns:
+    (the `nn.Embed` module (the tied output layer reads its table), embeddings [B, L, d_model]
+    in the model's dtype, positions int32 [B, L], token ids uint32 [B, L]).
+  """
+  dtype = jnp.dtype(cfg.dtype)
+  embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
+                   embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
+  e_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
+  default_ids, default_positions = layers.default_token_ids_and_positions(*tokens_BxL.shape)
+  if positions_BxL is None:  # packed sequences pass each line's positions (restarting at 0)
+    positions_BxL = default_positions
+  if token_ids_BxL is None:  # padded layout: token (b, l) has id b * length + l
+    token_ids_BxL = default_ids
+  return embed, e_BxLxD, positions_BxL, token_ids_BxL
+
+
+def add_positions(cfg: ModelConfig, e_BxLxD: Array, positions_BxL: Array, token_ids_BxL: Array,
+                  deterministic: bool, name: str = "embedding_dropout") -> Array:
+  """Embeddings plus sinusoidal positions (`sinusoidal_positions`), then the dropout site `name`
+  (`layers.CoordinateDropout`): [B, L, d_model] in the model's dtype."""
+  table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), jnp.dtype(cfg.dtype))
+  x_BxLxD = e_BxLxD + table[positions_BxL]
+  return layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name=name)(
+      x_BxLxD, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
+
+
+def with_attention_mask(mask: Array, attention_mask: Array | None) -> Array:
+  """`mask` AND-ed with a caller's `attention_mask` ([B, L, L] or [B, H, L, L]; None = as is)."""
+  if attention_mask is None:
+    return mask
+  extra = attention_mask if attention_mask.ndim == 4 else attention_mask[:, None]
+  return jnp.logical_and(mask, extra)
+
+
+def output_logits(cfg: ModelConfig, embed: nn.Embed, y_BxLxD: Array) -> Array:
+  """The output layer: float32 logits [B, L, vocab_size] of the last hidden states, through the
+  embedding table when `tied_embeddings`, else the `output` Dense layer created here."""
+  lay = layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
+  if cfg.tied_embeddings:  # embed.attend, at the model's matmul precision
+    logits_BxLxV = jnp.dot(y_BxLxD.astype(jnp.float32), embed.embedding.T,
+                           precision=lay.precision)
+  else:
+    logits_BxLxV = lay.dense(cfg.vocab_size, name="output",
+                             kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
+                                 y_BxLxD.astype(jnp.float32))
+  return logits_BxLxV.astype(jnp.float32)
+
+
+def layer_dropout(cfg: ModelConfig, ids_BxL: Array, deterministic: bool):
+  """`drop(y [B, L, F], site name) -> y` with dropout: a layer's `CoordinateDropout` sites."""
+  ids = ids_BxL[..., None]
+  return lambda y, name: layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name=name)(
+      y, ids, layers.feature_index(y.shape[-1]), deterministic)
+
+
+def feed_forward(cfg: ModelConfig, x_BxLxD: Array, drop, mlp_mask: Array | None = None,
+                 mlp_means: Array | None = None) -> Array:
+  """A layer's MLP block W2 Dropout(ReLU(W1 x)) (submodules `linear1`, `hidden_dropout`,
+  `linear2` of the calling layer), then the optional intervention (`mean_ablate`): its output
+  [B, L, d_model] before the output dropout and the residual add."""
+  dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
+  h_BxLxF = lay.dense(cfg.d_ff, dtype=dtype, name="linear1",
+                      kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
+                          x_BxLxD)
+  h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
+  ff_BxLxD = lay.dense(cfg.d_model, dtype=dtype, name="linear2",
+                       kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
+  if mlp_mask is not None:
+    ff_BxLxD = mean_ablate(ff_BxLxD, mlp_mask, mlp_means)
+  return ff_BxLxD
+
+
 class MultiHeadAttention(nn.Module):
   """Bias-free multi-head self-attention (docs/REFERENCE.md §1 "Model").
 
@@ -183,22 +268,13 @@ class TransformerLayer(nn.Module):
     """Returns the layer's output [B, L, d_model]; masks and means are this layer's slices."""
     cfg = self.config
     dtype, lay = jnp.dtype(cfg.dtype), layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
-    ids = ids_BxL[..., None]
-    drop = lambda y, name: layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep, name=name)(
-        y, ids, layers.feature_index(y.shape[-1]), deterministic)
+    drop = layer_dropout(cfg, ids_BxL, deterministic)
     attn_BxLxD = MultiHeadAttention(cfg, name="attention")(
         x_BxLxD, mask_BxHxLxL, deterministic, ids_BxL, positions_BxL, lines, decode,
         head_mask_H, head_means)
     x_BxLxD = lay.layer_norm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm1")(
         x_BxLxD + drop(attn_BxLxD, "attention_output_dropout"))
-    h_BxLxF = lay.dense(cfg.d_ff, dtype=dtype, name="linear1",
-                        kernel_init=xavier_uniform(cfg.d_model, cfg.d_ff, gain=math.sqrt(2.0)))(
-                            x_BxLxD)
-    h_BxLxF = drop(nn.relu(h_BxLxF), "hidden_dropout")
-    ff_BxLxD = lay.dense(cfg.d_model, dtype=dtype, name="linear2",
-                         kernel_init=xavier_uniform(cfg.d_ff, cfg.d_model))(h_BxLxF)
-    if mlp_mask is not None:
-      ff_BxLxD = mean_ablate(ff_BxLxD, mlp_mask, mlp_means)
+    ff_BxLxD = feed_forward(cfg, x_BxLxD, drop, mlp_mask, mlp_means)
     self.sow(INTERMEDIATES, "mlp", ff_BxLxD)
     return lay.layer_norm(epsilon=cfg.layer_norm_eps, dtype=dtype, name="norm2")(
         x_BxLxD + drop(ff_BxLxD, "output_dropout"))
@@ -269,7 +345,6 @@ class TransformerLM(nn.Module):
                head_means: Array | None = None, mlp_mask: Array | None = None,
                mlp_means: Array | None = None) -> Array:
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
     _, length = tokens_BxL.shape
     # A packed row (positions_BxL given, each line's restarting at 0) may be longer than max_len:
     # only its lines must fit the position table, which the input pipeline guarantees.
@@ -280,20 +355,9 @@ class TransformerLM(nn.Module):
       raise ValueError("decode=True needs causal attention, deterministic=True and "
                        "positions_BxL, and takes neither attention_mask nor lines")
     check_interventions(cfg, head_mask, head_means, mlp_mask, mlp_means)
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embedding",
-                     embedding_init=xavier_uniform(cfg.vocab_size, cfg.d_model))
-    x_BxLxD = embed(tokens_BxL).astype(dtype) * jnp.asarray(math.sqrt(cfg.d_model), dtype)
-    default_ids, default_positions = layers.default_token_ids_and_positions(
-        tokens_BxL.shape[0], length)
-    if positions_BxL is None:  # packed sequences pass each line's positions (restarting at 0)
-      positions_BxL = default_positions
-    if token_ids_BxL is None:  # padded layout: token (b, l) has id b * length + l
-      token_ids_BxL = default_ids
-    table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model), dtype)
-    x_BxLxD = x_BxLxD + table[positions_BxL]
-    x_BxLxD = layers.CoordinateDropout(cfg.dropout, cfg.dropout_keep,
-                                        name="embedding_dropout")(
-        x_BxLxD, token_ids_BxL[..., None], layers.feature_index(cfg.d_model), deterministic)
+    embed, x_BxLxD, positions_BxL, token_ids_BxL = embed_tokens(cfg, tokens_BxL, positions_BxL,
+                                                                token_ids_BxL)
+    x_BxLxD = add_positions(cfg, x_BxLxD, positions_BxL, token_ids_BxL, deterministic)
 
     if lines is None:  # no real token attends to the padding after its line
       mask = line_mask(cfg.attention, tokens_BxL, tokens_BxL != 0, cfg.prefix_end_ids)
@@ -302,9 +366,7 @@ class TransformerLM(nn.Module):
                        line_key_mask(*lines), cfg.prefix_end_ids)
     if attention_mask is not None and lines is not None:
       raise ValueError("pass either attention_mask or lines (packed rows), not both")
-    if attention_mask is not None:
-      extra = attention_mask if attention_mask.ndim == 4 else attention_mask[:, None]
-      mask = jnp.logical_and(mask, extra)
+    mask = with_attention_mask(mask, attention_mask)
 
     self.sow(INTERMEDIATES, "hidden", x_BxLxD)
     at = lambda a, i: None if a is None else a[i]  # layer i's slice of an intervention
@@ -313,16 +375,7 @@ class TransformerLM(nn.Module):
           x_BxLxD, mask, deterministic, token_ids_BxL, positions_BxL, lines, decode,
           at(head_mask, i), at(head_means, i), at(mlp_mask, i), at(mlp_means, i))
       self.sow(INTERMEDIATES, "hidden", x_BxLxD)
-
-    lay = layers.layer_set(cfg.layer_impl, cfg.matmul_precision)
-    if cfg.tied_embeddings:  # embed.attend, at the model's matmul precision
-      logits_BxLxV = jnp.dot(x_BxLxD.astype(jnp.float32), embed.embedding.T,
-                             precision=lay.precision)
-    else:
-      logits_BxLxV = lay.dense(cfg.vocab_size, name="output",
-                               kernel_init=xavier_uniform(cfg.d_model, cfg.vocab_size))(
-                                   x_BxLxD.astype(jnp.float32))
-    return logits_BxLxV.astype(jnp.float32)
+    return output_logits(cfg, embed, x_BxLxD)
 
 
 def init_params(config: ModelConfig, key: Array, length: int = 8):
