@@ -1,9 +1,10 @@
 """Aggregations of pruning runs: effective size, the heuristic core, overlaps and ablation masks
 (Bhaskar, Friedman & Chen, ACL 2024; docs/pruning.md states the definitions).
 
-Units are flattened as `flat_units`: the num_layers x num_heads heads in layer order, then the
-num_layers MLP blocks. A mask is bool, True = the unit is kept. Everything here is numpy on
-host tables; nothing is compiled.
+Units are flattened as `flat_units`: the R_h x num_heads heads in row order, then the R_m MLP
+blocks (the rows of the model's masks, `models.interventions.unit_rows`: R_h = R_m = num_layers
+for the decoder-only LM; 3 and 2 num_layers for the encoder-decoder). A mask is bool, True =
+the unit is kept. Everything here is numpy on host tables; nothing is compiled.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from sg_jax.models import interventions
 
 TOLERANCE = 0.03  # the original's: within 0.03 (absolute) of the full model's accuracy
 VARIANTS = ("mean", "in_domain", "out_of_domain")
@@ -22,24 +25,36 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 
 def flat_units(head_mask, mlp_mask) -> np.ndarray:
-  """bool [..., num_layers * num_heads + num_layers]: heads (layer-major), then MLP blocks."""
+  """bool [..., R_h * num_heads + R_m]: heads (row-major), then MLP blocks."""
   heads = np.asarray(head_mask, bool)
   mlp = np.asarray(mlp_mask, bool)
   return np.concatenate([heads.reshape(heads.shape[:-2] + (-1,)), mlp], axis=-1)
 
 
 def split_units(units, num_layers: int, num_heads: int) -> tuple[np.ndarray, np.ndarray]:
-  """The inverse of `flat_units`: ([..., num_layers, num_heads], [..., num_layers])."""
+  """The inverse of `flat_units`: ([..., num_layers, num_heads], [..., R_m]), `num_layers` the
+  head rows R_h (the MLP blocks are the units after the heads)."""
   units = np.asarray(units)
   heads = units[..., :num_layers * num_heads]
   return (heads.reshape(units.shape[:-1] + (num_layers, num_heads)),
           units[..., num_layers * num_heads:])
 
 
-def unit_names(num_layers: int, num_heads: int) -> list[str]:
-  """'l{layer}_h{head}' for the heads, then 'l{layer}_mlp', in `flat_units` order."""
-  return ([f"l{l}_h{h}" for l in range(num_layers) for h in range(num_heads)]
-          + [f"l{l}_mlp" for l in range(num_layers)])
+def unit_names(num_layers: int, num_heads: int, num_mlp_rows: int | None = None) -> list[str]:
+  """'<row>_h<head>' for the heads, then '<row>_mlp', in `flat_units` order.
+
+  The rows are `interventions.rows_of_shape(num_layers, num_mlp_rows)`: 'l<layer>' when both
+  counts are num_layers (the decoder-only LM: `l0_h1`, `l0_mlp`); with 3n head rows and 2n MLP
+  rows (the encoder-decoder) 'enc_l<i>', 'dec_l<i>', 'cross_l<i>' (`cross_l0_h1`,
+  `dec_l1_mlp`). `num_mlp_rows` None = `num_layers`.
+
+  Raises:
+    ValueError: counts no model has.
+  """
+  head_rows, mlp_rows = interventions.rows_of_shape(
+      num_layers, num_layers if num_mlp_rows is None else num_mlp_rows)
+  return ([f"{row}_h{h}" for row in head_rows for h in range(num_heads)]
+          + [f"{row}_mlp" for row in mlp_rows])
 
 
 def effective_sparsity(accuracy_by_level: Mapping[float, float], full_accuracy: float,

@@ -71,6 +71,7 @@ class _Masks:
 
   def __init__(self, workdir: str, table_name: str = table.DEFAULT_TABLE):
     self.workdir, self.table_name, self.cache, self.shape = workdir, table_name, {}, None
+    self.mlp_rows = None  # R_m of the masks (R_h, num_heads = `shape`)
 
   def get(self, step: int, seed: int, level: float) -> np.ndarray:
     """bool [P, U] of one (step, seed, level). Raises ValueError when it has no masks."""
@@ -80,6 +81,7 @@ class _Masks:
         raise ValueError(f"step {step} has runs in the pruning table but no masks file "
                          f"{table.masks_path(self.workdir, step, self.table_name)}")
       self.shape = tuple(masks["head_mask"].shape[1:])
+      self.mlp_rows = int(masks["mlp_mask"].shape[1])
       self.cache[step] = core_table.unit_masks(masks)
     if (seed, level) not in self.cache[step]:
       raise ValueError(f"step {step}: no masks of seed {seed} at sparsity {level} in "
@@ -215,8 +217,8 @@ def _prune_core(workdir, *, input_name, output, sparsities, steps, last_only, se
           to_ablate[(seed, lv)] = kernel
         summary["groups"].append(group)
     if to_ablate:
-      _ablate(workdir, step, to_ablate, new, masks.shape, num_draws, eval_lines, opts, data,
-              ablate_units)
+      _ablate(workdir, step, to_ablate, new, masks.shape + (masks.mlp_rows,), num_draws,
+              eval_lines, opts, data, ablate_units)
       summary["evaluated"] += [(step, seed, lv) for seed, lv in to_ablate]
     rows = core_table.merge(rows, new)
     core_table.write_rows(out_path, rows)
@@ -252,7 +254,7 @@ def _group_rows(group, runs, masks: _Masks, final_step: int, old: list):
   step, seed, lv = group
   sub = masks.get(step, seed, lv)
   num_layers, num_heads = masks.shape
-  names = core.unit_names(num_layers, num_heads)
+  names = core.unit_names(num_layers, num_heads, masks.mlp_rows)
   others = {b: core.heuristic_core(masks.get(step, b, lv)) for (s, b), by_lv in runs.items()
             if s == step and b != seed and lv in by_lv}
   final = core.heuristic_core(masks.get(final_step, seed, lv))
@@ -286,11 +288,11 @@ def _ablate(workdir, step, to_ablate, new, shape, num_draws, eval_lines, opts, d
     data.update(inputs_lib.load_lines(restored, workdir, num_lines=opts["num_lines"],
                                      batch_size=opts["batch_size"], eval_lines=eval_lines))
   model_config, vocab, params_S, means_S = inputs_lib.seed_inputs(restored, seeds, data)
-  num_layers, num_heads = shape
+  num_layers, num_heads, mlp_rows = shape  # R_h, H, R_m
   levels = sorted({lv for _, lv in to_ablate})
   per = 2 + num_draws
   heads = np.ones((len(seeds), len(levels) * per, num_layers, num_heads), bool)
-  mlp = np.ones((len(seeds), len(levels) * per, num_layers), bool)
+  mlp = np.ones((len(seeds), len(levels) * per, mlp_rows), bool)
   reasons = {}
   for (seed, lv), kernel in to_ablate.items():
     i, k = seeds.index(seed), levels.index(lv) * per

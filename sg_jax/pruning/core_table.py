@@ -156,7 +156,7 @@ def core_rows(step: int, seed: int, level: float, subnetworks, names: list[str],
   Args:
     subnetworks: bool [P, U], the pruning seeds' masks (`unit_masks`).
     names: the U unit names (`core.unit_names`).
-    num_heads: how many of the U units are heads (num_layers * num_heads).
+    num_heads: how many of the U units are heads (R_h * num_heads).
     final_core: bool [U], the same seed's core at the last step (same level).
     other_cores: {seed b: bool [U]}, the other training seeds' cores (same step and level).
 
@@ -217,7 +217,7 @@ def compare_rows(step: int, seed: int, level: float, subnetworks, others, name: 
     subnetworks: bool [P, U], this table's masks (`unit_masks`).
     others: bool [M, U], the other table's masks of the same (step, seed, level).
     name: the other table's name without `.csv`, used in the row names.
-    num_heads: how many of the U units are heads (num_layers * num_heads).
+    num_heads: how many of the U units are heads (R_h * num_heads).
 
   Returns:
     `compare/<name>/num_subnetworks` (M), `compare/<name>/jaccard_heads` (mean Jaccard of every
@@ -256,14 +256,15 @@ def ablation_masks(kernel, num_layers: int, num_heads: int, num_draws: int, seed
 
   Args:
     kernel: bool [U], the core (`core.flat_units` order).
-    num_layers, num_heads: the model's shape.
+    num_layers, num_heads: the head masks' shape (R_h rows: `core.unit_names`); the MLP
+      masks take the units after the heads.
     num_draws: random draws.
     seed: their numpy seed (`draw_seed`).
     units: "heads" or "all", which of the core's units are ablated (`core.core_ablation_masks`).
 
   Returns:
     (head masks bool [2 + num_draws, num_layers, num_heads], MLP masks bool
-    [2 + num_draws, num_layers], the reason there is no random baseline or None): row 0 the
+    [2 + num_draws, R_m], the reason there is no random baseline or None): row 0 the
     full model, 1 the core removed, 2.. the draws of `core.core_ablation_masks` (all ones,
     and the reason, when the core has more heads than lie outside it).
 

@@ -4,7 +4,10 @@ One position-independent mean per unit over the real (non-padding) tokens of tra
 head's output as it enters the merge projection ([head_dim] per head) and an MLP block's output
 before the residual add ([d_model] per block) (Bhaskar et al., ACL 2024; docs/REFERENCE.md §2).
 The original computed them with batch size 1 because padding biased its mean; here padding
-positions are masked out of the sums instead, so any batch size gives the same means.
+positions are masked out of the sums instead, so any batch size gives the same means. An
+encoder-decoder's units average over the positions where their outputs are used
+(`intermediates.unit_outputs`): the encoder's over the input part of each line, the decoder's
+(self-attention, cross-attention, MLP) over its output part.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sg_jax import models
 from sg_jax.analysis import registry
-from sg_jax.models.intermediates import apply_with_intermediates
+from sg_jax.models.intermediates import unit_outputs
 from sg_jax.models.model_config import ModelConfig
-from sg_jax.models.transformer import TransformerLM
 
 Array = jax.Array
 
@@ -50,36 +53,39 @@ def unit_means(params, inputs_NxBxL: Array, *, config: ModelConfig) -> tuple[Arr
     config: the model's `ModelConfig` (static).
 
   Returns:
-    (head_means float32 [num_layers, num_heads, head_dim], mlp_means float32 [num_layers,
-    d_model]). Vmapped by `seed_means` to [S, ...].
+    (head_means float32 [R_h, num_heads, head_dim], mlp_means float32 [R_m, d_model]), the rows
+    of the model's masks (`interventions.unit_rows`: R_h = R_m = num_layers for the LM). Vmapped
+    by `seed_means` to [S, ...].
   """
 
-  model = TransformerLM(config)
+  model = models.build(config)
 
   def sums(tokens_BxL):
-    _, inter = apply_with_intermediates(model, params, tokens_BxL, deterministic=True)
-    real_BxL = (tokens_BxL != 0).astype(jnp.float32)
-    heads = jnp.einsum("nblhp,bl->nhp", inter["heads"].astype(jnp.float32), real_BxL)
-    mlp = jnp.einsum("nbld,bl->nd", inter["mlp"].astype(jnp.float32), real_BxL)
-    return heads, mlp, jnp.sum(real_BxL)
+    _, units = unit_outputs(model, params, tokens_BxL, deterministic=True)
+    heads_w = units["heads_tokens"].astype(jnp.float32)
+    mlp_w = units["mlp_tokens"].astype(jnp.float32)
+    heads = jnp.einsum("nblhp,nbl->nhp", units["heads"].astype(jnp.float32), heads_w)
+    mlp = jnp.einsum("nbld,nbl->nd", units["mlp"].astype(jnp.float32), mlp_w)
+    return heads, mlp, jnp.sum(heads_w, (1, 2)), jnp.sum(mlp_w, (1, 2))
 
-  heads, mlp, count = jax.lax.map(sums, inputs_NxBxL)
-  count = jnp.maximum(jnp.sum(count), 1.0)
-  return jnp.sum(heads, 0) / count, jnp.sum(mlp, 0) / count
+  heads, mlp, heads_count, mlp_count = jax.lax.map(sums, inputs_NxBxL)
+  heads_count = jnp.maximum(jnp.sum(heads_count, 0), 1.0)[:, None, None]
+  mlp_count = jnp.maximum(jnp.sum(mlp_count, 0), 1.0)[:, None]
+  return jnp.sum(heads, 0) / heads_count, jnp.sum(mlp, 0) / mlp_count
 
 
-def seed_means(model: TransformerLM, params_S, inputs_NxL: np.ndarray, batch_size: int = 64
+def seed_means(model, params_S, inputs_NxL: np.ndarray, batch_size: int = 64
                ) -> tuple[np.ndarray, np.ndarray]:
   """`unit_means` of every seed (jit of vmap over the leading seed axis, `registry.over_seeds`).
 
   Args:
-    model: the `TransformerLM`.
+    model: the model module (`models.build`; its config is what is read).
     params_S: parameters with a leading seed axis [S, ...].
     inputs_NxL: int32 [N, L] training-line inputs (SOS w1 ... then padding 0).
     batch_size: lines per forward pass (the means do not depend on it).
 
   Returns:
-    (float32 [S, num_layers, num_heads, head_dim], float32 [S, num_layers, d_model]).
+    (float32 [S, R_h, num_heads, head_dim], float32 [S, R_m, d_model]).
 
   Raises:
     ValueError: as `batch_lines`.

@@ -18,7 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sg_jax import models
 from sg_jax import objectives
+from sg_jax.models import interventions
 from sg_jax.models.model_config import ModelConfig
 from sg_jax.pruning import hard_concrete
 
@@ -63,24 +65,41 @@ def parse_objective(text: str) -> PruningObjective:
                    f"{text!r}")
 
 
-def unit_param_counts(config: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-  """Parameters each gated unit owns: float32 ([num_layers, num_heads], [num_layers]).
+def unit_rows(config: ModelConfig) -> tuple[list[str], list[str]]:
+  """(head-mask row names [R_h], MLP-mask row names [R_m]) of the model of `config`
+  (`interventions.unit_rows`): `l<i>` for the decoder-only LM; `enc_l<i>`, `dec_l<i>`,
+  `cross_l<i>` (heads) and `enc_l<i>`, `dec_l<i>` (MLP blocks) for the encoder-decoder.
 
-  A head: its query, key and value columns and its rows of the merge projection, 4 d_model
-  head_dim (the projections are bias-free). An MLP block: both layers with biases,
-  2 d_model d_ff + d_ff + d_model.
+  Raises:
+    ValueError: an unregistered model, or one whose family takes no interventions.
+  """
+  return interventions.unit_rows(models.family(config.name), config.num_layers)
+
+
+def unit_shapes(config: ModelConfig) -> tuple[tuple[int, int], tuple[int]]:
+  """((R_h, num_heads), (R_m,)): the shapes of one run's head and MLP gates (`unit_rows`)."""
+  heads, mlp = unit_rows(config)
+  return (len(heads), config.num_heads), (len(mlp),)
+
+
+def unit_param_counts(config: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+  """Parameters each gated unit owns: float32 ([R_h, num_heads], [R_m]) (`unit_shapes`).
+
+  A head (self- or cross-attention): its query, key and value columns and its rows of the merge
+  projection, 4 d_model head_dim (the projections are bias-free). An MLP block: both layers
+  with biases, 2 d_model d_ff + d_ff + d_model.
   """
   head = 4 * config.d_model * config.head_dim
   mlp = 2 * config.d_model * config.d_ff + config.d_ff + config.d_model
-  return (np.full((config.num_layers, config.num_heads), head, np.float32),
-          np.full((config.num_layers,), mlp, np.float32))
+  head_shape, mlp_shape = unit_shapes(config)
+  return np.full(head_shape, head, np.float32), np.full(mlp_shape, mlp, np.float32)
 
 
 def sparsity(z_heads: Array, z_mlp: Array, weights: tuple[Array, Array] | None = None) -> Array:
   """Fraction of the gated units that are off, 1 - (weighted) mean z (float32 scalar).
 
   Args:
-    z_heads: gates [num_layers, num_heads]; z_mlp: [num_layers] (soft values allowed).
+    z_heads: gates [R_h, num_heads]; z_mlp: [R_m] (soft values allowed; `unit_shapes`).
     weights: optional per-unit weights of the same shapes (parameter counts).
   """
   if weights is None:

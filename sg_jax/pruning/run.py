@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sg_jax import models
 from sg_jax.models.model_config import ModelConfig
-from sg_jax.models.transformer import TransformerLM
 from sg_jax.pruning import hard_concrete
 from sg_jax.pruning import objective as objective_lib
 
@@ -104,7 +104,8 @@ class Settings:
 class RunState(NamedTuple):
   """One run's state (leading run axes when vmapped).
 
-  log_alpha: {'heads': [num_layers, num_heads], 'mlp': [num_layers]}; lambdas: [2] = (l1, l2);
+  log_alpha: {'heads': [R_h, num_heads], 'mlp': [R_m]} (`objective.unit_shapes`: R_h = R_m =
+  num_layers for the LM, 3 and 2 num_layers for the encoder-decoder); lambdas: [2] = (l1, l2);
   alpha_opt, lambda_opt: the optimiser states; key: uint32 [2] key data; step: int32 [].
   """
 
@@ -143,12 +144,10 @@ def pruning_model_config(config: ModelConfig) -> ModelConfig:
   "plain" is kept.
 
   Raises:
-    ValueError: a model other than the decoder-only `transformer_lm` (its head and MLP gates
-      are the LM's; an encoder-decoder, `objective=seq2seq`, is not pruned).
+    ValueError: a model whose family takes no head/MLP gates (`objective.unit_rows`; the
+      decoder-only LM and the encoder-decoder of `objective=seq2seq` take them).
   """
-  if config.name != "transformer_lm":
-    raise ValueError(f"pruning supports model transformer_lm (the decoder-only LM) only; this "
-                     f"run's model is {config.name!r}")
+  objective_lib.unit_rows(config)
   if config.layer_impl != "auto":
     return config
   return dataclasses.replace(config, layer_impl="plain")
@@ -158,9 +157,9 @@ def init_run(key_data: Array, config: ModelConfig, settings: Settings) -> RunSta
   """A run's initial state from its key data (uint32 [2]): log_alpha ~ N(10, 0.01), l1 = l2 = 0."""
   key = jax.random.wrap_key_data(key_data)
   k_heads, k_mlp = jax.random.split(jax.random.fold_in(key, 0))
-  log_alpha = {"heads": hard_concrete.init_log_alpha(k_heads, (config.num_layers,
-                                                               config.num_heads)),
-               "mlp": hard_concrete.init_log_alpha(k_mlp, (config.num_layers,))}
+  head_shape, mlp_shape = objective_lib.unit_shapes(config)
+  log_alpha = {"heads": hard_concrete.init_log_alpha(k_heads, head_shape),
+               "mlp": hard_concrete.init_log_alpha(k_mlp, mlp_shape)}
   lambdas = jnp.zeros((2,), jnp.float32)
   tx_alpha, tx_lambda = optimizers(settings)
   return RunState(log_alpha, lambdas, tx_alpha.init(log_alpha), tx_lambda.init(lambdas),
@@ -169,16 +168,18 @@ def init_run(key_data: Array, config: ModelConfig, settings: Settings) -> RunSta
 
 def apply_masked(config: ModelConfig, params, tokens_BxL: Array, head_mask: Array,
                  mlp_mask: Array, means: tuple[Array, Array] | None) -> Array:
-  """Logits [B, L, V] of one seed with gates (deterministic); means None = zero ablation."""
+  """Logits [B, L, V] of one seed of the model of `config` (`models.build`) with gates
+  (head_mask [R_h, H], mlp_mask [R_m]: `objective.unit_shapes`), deterministic; means None =
+  zero ablation."""
   head_means, mlp_means = (None, None) if means is None else means
-  return TransformerLM(config).apply({"params": params}, tokens_BxL, deterministic=True,
+  return models.build(config).apply({"params": params}, tokens_BxL, deterministic=True,
                                      head_mask=head_mask, head_means=head_means,
                                      mlp_mask=mlp_mask, mlp_means=mlp_means)
 
 
 def full_logits(config: ModelConfig, params, tokens_BxL: Array) -> Array:
   """The frozen full model's logits [B, L, V] (no dropout, no gradient)."""
-  logits = TransformerLM(config).apply({"params": params}, tokens_BxL, deterministic=True)
+  logits = models.build(config).apply({"params": params}, tokens_BxL, deterministic=True)
   return jax.lax.stop_gradient(logits)
 
 
@@ -190,7 +191,7 @@ def run_step(state: RunState, params, means: tuple[Array, Array], target: Array,
   Args:
     state: the run's state.
     params: its training seed's (frozen) parameters.
-    means: (head_means [num_layers, num_heads, head_dim], mlp_means [num_layers, d_model]).
+    means: (head_means [R_h, num_heads, head_dim], mlp_means [R_m, d_model]).
     target: float32 [] the run's sparsity level.
     batch: {'inputs', 'targets': int32 [B, L]} training lines, and for the 'task' and
       'train_minus_gen' objectives 'split_inputs', 'split_targets' [B', L'].

@@ -139,7 +139,7 @@ def save_masks(workdir: str, step: int, new: dict[str, np.ndarray],
 
   Args:
     new: per run R: 'seed', 'pruning_seed' int [R], 'sparsity' float [R], 'head_mask' bool
-      [R, num_layers, num_heads], 'mlp_mask' bool [R, num_layers], 'log_alpha_heads',
+      [R, R_h, num_heads], 'mlp_mask' bool [R, R_m] (`objective.unit_shapes`), 'log_alpha_heads',
       'log_alpha_mlp' float32 (the trained gates).
 
   Returns:

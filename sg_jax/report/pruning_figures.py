@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from sg_jax.models import interventions
 from sg_jax.pruning import core
 from sg_jax.report import pruning_tables
 from sg_jax.report.plotting import legend_outside, pyplot
@@ -114,8 +115,10 @@ def plot_accuracy(data: Pruning, step: int, path: str, title_prefix: str = ""):
 
 
 def plot_inclusion(data: Pruning, step: int, path: str, title_prefix: str = ""):
-  """Heat maps of inclusion frequency, [num_layers, num_heads + 1] (last column: the MLP
-  block), one per (training seed, level) at `step`; core units (frequency 1) are outlined.
+  """Heat maps of inclusion frequency, [R_h, num_heads + 1] (a row per attention block, named
+  as `interventions.rows_of_shape`; last column: the row's MLP block, blank for an
+  encoder-decoder's cross-attention rows), one per (training seed, level) at `step`; core
+  units (frequency 1) are outlined.
 
   Returns:
     the (closed) Figure written to `path`, or None when `step` has no masks file.
@@ -139,19 +142,22 @@ def plot_inclusion(data: Pruning, step: int, path: str, title_prefix: str = ""):
         continue
       heads, mlp = core.split_units(core.inclusion_frequency(cells[(seed, level)]), num_layers,
                                     num_heads)
-      grid = np.concatenate([heads, mlp[:, None]], axis=1)
+      # MLP column: row r's block (an encoder-decoder's cross-attention rows have none: blank).
+      mlp_column = np.full((num_layers, 1), np.nan)
+      mlp_column[:mlp.shape[0], 0] = mlp
+      grid = np.concatenate([heads, mlp_column], axis=1)
       image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
       for layer, col in zip(*np.nonzero(grid >= 1.0)):
         ax.add_patch(plt.Rectangle((col - 0.5, layer - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
       ax.axvline(num_heads - 0.5, color="white", lw=2)
       if grid.size <= 64:  # small models: the frequencies as numbers too
-        for (layer, col), f in np.ndenumerate(grid):
+        for (layer, col), f in ((at, f) for at, f in np.ndenumerate(grid) if not np.isnan(f)):
           ax.text(col, layer, f"{f:.2g}", ha="center", va="center", fontsize=7,
                   color="black" if f > 0.6 else "white")
       ax.set_xticks(range(num_heads + 1))
       ax.set_xticklabels([f"h{h}" for h in range(num_heads)] + ["MLP"], fontsize=7)
       ax.set_yticks(range(num_layers))
-      ax.set_yticklabels([f"l{l}" for l in range(num_layers)], fontsize=7)
+      ax.set_yticklabels(interventions.rows_of_shape(num_layers, mlp.shape[0])[0], fontsize=7)
       ax.set_title(f"seed {seed}, sparsity {level:g}\n"
                    f"({cells[(seed, level)].shape[0]} subnetworks)", fontsize=8)
   fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8,
