@@ -10,8 +10,10 @@ with bias-free q/k/v/merge projections, token embeddings scaled by sqrt(d_model)
 positions, an untied output layer (tied as an option), Xavier-uniform initialisers (ReLU gain for
 W1) and dropout 0.1. Written for ONE seed; `step.py` adds the seed axis with `jax.vmap`. This
 file is the architecture: the layers that make it fast on CPU are in `layers.py`, KV-cached
-decoding in `sg_jax/evaluation/decoding.py`, and reading the intermediates it sows (attention probabilities, head
-and MLP outputs, hidden states) in `intermediates.py`. `head_mask`/`mlp_mask` with optional means
+decoding in `sg_jax/evaluation/decoding.py`, and reading the intermediates it sows (attention
+probabilities, head and MLP outputs, hidden states) in `intermediates.py`. The embedding, output
+and MLP-block functions here (`embed_tokens`, `add_positions`, `output_logits`, `feed_forward`)
+are shared with the encoder-decoder (`encoder_decoder.py`). `head_mask`/`mlp_mask` with optional means
 mean-ablate heads and MLP blocks, `x <- (x - mu) * z + mu` (the heuristic-core pruning of
 Bhaskar et al. 2024, `docs/REFERENCE.md` §2); left None, the computation is the plain model's.
 """

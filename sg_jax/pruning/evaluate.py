@@ -35,9 +35,10 @@ def make_evaluator(task, config: ModelConfig, vocab, eval_data: dict, ablation: 
     ablation: 'mean' (units replaced by their means) or 'zero'.
     objective: the run's `objectives.Objective` (None: `lm`), as training's evaluation takes it.
 
-  The returned function takes parameters [S, ...], means ([S, n, H, P], [S, n, D]) and masks
-  float [S, K, n, H] / [S, K, n] (1 kept, 0 ablated; all ones = the full model); the metrics
-  are those of `evaluation.make_evaluate_fn` (float32 [S, K]).
+  The returned function takes parameters [S, ...], means ([S, R_h, H, P], [S, R_m, D]) and
+  masks float [S, K, R_h, H] / [S, K, R_m] (`objective.unit_shapes`; 1 kept, 0 ablated; all
+  ones = the full model); the metrics are those of `evaluation.make_evaluate_fn` (float32
+  [S, K]).
   """
   def apply_fn(p, tokens):
     params, means, head_mask, mlp_mask = p

@@ -9,7 +9,8 @@ A gate z in [0, 1] is a stretched, clipped binary-concrete sample:
 
 with temperature T = 2/3 and stretch interval (l, r) = (-0.1, 1.1), so z is exactly 0 or 1 with
 positive probability. Everything here is elementwise over `log_alpha` of any shape (one gate per
-attention head [num_layers, num_heads], one per MLP block [num_layers], leading run axes allowed).
+attention head [R_h, num_heads], one per MLP block [R_m], leading run axes allowed; R_h = R_m =
+num_layers for the LM, 3 and 2 num_layers for the encoder-decoder: `objective.unit_shapes`).
 """
 
 from __future__ import annotations
@@ -93,12 +94,12 @@ def deterministic_masks(log_alpha_heads, log_alpha_mlp, threshold: bool = False,
   """`deterministic_mask` per group: each layer's heads, each MLP block.
 
   Args:
-    log_alpha_heads: [..., num_layers, num_heads]; log_alpha_mlp: [..., num_layers] (leading
+    log_alpha_heads: [..., R_h, num_heads] (a group per row); log_alpha_mlp: [..., R_m] (leading
       run axes allowed).
     threshold: as `deterministic_mask`.
 
   Returns:
-    (bool [..., num_layers, num_heads], bool [..., num_layers]).
+    (bool [..., R_h, num_heads], bool [..., R_m]).
   """
   heads = np.asarray(log_alpha_heads)
   mlp = np.asarray(log_alpha_mlp)
@@ -115,10 +116,10 @@ def global_masks(log_alpha_heads, log_alpha_mlp, target: float
   lowest log_alpha over all heads and MLP blocks (ties: heads first, in layer order).
 
   Args:
-    log_alpha_heads: [num_layers, num_heads]; log_alpha_mlp: [num_layers]; target in [0, 1].
+    log_alpha_heads: [R_h, num_heads]; log_alpha_mlp: [R_m]; target in [0, 1].
 
   Returns:
-    (bool [num_layers, num_heads], bool [num_layers]), True = kept.
+    (bool [R_h, num_heads], bool [R_m]), True = kept.
   """
   heads = np.asarray(log_alpha_heads, np.float64)
   mlp = np.asarray(log_alpha_mlp, np.float64)
