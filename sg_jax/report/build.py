@@ -133,8 +133,10 @@ sentences the analysis read (from `analysis.csv.options.json`, written by `sg_ja
 
 Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`
 (one depth's seeds over training), `depth_figures` (figures comparing depths), `groups` (seed
-groups), `phases` (phase transitions), `pruning_tables` / `pruning_figures`, `baselines`
-(structure measures beside their trivial baselines), and `plotting` (the helpers they share); `python -m sg_jax.report` runs `__main__`.
+groups) with `group_stats` / `group_markdown` / `group_figures` (their statistics, summary.md
+section and figures), `phase_transitions`, `pruning_tables` / `pruning_figures`, `baselines`
+(structure measures beside their trivial baselines), and `plotting` (the helpers they share);
+`python -m sg_jax.report` runs `__main__`.
 """
 
 
@@ -147,6 +149,9 @@ from typing import Sequence
 from sg_jax import claims as claims_lib
 from sg_jax.analysis import registry
 from sg_jax.report import baselines as baselines_lib
+from sg_jax.report import group_figures
+from sg_jax.report import group_markdown
+from sg_jax.report import group_stats
 from sg_jax.report import groups
 from sg_jax.report import objectives as objectives_lib
 from sg_jax.report import phase_transitions
@@ -282,11 +287,12 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     seed_sets = groups.seed_groups(run, group_by)
     if not seed_sets:
       continue
-    group_table += groups.group_rows(run, seed_sets, threshold=threshold)
-    group_tests += groups.comparison_rows(run, seed_sets, threshold=threshold, by=group_by)
-    optional(f"groups_{run.name}.png", lambda p: groups.plot_groups(run, seed_sets, p, prefix))
+    group_table += group_stats.group_rows(run, seed_sets, threshold=threshold)
+    group_tests += group_stats.comparison_rows(run, seed_sets, threshold=threshold, by=group_by)
+    optional(f"groups_{run.name}.png",
+             lambda p: group_figures.plot_groups(run, seed_sets, p, prefix))
     optional(f"dose_response_{run.name}.png",
-             lambda p: groups.plot_dose_response(run, p, prefix, group_by))
+             lambda p: group_figures.plot_dose_response(run, p, prefix, group_by))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
   if group_tests:
@@ -346,7 +352,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   write_csv(os.path.join(out_dir, "summary_seeds.csv"), seed_rows)
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
-                 extra_lines=groups.markdown_lines(group_table, group_tests)
+                 extra_lines=group_markdown.markdown_lines(group_table, group_tests)
                  + phase_transitions.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)

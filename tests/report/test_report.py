@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sg_jax.report import build as report
-from sg_jax.report import groups, plotting
+from sg_jax.report import group_figures, group_markdown, group_stats, groups, plotting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = [0, 100, 200, 300, 400]
@@ -309,7 +309,7 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert groups.per_seed_fields(run.config) == {"sas.lambdas": lambdas}
   found = groups.seed_groups(run)
   assert found == {"lambdas=0.0": [10, 11, 12], "lambdas=0.01": [13, 14, 15]}
-  table = {r["group"]: r for r in groups.group_rows(run, found)}
+  table = {r["group"]: r for r in group_stats.group_rows(run, found)}
   # finals 0.5, 0.6, 0.7 -> mean 0.6, s = 0.1, t_{2, 0.975} = 4.303: 0.6 +- 0.2484; onsets at
   # the midpoints
   assert table["lambdas=0.0"]["out_of_domain/accuracy"] == pytest.approx(0.6)
@@ -323,7 +323,7 @@ def test_seed_groups_of_a_run_with_per_seed_config_values(tmp_path):
   assert table["lambdas=0.0"]["gen_crossing_median"] == math.inf
   # against the first group: 3 + 3 seeds, the most extreme split (p = 2/20 = 0.1) is the
   # smallest reachable p, so every test there is "not testable at this n"
-  compared = groups.comparison_rows(run, found)
+  compared = group_stats.comparison_rows(run, found)
   tests = {r["quantity"]: r for r in compared if r["reference"]}
   final = tests["final generalisation"]
   assert (final["effect"], final["p"], final["min_p"], final["n"]) == (
@@ -372,7 +372,7 @@ def test_seed_group_table_and_band_with_few_values():
            f"{acc}_ci_high": 0.5},
           {"run": "r", "group": "b", "seeds": "4 5", acc: 0.6, f"{acc}_ci_low": 0.4,
            f"{acc}_ci_high": 0.8}]
-  md = "\n".join(groups.markdown_lines(rows))
+  md = "\n".join(group_markdown.markdown_lines(rows))
   assert "| r | a | 3 | 0.5 (1 seed, no CI) |" in md and "| r | b | 4 5 | 0.6 [0.4, 0.8] |" in md
   plt = plotting.pyplot()
   fig, ax = plt.subplots()
@@ -489,7 +489,7 @@ def test_objectives_side_by_side(tmp_path):
     top = f.read()
   assert "## Objectives" in top and "[mlm/summary.md](mlm/summary.md)" in top
   # The mlm run's seed groups (SAS lambdas 0 / 0.5): its borrowed panels say what they show.
-  fig = groups.plot_groups(runs[0], groups.seed_groups(runs[0]), str(tmp_path / "g.png"), "")
+  fig = group_figures.plot_groups(runs[0], groups.seed_groups(runs[0]), str(tmp_path / "g.png"), "")
   titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
   assert "in-domain preference (minimal pairs)" in titles
   assert not any(t.endswith("accuracy") for t in titles)

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from sg_jax.report import build as report
-from sg_jax.report import groups
+from sg_jax.report import group_figures, group_stats, groups
 from sg_jax.sweeps import driver as sweep
 from sg_jax.sweeps import grid
 
@@ -198,21 +198,21 @@ def test_report_groups_seeds_by_one_grid_axis_and_draws_its_dose_response(tmp_pa
   assert groups.seed_groups(run, ["learning_rate"]) == {
       "learning_rate=0.001": [10, 11, 14, 15], "learning_rate=0.0001": [12, 13, 16, 17]}
   assert groups.seed_groups(run, ["model.d_model"]) == {}  # not a per-seed field of the run
-  rows = {r["group"]: r for r in groups.group_rows(run, by_wd)}
+  rows = {r["group"]: r for r in group_stats.group_rows(run, by_wd)}
   assert rows["weight_decay=0.0"]["out_of_domain/accuracy"] == pytest.approx(0.25)
   assert rows["weight_decay=0.1"]["out_of_domain/accuracy"] == pytest.approx(0.75)
   # the trend over weight decay: every seed of 0.1 above every seed of 0 -> tau = 1; with both
   # fields and no axis named, no trend is tested (the levels of one pool the other's)
-  trend = [r for r in groups.comparison_rows(run, by_wd, by=["weight_decay"])
+  trend = [r for r in group_stats.comparison_rows(run, by_wd, by=["weight_decay"])
            if r["test"] == "Jonckheere-Terpstra"]
   assert len(trend) == 1 and trend[0]["group"] == "trend over weight_decay (0, 0.1)"
   assert (trend[0]["effect"], trend[0]["n"]) == (pytest.approx(1.0), "4 / 4")
-  assert not [r for r in groups.comparison_rows(run, groups.seed_groups(run))
+  assert not [r for r in group_stats.comparison_rows(run, groups.seed_groups(run))
               if r["test"] == "Jonckheere-Terpstra"]
   # dose response: one panel per numeric per-seed field, or only the named one
-  fig = groups.plot_dose_response(run, str(tmp_path / "all.png"), "")
+  fig = group_figures.plot_dose_response(run, str(tmp_path / "all.png"), "")
   assert [ax.get_xlabel() for ax in fig.axes] == ["optim.weight_decay", "optim.learning_rate"]
-  fig = groups.plot_dose_response(run, str(tmp_path / "wd.png"), "", ["weight_decay"])
+  fig = group_figures.plot_dose_response(run, str(tmp_path / "wd.png"), "", ["weight_decay"])
   (ax,) = fig.axes
   assert list(ax.containers[0].lines[0].get_ydata()) == pytest.approx([0.25, 0.75])
   assert os.path.exists(tmp_path / "wd.png")
@@ -235,7 +235,7 @@ def test_report_groups_seeds_across_the_jobs_of_a_job_axis(tmp_path):
   assert merged.series["out_of_domain/accuracy"][2][1].tolist() == [0.05, 0.6]
   by_width = groups.seed_groups(merged, ["d_model"])
   assert by_width == {"d_model=16": [0, 1], "d_model=32": [2, 3]}
-  rows = {r["group"]: r for r in groups.group_rows(merged, by_width)}
+  rows = {r["group"]: r for r in group_stats.group_rows(merged, by_width)}
   assert rows["d_model=16"]["out_of_domain/accuracy"] == pytest.approx(0.3)
   assert rows["d_model=32"]["out_of_domain/accuracy"] == pytest.approx(0.8)
   assert list(groups.seed_groups(merged, ["d_model", "weight_decay"])) == [

@@ -18,7 +18,7 @@ from sg_jax.models.model_config import ModelConfig
 from sg_jax.models.transformer import INTERMEDIATES, TransformerLM, init_params
 from sg_jax.records import metric_logging
 from sg_jax.report import build as report
-from sg_jax.report import groups
+from sg_jax.report import group_markdown, group_stats, groups
 from sg_jax.tasks import trees
 from sg_jax.terms import tree
 
@@ -270,13 +270,13 @@ def test_report_groups_give_threshold_steps_and_tree_metrics(tmp_path):
   assert list(found) == ["tree.lambdas=0.0, sas.lambdas=0.0", "tree.lambdas=0.0, sas.lambdas=0.01",
                          "tree.lambdas=0.1, sas.lambdas=0.0", "tree.lambdas=0.1, sas.lambdas=0.01"]
   by_tree = {"0.0": [0, 1], "0.1": [2, 3]}
-  table = {r["group"]: r for r in groups.group_rows(run, by_tree, threshold=0.8)}
+  table = {r["group"]: r for r in group_stats.group_rows(run, by_tree, threshold=0.8)}
   assert table["0.0"]["gen_above_seeds"] == "1/2" and table["0.0"]["gen_above_step"] == 300
   assert table["0.1"]["gen_above_seeds"] == "2/2" and table["0.1"]["gen_above_step"] == 150
   assert table["0.1"]["in_domain/loss"] == pytest.approx(3.5)
   assert table["0.1"]["tscore"] == pytest.approx(0.25)
   assert table["0.0"]["train/tree_loss"] == pytest.approx(0.5)
-  md = "\n".join(groups.markdown_lines(list(table.values())))
+  md = "\n".join(group_markdown.markdown_lines(list(table.values())))
   # the first crossing as a Kaplan-Meier median (seed 1 censored): 300 for tree 0.0, and for
   # tree 0.1 (crossings 100, 200) the first step where half have crossed, 100
   assert (table["0.0"]["gen_crossing_median"], table["0.1"]["gen_crossing_median"]) == (300, 100)
