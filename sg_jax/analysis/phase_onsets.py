@@ -21,10 +21,10 @@ TVD between consecutive checkpoints is itself a rate of change of the function, 
 its peak: the step where the function changes fastest. A row of a consecutive quantity (written
 at the later checkpoint, `training_dynamics`) is placed at the midpoint between that checkpoint
 and the one before it among the analysed steps (`CONSECUTIVE`), where the change it measures
-happened. Curves with fewer than `onsets.MIN_POINTS` finite points have no onset. Every onset
-carries its resolution (`onsets.Onset.resolution`: max(the gap between the curve's points
-around it, the smoothing sigma)); two onsets closer than the coarser resolution are tied at
-this resolution (`onsets.compare`).
+happened. Curves with fewer than `onset_detection.MIN_POINTS` finite points have no onset.
+Every onset carries its resolution (`onset_detection.Onset.resolution`: max(the gap between
+the curve's points around it, the smoothing sigma)); two onsets closer than the coarser
+resolution are tied at this resolution (`onset_detection.compare`).
 
 `sg_jax.report.phase_transitions` tabulates the onsets, their order and the lags between them with
 bootstrap confidence intervals over seeds, and draws them.
@@ -36,9 +36,10 @@ from typing import Mapping
 
 import numpy as np
 
-from sg_jax.analysis import onsets as onsets_lib
+from sg_jax.analysis import onset_detection
 
-# signal -> (metric names, the first one present is used; event (`onsets.DIRECTIONS`); label)
+# signal -> (metric names, the first one present is used; event
+# (`onset_detection.DIRECTIONS`); label)
 SIGNALS = {
     "loss": (("train/loss",), "fall", "training loss (steepest fall)"),
     "later_loss_drop": (("train/loss",), "later_fall",
@@ -106,28 +107,28 @@ def curves(series: Series) -> dict[str, tuple[str, dict[int, tuple[np.ndarray, n
 
 
 def phase_onsets(series: Series, *, sigma: float | None = None, min_snr: float = 3.0
-                 ) -> dict[int, dict[str, onsets_lib.Onset]]:
+                 ) -> dict[int, dict[str, onset_detection.Onset]]:
   """The onset of every signal of every seed (module docstring).
 
   Args:
     series: as `curves`.
-    sigma: smoothing in steps (None: 2 x the median gap of each curve; `onsets.onset`).
-    min_snr: as `onsets.onset`.
+    sigma: smoothing in steps (None: 2 x the median gap of each curve; `onset_detection.onset`).
+    min_snr: as `onset_detection.onset`.
 
   Returns:
     {seed: {signal: Onset}} for the signals the run has (in `SIGNALS` order); `NO_ONSET`
-    where a curve has no onset or fewer than `onsets.MIN_POINTS` finite points.
+    where a curve has no onset or fewer than `onset_detection.MIN_POINTS` finite points.
   """
   found = curves(series)
   seeds = sorted({s for _, by_seed in found.values() for s in by_seed})
-  out: dict[int, dict[str, onsets_lib.Onset]] = {s: {} for s in seeds}
+  out: dict[int, dict[str, onset_detection.Onset]] = {s: {} for s in seeds}
   for signal, (_, by_seed) in found.items():
     direction = SIGNALS[signal][1]
     for seed in seeds:
       curve = by_seed.get(seed)
-      if curve is None or int(np.sum(np.isfinite(curve[1]))) < onsets_lib.MIN_POINTS:
-        out[seed][signal] = onsets_lib.NO_ONSET
+      if curve is None or int(np.sum(np.isfinite(curve[1]))) < onset_detection.MIN_POINTS:
+        out[seed][signal] = onset_detection.NO_ONSET
         continue
-      out[seed][signal] = onsets_lib.onset(curve[0], curve[1], direction, sigma=sigma,
+      out[seed][signal] = onset_detection.onset(curve[0], curve[1], direction, sigma=sigma,
                                            min_snr=min_snr)
   return out

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from sg_jax import stats
+from sg_jax.analysis import onset_detection
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.claims import detect
 from sg_jax.claims import onesample
@@ -104,7 +105,7 @@ def structure_with_loss_drop(runs) -> list[Outcome]:
       if not math.isfinite(structure.step):
         continue
       n += 1
-      ties = [onsets_lib.compare(structure, onsets[s][d]) == 0
+      ties = [onset_detection.compare(structure, onsets[s][d]) == 0
               for d in ("loss_drop", "later_loss_drop")]
       hits += any(ties)
       later += ties[1]

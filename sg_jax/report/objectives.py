@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sg_jax.analysis import onsets as onsets_lib
+from sg_jax.analysis import onset_detection
 from sg_jax.report import seed_stats
 from sg_jax.report.plotting import legend_outside, mean_band, pyplot
 from sg_jax.report.reading import Run
@@ -91,10 +91,10 @@ def seed_onsets(run: Run, seed: int) -> dict[str, float]:
   out = {}
   for signal, name, direction in ONSETS:
     curve = run.series.get(name, {}).get(seed)
-    if curve is None or np.sum(np.isfinite(curve[1])) < onsets_lib.MIN_POINTS:
+    if curve is None or np.sum(np.isfinite(curve[1])) < onset_detection.MIN_POINTS:
       out[signal] = math.nan
       continue
-    out[signal] = onsets_lib.onset(curve[0], curve[1], direction).step
+    out[signal] = onset_detection.onset(curve[0], curve[1], direction).step
   return out
 
 
@@ -224,7 +224,7 @@ def markdown_lines(rows: Sequence[dict]) -> list[str]:
   lines += ["", "Final values: seed mean [95% Student t interval over the seeds; n = the seeds "
             "column]; onsets: median step over "
             "seeds (`sg_jax.analysis.onsets`; blank: no seed has one, or the curves have fewer "
-            f"than {onsets_lib.MIN_POINTS} evaluations); preference: minimal pairs from the "
+            f"than {onset_detection.MIN_POINTS} evaluations); preference: minimal pairs from the "
             "grammar (`sg_jax.evaluation.minimal_pairs`, docs/objectives.md). The last column is the fraction of "
             "seeds whose structure onset lies within two evaluation intervals of their loss "
             "drop (Chen et al. 2024 find them together in masked LMs)."]

@@ -21,9 +21,9 @@ For a workdir whose analysis.csv has the training-dynamics columns (`cka_final`,
 
 Resolution (docs/dynamics.md, "Onset order at a resolution"): an onset is located no finer than
 max(the gap between its curve's points around it, the smoothing sigma) steps
-(`onsets.Onset.resolution`). Two onsets are ordered only when they differ by more than the
-coarser of the two resolutions (`onsets.compare`, per seed), and two mean onsets only when their
-means differ by more than the coarser of the two signals' resolutions (the median over seeds);
+(`onset_detection.Onset.resolution`). Two onsets are ordered only when they differ by more
+than the coarser of the two resolutions (`onset_detection.compare`, per seed), and two mean
+onsets only when their means differ by more than the coarser of the two signals' resolutions (the median over seeds);
 otherwise they are "tied at this resolution" (`≈` in the order, one letter in the order figure).
 """
 
@@ -36,9 +36,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from sg_jax import stats
-from sg_jax.analysis import onsets as onsets_lib
+from sg_jax.analysis import onset_detection
 from sg_jax.analysis import phase_onsets as phases_lib
-from sg_jax.analysis.onsets import NO_ONSET, Onset
+from sg_jax.analysis.onset_detection import NO_ONSET, Onset
 from sg_jax.report.plotting import legend_outside, mean_band, pyplot
 from sg_jax.report.reading import Run
 
@@ -116,14 +116,14 @@ def lag(found: Onsets, signal: str, reference: str) -> dict[str, float]:
     95% Student t CI (`stats.mean_interval`); 'seeds': seeds with both; 'before', 'tied',
     'after': seeds where
     `signal` comes before `reference` by more than the coarser resolution, within it, or after
-    it (`onsets.compare`)} (NaN mean without such seeds).
+    it (`onset_detection.compare`)} (NaN mean without such seeds).
   """
   seeds = sorted(found)
   a, b = np.array(_steps(found, signal, seeds)), np.array(_steps(found, reference, seeds))
   both = np.isfinite(a) & np.isfinite(b)
   ci = stats.mean_interval(a[both] - b[both])
   mean, low, high = ci.estimate, ci.low, ci.high
-  verdicts = [onsets_lib.compare(found[s][signal], found[s][reference])
+  verdicts = [onset_detection.compare(found[s][signal], found[s][reference])
               for s, ok in zip(seeds, both) if ok]
   return {"mean": mean, "low": low, "high": high, "seeds": int(both.sum()),
           "before": verdicts.count(-1), "tied": verdicts.count(0), "after": verdicts.count(1)}
@@ -154,7 +154,7 @@ def table_rows(run: Run, found: Onsets) -> list[dict]:
 
 def curve_points(run: Run) -> dict[str, int]:
   """{signal: the most finite points any seed's curve of it has} (`phases_lib.curves`): an onset
-  needs `onsets_lib.MIN_POINTS` of them."""
+  needs `onset_detection.MIN_POINTS` of them."""
   return {signal: max((int(np.isfinite(np.asarray(v, float)).sum()) for _, v in by_seed.values()),
                       default=0)
           for signal, (_, by_seed) in phases_lib.curves(run.series).items()}
@@ -186,10 +186,10 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
   for run, found in results:
     points = curve_points(run)
     few = {s: points[s] for s in order_signals(found)
-           if s in points and points[s] < onsets_lib.MIN_POINTS}
+           if s in points and points[s] < onset_detection.MIN_POINTS}
     too_few = (f"too few evaluations for an onset: "
                + ", ".join(f"{s} {n} points" for s, n in few.items())
-               + f" (an onset needs at least {onsets_lib.MIN_POINTS}; docs/dynamics.md)")
+               + f" (an onset needs at least {onset_detection.MIN_POINTS}; docs/dynamics.md)")
     lines += ["", f"### `{run.name}`", ""]
     ranked = [r for r in order(found) if r[0] not in few]
     if not ranked:
@@ -212,7 +212,7 @@ def markdown_lines(results: Sequence[tuple[Run, Onsets]]) -> list[str]:
     lines += ["", "Order of the mean onsets at their resolution (neighbours: '<' = apart by "
               "more than the coarser resolution, '≈' = tied at this resolution): "
               + (chain if finite else "none found (a curve needs at least "
-                 f"{phases_lib.onsets_lib.MIN_POINTS} points and a transition above its noise)")
+                 f"{onset_detection.MIN_POINTS} points and a transition above its noise)")
               + ".", "",
               "| signal | event | seeds with an onset | resolution | "
               + " | ".join(f"lag to {label} [95% CI] | before / tied / after (seeds)"
@@ -279,8 +279,8 @@ def plot_phases(run: Run, found: Onsets, path: str, title_prefix: str = ""):
       if not any(math.isfinite(found[s].get(signal, NO_ONSET).step) for s in seeds):
         n = points.get(signal, 0)
         events.append(f"{phases_lib.SIGNALS[signal][1]}: none found"
-                      + (f" ({n} points, {onsets_lib.MIN_POINTS} needed)"
-                         if n < onsets_lib.MIN_POINTS else ""))
+                      + (f" ({n} points, {onset_detection.MIN_POINTS} needed)"
+                         if n < onset_detection.MIN_POINTS else ""))
         continue
       events.append(f"{phases_lib.SIGNALS[signal][1]}"
                     + (f" ({style})" if len(signals) > 1 else "")

@@ -1,4 +1,5 @@
-"""Onset detection on synthetic curves with known onsets (sg_jax/analysis/onsets.py)."""
+"""Onset detection on synthetic curves with known onsets (sg_jax/analysis/onset_detection.py, and
+per seed sg_jax/analysis/onsets.py)."""
 
 import math
 import os
@@ -6,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from sg_jax.analysis import onsets
+from sg_jax.analysis import onset_detection, onsets
 from sg_jax.records import long_csv
 
 
@@ -16,13 +17,13 @@ def sigmoid(t, t0, width, low=0.0, high=1.0):
 
 def test_noise_free_sigmoid_onset_is_its_midpoint():
   steps = np.arange(0, 10_001, 50)
-  got = onsets.onset(steps, sigmoid(steps, 3_000, 200), "rise")
+  got = onset_detection.onset(steps, sigmoid(steps, 3_000, 200), "rise")
   assert got.step == pytest.approx(3_000, abs=1e-6)
   # Smoothing (sigma = 2 gaps = 100 steps) lowers the peak slope 1/(4 w) a little; without it
   # the finite-difference slope is the sigmoid's.
   assert 0.9 / 800 < got.slope < 1 / 800
   assert got.noise == pytest.approx(0.0, abs=1e-3)
-  raw = onsets.onset(steps, sigmoid(steps, 3_000, 200), "rise", sigma=0)
+  raw = onset_detection.onset(steps, sigmoid(steps, 3_000, 200), "rise", sigma=0)
   central = (sigmoid(3_050, 3_000, 200) - sigmoid(2_950, 3_000, 200)) / 100
   assert raw.step == 3_000 and raw.slope == pytest.approx(central, rel=1e-9)
 
@@ -34,9 +35,9 @@ def test_noisy_sigmoids_rise_and_fall(seed):
   t0 = rng.uniform(2_000, 8_000)
   rise = sigmoid(steps, t0, 150) + rng.normal(0, 0.03, steps.size)
   rise[rng.integers(steps.size)] += 0.8  # an isolated spike: removed by the running median
-  assert abs(onsets.onset(steps, rise, "rise").step - t0) <= 150
+  assert abs(onset_detection.onset(steps, rise, "rise").step - t0) <= 150
   loss = sigmoid(steps, t0, 150, low=3.0, high=1.0) + rng.normal(0, 0.05, steps.size)
-  assert abs(onsets.onset(steps, loss, "fall").step - t0) <= 150
+  assert abs(onset_detection.onset(steps, loss, "fall").step - t0) <= 150
 
 
 def test_dense_early_schedule_and_a_late_plateau():
@@ -44,20 +45,21 @@ def test_dense_early_schedule_and_a_late_plateau():
   steps = np.concatenate([np.arange(0, 5_000, 100), np.arange(5_000, 40_001, 1_000)])
   rng = np.random.default_rng(7)
   values = sigmoid(steps, 1_700, 120) + rng.normal(0, 0.02, steps.size)
-  assert abs(onsets.onset(steps, values).step - 1_700) <= 120
+  assert abs(onset_detection.onset(steps, values).step - 1_700) <= 120
 
 
 def test_flat_noise_has_no_onset_and_bad_input_is_refused():
   rng = np.random.default_rng(0)
   steps = np.arange(0, 5_000, 50)
-  got = onsets.onset(steps, 0.5 + rng.normal(0, 0.05, steps.size))
+  got = onset_detection.onset(steps, 0.5 + rng.normal(0, 0.05, steps.size))
   assert math.isnan(got.step)
-  with pytest.raises(ValueError, match=f"at least {onsets.MIN_POINTS} finite points"):
-    onsets.onset(np.arange(onsets.MIN_POINTS), np.r_[0.0, math.nan, np.ones(onsets.MIN_POINTS - 2)])
+  with pytest.raises(ValueError, match=f"at least {onset_detection.MIN_POINTS} finite points"):
+    onset_detection.onset(np.arange(onset_detection.MIN_POINTS),
+                          np.r_[0.0, math.nan, np.ones(onset_detection.MIN_POINTS - 2)])
   with pytest.raises(ValueError, match="strictly increasing"):
-    onsets.onset(np.r_[0, 2, 1, 3:12], np.linspace(0, 1, 12))
+    onset_detection.onset(np.r_[0, 2, 1, 3:12], np.linspace(0, 1, 12))
   with pytest.raises(ValueError, match="direction"):
-    onsets.onset(np.arange(12), np.linspace(0, 1, 12), "up")
+    onset_detection.onset(np.arange(12), np.linspace(0, 1, 12), "up")
 
 
 def test_workdir_onsets_per_seed(tmp_path):
@@ -149,11 +151,11 @@ def test_later_fall_finds_a_second_drop_after_the_plateau(seed):
   t2 = rng.uniform(1_200, 2_500)
   loss = (descent(DENSE) - sigmoid(DENSE, t2, 80, 0.0, 0.6)) * np.exp(rng.normal(0, 0.02,
                                                                                 DENSE.size))
-  later = onsets.onset(DENSE, loss, "later_fall")
+  later = onset_detection.onset(DENSE, loss, "later_fall")
   assert abs(later.step - t2) <= 100
   assert later.change < -3 * later.noise and later.slope < 0
   assert later.resolution == 200  # sigma = 2 gaps of 100 steps
-  assert onsets.onset(DENSE, loss, "fall").step <= 200
+  assert onset_detection.onset(DENSE, loss, "fall").step <= 200
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -166,45 +168,48 @@ def test_later_fall_is_none_when_the_loss_only_decelerates(seed):
                      "power law": 5.0 * (t + 100) ** -0.5,
                      "two timescales": 0.3 + 4.0 * np.exp(-t / 150) + np.exp(-t / 1_500),
                      "plateau": descent(t)}.items():
-    got = onsets.onset(DENSE, loss * noise, "later_fall")
+    got = onset_detection.onset(DENSE, loss * noise, "later_fall")
     assert math.isnan(got.step), name
-    assert onsets.onset(DENSE, loss * noise, "fall").step <= 300, name  # the initial descent
+    # the initial descent
+    assert onset_detection.onset(DENSE, loss * noise, "fall").step <= 300, name
 
 
 def test_later_fall_takes_the_larger_of_two_later_drops_and_refuses_a_nonpositive_loss():
   t = DENSE.astype(np.float64)
   small_then_large = descent(t) - sigmoid(t, 1_200, 80, 0, 0.2) - sigmoid(t, 2_300, 80, 0, 0.5)
-  assert onsets.onset(DENSE, small_then_large, "later_fall").step == 2_300
+  assert onset_detection.onset(DENSE, small_then_large, "later_fall").step == 2_300
   large_then_small = descent(t) - sigmoid(t, 1_200, 80, 0, 0.5) - sigmoid(t, 2_300, 80, 0, 0.2)
-  assert onsets.onset(DENSE, large_then_small, "later_fall").step == 1_200
+  assert onset_detection.onset(DENSE, large_then_small, "later_fall").step == 1_200
   with pytest.raises(ValueError, match="must be > 0"):
-    onsets.onset(DENSE, descent(t) - 1.7, "later_fall")
+    onset_detection.onset(DENSE, descent(t) - 1.7, "later_fall")
 
 
 def test_resolution_is_the_local_gap_or_sigma():
   steps = np.array([0, 100, 200, 400, 800])
-  assert onsets.resolution_at(steps, 200, 50) == 200  # gaps 100 before, 200 after
-  assert onsets.resolution_at(steps, 300, 50) == 200  # inside the gap 200-400
-  assert onsets.resolution_at(steps, 0, 50) == 100 and onsets.resolution_at(steps, 800, 0) == 400
-  assert onsets.resolution_at(steps, 200, 500) == 500  # the smoothing is coarser
-  assert math.isnan(onsets.resolution_at(steps, math.nan, 50))
+  assert onset_detection.resolution_at(steps, 200, 50) == 200  # gaps 100 before, 200 after
+  assert onset_detection.resolution_at(steps, 300, 50) == 200  # inside the gap 200-400
+  assert onset_detection.resolution_at(steps, 0, 50) == 100
+  assert onset_detection.resolution_at(steps, 800, 0) == 400
+  assert onset_detection.resolution_at(steps, 200, 500) == 500  # the smoothing is coarser
+  assert math.isnan(onset_detection.resolution_at(steps, math.nan, 50))
   # in an onset: 2 gaps on an even grid, 1 without smoothing, the local gap of a sparse stretch.
   rise = sigmoid(DENSE, 1_500, 100)
-  assert onsets.onset(DENSE, rise).resolution == 200
-  assert onsets.onset(DENSE, rise, sigma=0).resolution == 100
+  assert onset_detection.onset(DENSE, rise).resolution == 200
+  assert onset_detection.onset(DENSE, rise, sigma=0).resolution == 100
   mixed = np.concatenate([np.arange(0, 2_000, 100), np.arange(2_000, 10_001, 1_000)])
-  got = onsets.onset(mixed, sigmoid(mixed, 6_000, 300))  # median gap 100: sigma 200
+  got = onset_detection.onset(mixed, sigmoid(mixed, 6_000, 300))  # median gap 100: sigma 200
   assert got.resolution == 1_000 and abs(got.step - 6_000) <= 1_000
 
 
 def test_compare_orders_only_beyond_the_coarser_resolution():
   def at(step, res):
-    return onsets.Onset(step, math.nan, math.nan, math.nan, res)
+    return onset_detection.Onset(step, math.nan, math.nan, math.nan, res)
 
   loss, tscore = at(300, 200), at(1_000, 2_000)  # loss every 100 steps, tscore every 1k
-  assert onsets.compare(loss, tscore) == 0 and onsets.compare(tscore, loss) == 0
-  assert onsets.compare(loss, at(2_500, 2_000)) == -1  # 2,200 apart > 2,000
-  assert onsets.compare(at(2_301, 2_000), loss) == 1
-  assert onsets.compare(at(2_300, 2_000), loss) == 0  # exactly the resolution: tied
-  assert onsets.compare(loss, at(501, 200)) == -1 and onsets.compare(loss, at(500, 200)) == 0
-  assert onsets.compare(loss, onsets.NO_ONSET) is None
+  assert onset_detection.compare(loss, tscore) == 0 and onset_detection.compare(tscore, loss) == 0
+  assert onset_detection.compare(loss, at(2_500, 2_000)) == -1  # 2,200 apart > 2,000
+  assert onset_detection.compare(at(2_301, 2_000), loss) == 1
+  assert onset_detection.compare(at(2_300, 2_000), loss) == 0  # exactly the resolution: tied
+  assert onset_detection.compare(loss, at(501, 200)) == -1
+  assert onset_detection.compare(loss, at(500, 200)) == 0
+  assert onset_detection.compare(loss, onset_detection.NO_ONSET) is None

@@ -1,5 +1,6 @@
 """Phase transitions (sg_jax/analysis/phase_onsets.py, the peak / change events of
-sg_jax/analysis/onsets.py, sg_jax/report/phase_transitions.py) on synthetic curves with known onsets:
+sg_jax/analysis/onset_detection.py, sg_jax/report/phase_transitions.py) on synthetic curves with
+known onsets:
 every signal's onset found, consecutive quantities placed between their checkpoints, the lags
 and their order with t CIs, the two figures and the summary section."""
 
@@ -11,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from sg_jax.analysis import onsets, phase_onsets
+from sg_jax.analysis import onset_detection, phase_onsets
 from sg_jax.report import phase_transitions as report_phases
 from sg_jax.report.reading import Run
 
@@ -56,16 +57,16 @@ def synthetic_series(seed_noise=0.01):
 
 def test_peak_and_change_events():
   steps = np.arange(0, 10_001, 100)
-  got = onsets.onset(steps, bump(steps, 4_000), "peak")
+  got = onset_detection.onset(steps, bump(steps, 4_000), "peak")
   assert got.step == pytest.approx(4_000, abs=1e-6) and got.change > 0.9
   falling = sigmoid(steps, 6_000, low=12.0, high=7.0)
-  assert onsets.onset(steps, falling, "change").step == pytest.approx(6_000, abs=1e-6)
-  assert onsets.onset(steps, falling, "change").change < 0
+  assert onset_detection.onset(steps, falling, "change").step == pytest.approx(6_000, abs=1e-6)
+  assert onset_detection.onset(steps, falling, "change").change < 0
   # a curve largest at its start peaks there (one side only).
-  assert onsets.onset(steps, 1.0 / (1 + steps / 500.0), "peak").step == 0
+  assert onset_detection.onset(steps, 1.0 / (1 + steps / 500.0), "peak").step == 0
   flat = 0.5 + np.random.default_rng(1).normal(0, 0.05, steps.size)
-  assert math.isnan(onsets.onset(steps, flat, "peak").step)
-  assert math.isnan(onsets.onset(steps, flat, "change").step)
+  assert math.isnan(onset_detection.onset(steps, flat, "peak").step)
+  assert math.isnan(onset_detection.onset(steps, flat, "change").step)
 
 
 def test_midpoints_of_consecutive_rows():
@@ -174,7 +175,7 @@ def test_curves_too_short_for_onsets_are_said_once_not_tabled(tmp_path):
 def _hand_made(steps_by_signal, resolution_by_signal):
   """{seed: {signal: Onset}} with the given steps (per seed) and resolutions (per signal)."""
   seeds = range(len(next(iter(steps_by_signal.values()))))
-  return {s: {sig: onsets.Onset(float(steps[s]), math.nan, math.nan, math.nan,
+  return {s: {sig: onset_detection.Onset(float(steps[s]), math.nan, math.nan, math.nan,
                                 float(resolution_by_signal[sig]))
               for sig, steps in steps_by_signal.items()} for s in seeds}
 
