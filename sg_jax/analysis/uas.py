@@ -36,22 +36,18 @@ dependent -> head, input positions) is scored in the directions the model's atte
 
 Batch functions return sums, so that batches combine exactly (`registry.accumulate`);
 `finalize` turns them into scores. `uas_stats` is written for one seed; `uas_stats_over_seeds`
-adds the seed axis (`registry.over_seeds`). The module also builds the per-evaluation UAS of
-training (`eval_batches`, `make_uas_eval`, run by the `uas` evaluator, `sg_jax.evaluation.uas`:
-`in_domain/uas` and `in_domain/uas_weight` in metrics.csv); `sg_jax.analysis.uas_quantity` registers the `uas` metric group of
-`sg_jax.analyze` (`--modules=sg_jax.analysis.uas_quantity`).
+adds the seed axis (`registry.over_seeds`).
 
-Baselines (`positional_uas_stats`, `positional_baselines`): the UAS of positional heads, scored
-as model heads are on the same lines and arcs: the previous token, the next token, and the best
-fixed offset per relation (Clark et al. 2019, "What does BERT look at?", §4.2). Training logs
-them as `in_domain/uas_prev_token`, `in_domain/uas_next_token`, `in_domain/uas_best_offset`
-(constants of the evaluation lines, computed once); the analysis as `uas_prev_token`, ...
+Beside this module: `uas_positional` (the UAS of positional heads, the baselines of Clark et
+al. 2019), `uas_eval` (the per-evaluation UAS of training, run by the `uas` evaluator,
+`sg_jax.evaluation.uas`: `in_domain/uas`, `in_domain/uas_weight` and the baselines in
+metrics.csv) and `uas_quantity` (the `uas` metric group of `sg_jax.analyze`,
+`--modules=sg_jax.analysis.uas_quantity`).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +58,6 @@ from sg_jax.models.attention_masks import line_mask
 from sg_jax.models.intermediates import apply_with_intermediates
 from sg_jax.models.model_config import ModelConfig
 from sg_jax.models.transformer import TransformerLM
-from sg_jax.runtime import sharding
 from sg_jax.tasks import dependencies
 
 Array = jax.Array
@@ -232,122 +227,6 @@ def _nanmax(x: np.ndarray) -> np.ndarray:
                     np.max(np.where(np.isnan(x), -np.inf, x), axis=-1))
 
 
-# --------------------------------------------------------------------------------------------
-# Positional baselines (Clark et al. 2019, "What does BERT look at?", §4.2 and Fig. 5)
-# --------------------------------------------------------------------------------------------
-
-POSITIONAL_CHUNK = 8  # offsets scored per compiled call (bounds the [O, B, L, L] maps)
-
-
-def positional_maps(offsets: Sequence[int], batch: int, length: int) -> Array:
-  """float32 [O, B, 1, L, L]: the attention of a positional head per offset o, all of query
-  q's mass on key q + o (an all-zero row where q + o lies outside the line)."""
-  offsets = jnp.asarray(offsets, jnp.int32)
-  pos = jnp.arange(length)
-  target = pos[None, :] + offsets[:, None]  # [O, L]
-  maps = (pos[None, None, :] == target[:, :, None]).astype(jnp.float32)  # [O, L, L]
-  return jnp.broadcast_to(maps[:, None, None], (offsets.shape[0], batch, 1, length, length))
-
-
-@functools.partial(jax.jit, static_argnames=("attention", "prefix_end_ids"))
-def _positional_chunk(inputs_BxL, dep_head_BxL, dep_relation_BxL, special_ids, offsets_O, *,
-                      attention, prefix_end_ids):
-  maps = positional_maps(offsets_O, inputs_BxL.shape[0], inputs_BxL.shape[1])
-  stats = attention_uas_stats(maps, inputs_BxL, dep_head_BxL, dep_relation_BxL, special_ids,
-                              attention=attention, prefix_end_ids=prefix_end_ids)
-  return stats["hits"][:, 0], stats["count"]
-
-
-def positional_uas_stats(batches: Sequence[dict], special_ids: np.ndarray, *,
-                         attention: str = "causal", prefix_end_ids: tuple = ()
-                         ) -> dict[str, np.ndarray]:
-  """Argmax-UAS sums of positional heads, one per fixed relative offset, over batches of lines.
-
-  A positional head of offset o puts all of row q's attention on position q + o (o = -1: the
-  previous token, +1: the next token). It is scored exactly as a model head is
-  (`attention_uas_stats`: the directions and candidates of `attention`, ties split), on the same
-  lines and arcs. Where q + o is no candidate of the row (outside the line or the mask, or a
-  special token such as SOS) every candidate ties at 0 and the arc scores 1/(number of
-  candidates), as a real head that parks its mass on SOS would. Under `later_to_earlier` (`lm`,
-  `prefix_lm`) the row is the later token of each arc, so the offset is minus the arc's length
-  whichever end is the head; under `bidirectional` the dependent's row (`dependent_to_head`,
-  Clark et al.'s offset from the dependent) and the dependent's column (`head_to_dependent`).
-
-  Args:
-    batches: `line_batches` output (numpy or device arrays; int32 [B, L] each).
-    special_ids: `special_ids_of(vocab)`.
-    attention, prefix_end_ids: as `attention_uas_stats` (`ModelConfig.attention`,
-      `ModelConfig.prefix_end_ids`).
-
-  Returns:
-    {'offsets': int32 [O] (-(L-1) .. L-1 without 0, L the longest batch), 'hits': float64
-    [O, D, R] summed argmax hits, 'count': float64 [R] arcs}, D = `len(directions(attention))`,
-    R = `len(dependencies.RELATIONS)`.
-
-  Raises:
-    ValueError: no batch, or an unknown attention.
-  """
-  names = directions(attention)
-  if not batches:
-    raise ValueError("positional_uas_stats needs at least one batch of lines")
-  length = max(int(np.shape(b["inputs"])[-1]) for b in batches)
-  offsets = tuple(o for o in range(-(length - 1), length) if o != 0)
-  hits = np.zeros((len(offsets), len(names), NUM_RELATIONS))
-  count = np.zeros(NUM_RELATIONS)
-  special = jnp.asarray(special_ids, jnp.int32)
-  for b in batches:
-    arrays = tuple(jnp.asarray(b[k], jnp.int32) for k in ("inputs", "dep_head", "dep_relation"))
-    for start in range(0, len(offsets), POSITIONAL_CHUNK):
-      chunk = offsets[start:start + POSITIONAL_CHUNK]
-      padded = np.zeros(POSITIONAL_CHUNK, np.int32)  # one compiled shape; the filler is dropped
-      padded[:len(chunk)] = chunk
-      h, c = _positional_chunk(*arrays, special, jnp.asarray(padded), attention=attention,
-                               prefix_end_ids=tuple(prefix_end_ids))
-      hits[start:start + len(chunk)] += np.asarray(h, np.float64)[:len(chunk)]
-    count += np.asarray(c, np.float64)
-  return {"offsets": np.asarray(offsets, np.int32), "hits": hits, "count": count}
-
-
-def positional_baselines(stats: dict, min_count: int = MIN_RELATION_COUNT
-                         ) -> dict[str, np.ndarray | float]:
-  """The positional-attention baselines of the best-head UAS from `positional_uas_stats` sums.
-
-  Clark et al. (2019, §4.2) compare each head with "a simple fixed-offset baseline": the head of
-  a dependent predicted at the best single relative offset for its relation. Here:
-
-  * 'prev_token' / 'next_token': UAS over all arcs of the offset -1 / +1 head (the better
-    direction under bidirectional attention, as a model head's `uas_head`);
-  * 'best_offset': every relation scored at its own best (offset, direction), the hits summed
-    over relations and divided by all arcs (the per-relation choice of Clark et al.; every
-    relation counts, rare ones included, as every arc counts in `uas`);
-  * 'best_offset_relation' float [R] (NaN below `min_count` arcs, as `uas_relation`) and
-    'best_offset_of_relation' int [R] (the offset chosen, the nearest on ties, a left one
-    before a right one; 0 where the relation has no arc).
-
-  Returns:
-    the above; the scalars are floats (NaN without any arc).
-
-  Raises:
-    ValueError: min_count < 1.
-  """
-  if min_count < 1:
-    raise ValueError(f"min_count must be >= 1, got {min_count}")
-  offsets, hits, count = (np.asarray(stats[k]) for k in ("offsets", "hits", "count"))
-  total = count.sum()
-  at = {o: int(np.flatnonzero(offsets == o)[0]) for o in (-1, 1) if o in offsets}
-  with np.errstate(invalid="ignore", divide="ignore"):
-    fixed = {name: (float(np.max(hits[at[o]].sum(-1)) / total) if o in at and total > 0
-                    else float("nan")) for name, o in (("prev_token", -1), ("next_token", 1))}
-    per_rel_hits = hits.max(axis=(0, 1))  # [R]
-    best = float(per_rel_hits.sum() / total) if total > 0 else float("nan")
-    per_rel = np.where(count >= min_count, per_rel_hits / count, np.nan)
-  nearest_first = np.argsort(np.abs(offsets) * 2 + (offsets > 0), kind="stable")
-  flat = hits.max(axis=1)[nearest_first].argmax(axis=0)  # [R] ties: the nearest, left first
-  chosen = np.where(count > 0, offsets[nearest_first][flat], 0)
-  return {**fixed, "best_offset": best, "best_offset_relation": per_rel,
-          "best_offset_of_relation": chosen.astype(np.int32)}
-
-
 def line_batches(lines: Sequence[tuple[Sequence[int], Sequence[tuple]]], *, sos_id: int,
                  batch_size: int, length: int | None = None) -> list[dict[str, np.ndarray]]:
   """Padded batches of whole lines with their arcs.
@@ -409,66 +288,3 @@ def uas_metrics(params_S: PyTree, batches: Sequence[dict], special_ids: np.ndarr
     return total
 
   return finalize(registry.in_seed_chunks(chunk, params_S, seeds_per_call), min_count)
-
-
-# --------------------------------------------------------------------------------------------
-# The UAS of the training evaluation
-# --------------------------------------------------------------------------------------------
-
-
-def eval_batches(num_lines: int, batch_size: int, task, vocab, data_dir: str
-                 ) -> dict[str, np.ndarray]:
-  """Arrays [num_batches, batch, L] (`line_batches`, stacked; batches of min(batch_size, 64)
-  lines) of the first `num_lines` in-domain lines with their arcs, or {} when `num_lines` is 0
-  or the task declares no dependencies (Dyck: its evaluation is unchanged). The training
-  evaluation's `uas` evaluator (`sg_jax.evaluation.uas`) scores them with `make_uas_eval`.
-
-  Args:
-    data_dir: the folder of the run's split files (`tasks.io.run_data_dir`).
-
-  Raises:
-    ValueError: a line whose trees no head rule covers.
-  """
-  num = int(num_lines)
-  if num <= 0 or not getattr(task, "has_gold_dependencies", False):
-    return {}
-  examples = task.read_split(data_dir, task.in_domain_split)[:num]
-  lines = [(vocab.encode(ex.words), task.gold_dependencies(ex)) for ex in examples]
-  batches = line_batches(lines, sos_id=vocab.sos_id,
-                         batch_size=min(int(batch_size), 64, len(lines)))
-  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-
-
-# The positional baselines written beside `uas` at every evaluation (`positional_baselines`).
-EVAL_BASELINES = ("prev_token", "next_token", "best_offset")
-
-
-def make_uas_eval(model: TransformerLM, vocab, batches: dict) -> Callable[[PyTree], dict]:
-  """`params [S, ...] -> {'uas': [S], 'uas_weight': [S], 'uas_prev_token': [S],
-  'uas_next_token': [S], 'uas_best_offset': [S]}` over `eval_batches(...)`
-  ([num_batches, batch, L] arrays), one seed-vmapped call per batch.
-
-  'uas' / 'uas_weight': the best head overall, all arcs. The three positional baselines
-  (`positional_baselines`, all arcs) depend on the lines only: they are computed once, here,
-  and repeated for every seed, so that metrics.csv has them beside `in_domain/uas`.
-  """
-  special = jnp.asarray(special_ids_of(vocab))
-  config = model.config
-  host = sharding.to_host(dict(batches))
-  positional = positional_baselines(positional_uas_stats(
-      [{k: host[k][i] for k in ("inputs", "dep_head", "dep_relation")}
-       for i in range(host["inputs"].shape[0])], special_ids_of(vocab),
-      attention=config.attention, prefix_end_ids=config.prefix_end_ids), min_count=1)
-
-  def evaluate(params):
-    total = None
-    for i in range(batches["inputs"].shape[0]):
-      stats = uas_stats_over_seeds(params, batches["inputs"][i], batches["dep_head"][i],
-                                   batches["dep_relation"][i], special, config=config)
-      total = registry.accumulate(total, stats)
-    out = finalize(sharding.to_host(total), min_count=1)  # multi-process: all-gathered
-    return {"uas": out["uas"], "uas_weight": out["uas_weight"],
-            **{f"uas_{name}": np.full_like(out["uas"], positional[name])
-               for name in EVAL_BASELINES}}
-
-  return evaluate

@@ -11,7 +11,8 @@ the better direction. The lines are the analysis's sentence set
 (`--split`, `--sentence_set`, `--num_sentences`), whole LM lines with the arcs of both halves.
 Tasks without gold dependencies (Dyck) skip the group with a warning.
 
-Beside them, the positional baselines of the same lines and arcs (`uas.positional_baselines`,
+Beside them, the positional baselines of the same lines and arcs
+(`uas_positional.positional_baselines`,
 Clark et al. 2019, §4.2): `uas_prev_token`, `uas_next_token`, `uas_best_offset` (all arcs) and
 `uas_best_offset_rel_{relation}` (relations with at least `--uas_min_count` arcs). They depend
 on the sentence set only, so they are computed once per sentence set and attention and
@@ -26,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from sg_jax.analysis import registry
-from sg_jax.analysis.uas import (directions, line_batches, positional_baselines,
-                                 positional_uas_stats, uas_metrics)
+from sg_jax.analysis.uas import directions, line_batches, uas_metrics
+from sg_jax.analysis.uas_positional import positional_baselines, positional_uas_stats
 from sg_jax.tasks import dependencies
 
 _BASELINES: dict = {}  # (lines digest, attention, prefix ends, min_count) -> positional baselines

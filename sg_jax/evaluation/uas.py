@@ -2,7 +2,8 @@
 in-domain lines at every evaluation (Chen et al., ICLR 2024; docs/sas.md).
 
 Logged: `in_domain/uas`, `in_domain/uas_weight` (the best head) and the positional baselines
-`in_domain/uas_prev_token`, `uas_next_token`, `uas_best_offset` (`analysis.uas.make_uas_eval`).
+`in_domain/uas_prev_token`, `uas_next_token`, `uas_best_offset`
+(`analysis.uas_eval.make_uas_eval`).
 Options (`evals.uas`): `lines`, the first in-domain lines scored (0 disables; formerly
 `eval.uas_lines`, which still sets it). A task without gold dependencies (Dyck) logs none.
 """
@@ -29,10 +30,11 @@ class AttentionUAS(registry.Evaluator):
       raise ValueError(f"lines must be >= 0 (0 disables), got {self.lines}")
 
   def build(self, context: registry.Context) -> registry.Evaluation | None:
-    from sg_jax.analysis import uas  # pylint: disable=import-outside-toplevel  (task_metric.py)
-    batches = uas.eval_batches(self.lines, context.options.batch_size, context.task,
-                               context.vocab, context.data_dir)
+    # pylint: disable-next=import-outside-toplevel  (task_metric.py)
+    from sg_jax.analysis import uas_eval
+    batches = uas_eval.eval_batches(self.lines, context.options.batch_size, context.task,
+                                    context.vocab, context.data_dir)
     if not batches:
       return None
-    scores = uas.make_uas_eval(context.model, context.vocab, context.put(batches))
+    scores = uas_eval.make_uas_eval(context.model, context.vocab, context.put(batches))
     return registry.Evaluation(evaluate=lambda params, progress: {"in_domain": scores(params)})

@@ -23,8 +23,9 @@ Resolution (docs/dynamics.md, "Onset order at a resolution"): an onset is locate
 max(the gap between its curve's points around it, the smoothing sigma) steps
 (`onset_detection.Onset.resolution`). Two onsets are ordered only when they differ by more
 than the coarser of the two resolutions (`onset_detection.compare`, per seed), and two mean
-onsets only when their means differ by more than the coarser of the two signals' resolutions (the median over seeds);
-otherwise they are "tied at this resolution" (`≈` in the order, one letter in the order figure).
+onsets only when their means differ by more than the coarser of the two signals' resolutions
+(the median over seeds); otherwise they are "tied at this resolution" (`≈` in the order, one
+letter in the order figure).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sg_jax import tasks, train
-from sg_jax.analysis import pipeline, uas
+from sg_jax.analysis import pipeline, uas, uas_eval, uas_positional
 from sg_jax.models.model_config import ModelConfig
 from sg_jax.models.transformer import init_params
 from sg_jax.records import metric_logging
@@ -165,15 +165,15 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
   weights = [r["value"] for r in table if r["name"] == "in_domain/uas_weight"]
   assert len(weights) == 8 and all(0.0 < v < 1.0 for v in weights)
   assert not [r for r in table if r["name"].startswith("out_of_domain/uas")]
-  # the positional baselines (uas.positional_baselines) of the same lines, at every evaluation
-  # and seed, one value each
-  eval_lines = uas.eval_batches(256, config.eval.batch_size, tasks.from_config(config),
-                                tasks.get_task("question").vocab(),
-                                tasks_io.run_data_dir(config.data, workdir))
-  want = uas.positional_baselines(uas.positional_uas_stats(
+  # the positional baselines (uas_positional.positional_baselines) of the same lines, at every
+  # evaluation and seed, one value each
+  eval_lines = uas_eval.eval_batches(256, config.eval.batch_size, tasks.from_config(config),
+                                     tasks.get_task("question").vocab(),
+                                     tasks_io.run_data_dir(config.data, workdir))
+  want = uas_positional.positional_baselines(uas_positional.positional_uas_stats(
       [{k: v[i] for k, v in eval_lines.items()} for i in range(eval_lines["inputs"].shape[0])],
       uas.special_ids_of(tasks.get_task("question").vocab())), min_count=1)
-  for name in uas.EVAL_BASELINES:
+  for name in uas_eval.EVAL_BASELINES:
     logged = {(r["step"], r["seed"]): r["value"] for r in table
               if r["name"] == f"in_domain/uas_{name}"}
     assert sorted(logged) == sorted(rows)
@@ -207,7 +207,8 @@ def test_tiny_run_logs_uas_per_seed_with_dense_schedule(tiny_config, tmp_path,
 
 def test_eval_batches_skip_tasks_without_dependencies(tiny_config):
   config = tiny_config(task="dyck")
-  assert uas.eval_batches(256, 64, tasks.from_config(config), None, "unused") == {}
+  assert uas_eval.eval_batches(256, 64, tasks.from_config(config), None, "unused") == {}
   off = tiny_config(**{"eval.uas_lines": 0})  # the old name of evals.uas.lines
   assert off.evals.uas.lines == 0
-  assert uas.eval_batches(off.evals.uas.lines, 64, tasks.from_config(off), None, "unused") == {}
+  assert uas_eval.eval_batches(off.evals.uas.lines, 64, tasks.from_config(off), None,
+                               "unused") == {}

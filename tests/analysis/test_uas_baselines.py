@@ -6,7 +6,7 @@ training evaluation and the analysis that log them: tests/analysis/test_uas.py, 
 import numpy as np
 import pytest
 
-from sg_jax.analysis import uas
+from sg_jax.analysis import uas, uas_positional
 from sg_jax.tasks import dependencies
 
 SPECIAL = np.array([0, 98, 99], np.int32)  # pad, EOS, SOS of the hand-built lines
@@ -20,8 +20,8 @@ def batches(lines, batch_size=None):
 
 
 def baselines(lines, attention="causal", min_count=1):
-  stats = uas.positional_uas_stats(batches(lines), SPECIAL, attention=attention)
-  return stats, uas.positional_baselines(stats, min_count)
+  stats = uas_positional.positional_uas_stats(batches(lines), SPECIAL, attention=attention)
+  return stats, uas_positional.positional_baselines(stats, min_count)
 
 
 def test_previous_token_head_scores_one_on_a_chain_of_left_arcs():
@@ -109,11 +109,12 @@ def test_vectorised_equals_naive_loop(attention):
       head = int(rng.choice([h for h in range(1, n + 1) if h != dep]))
       arcs.append((int(dep), head, str(rng.choice(["det", "obj", "nsubj"]))))
     lines.append((n, sorted(arcs)))
-  stats = uas.positional_uas_stats(batches(lines, batch_size=2), SPECIAL, attention=attention)
+  stats = uas_positional.positional_uas_stats(batches(lines, batch_size=2), SPECIAL,
+                                              attention=attention)
   assert stats["offsets"].tolist() == [o for o in range(-9, 10) if o != 0]
   np.testing.assert_allclose(stats["hits"], naive_hits(lines, stats["offsets"], attention),
                              atol=1e-5)
   np.testing.assert_allclose(stats["count"].sum(), sum(len(a) for _, a in lines))
-  out = uas.positional_baselines(stats)
+  out = uas_positional.positional_baselines(stats)
   per_rel = naive_hits(lines, stats["offsets"], attention).max(axis=(0, 1))
   assert out["best_offset"] == pytest.approx(per_rel.sum() / stats["count"].sum())
