@@ -63,6 +63,7 @@ from sg_jax.analysis import attention_entropy, pipeline, tree_projection  # noqa
 from sg_jax.models.model_config import ModelConfig  # noqa: E402
 from sg_jax.models.transformer import init_params  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
+from sg_jax.training.state import seed_keys  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # declarative lengths (words) of the released question.dev and their counts.
@@ -324,8 +325,8 @@ def build_trajectory_workdir(workdir: str, *, num_checkpoints: int = 31, every: 
                      f"the {min_transformed} the analysis reads; raise num_train")
   vocab = task.vocab()
   seeds = list(range(config.first_seed, config.first_seed + config.num_seeds))
-  fns = step_lib.make_train_fns(config, vocab.size)
-  keys = step_lib.seed_keys(seeds)
+  fns = step_lib.train_fns_from_config(config, vocab.size)
+  keys = seed_keys(seeds)
   meta = checkpointing.make_meta(config, vocab.to_json(), seeds)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json(indent=2))

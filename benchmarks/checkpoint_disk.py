@@ -30,7 +30,8 @@ from sg_jax import checkpointing
 from sg_jax import tasks
 from sg_jax.config import per_seed
 from sg_jax.config.cli_options import parse_flags
-from sg_jax.step import make_train_fns, seed_keys
+from sg_jax.step import train_fns_from_config
+from sg_jax.training.state import seed_keys
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with a config string.",
                                           lock_config=False)
@@ -47,7 +48,7 @@ def abstract_state(config):
   on the packing)."""
   config.train.packing = False
   vocab_size = tasks.from_config(config).vocab().size
-  fns = make_train_fns(config, vocab_size)
+  fns = train_fns_from_config(config, vocab_size)
   return jax.eval_shape(fns.init, np.asarray(seed_keys(per_seed.seed_ids(config, "data"))),
                         np.asarray(seed_keys(per_seed.seed_ids(config, "init"))),
                         per_seed.hparam_arrays(config)["init_scale"])

@@ -128,7 +128,7 @@ def train_layout(config, split, seeds_per_device: int):
 
 def train_fns(config, vocab_size: int, capacities, mesh=None):
   """`step_lib.make_train_fns` (per-device `shard_map` chunk when `mesh` is given)."""
-  return step_lib.make_train_fns(config, vocab_size, capacities, mesh)
+  return step_lib.train_fns_from_config(config, vocab_size, capacities, mesh)
 
 
 def _ints(text: str) -> list[int]:

@@ -112,7 +112,7 @@ def tense_splits(seed: int):
 
 def seed_params(config, vocab_size: int, num_seeds: int, mesh):
   """Initial parameters [S, ...] of seeds 0..S-1, sharded over the seed mesh."""
-  cfg = objectives.model_config(config, vocab_size)  # the run's model (its objective's)
+  cfg = objectives.model_config_from_config(config, vocab_size)  # the run's model (its objective's)
   keys = jax.random.split(jax.random.key(0), num_seeds)
   return jax.jit(jax.vmap(lambda k: model_lib.init_params(cfg, k)),
                  out_shardings=sharding.seed_sharding(mesh))(keys)
@@ -209,7 +209,7 @@ def main(argv=None):
                 "(which compiles), all seeds together"),
   ])
   if args.check_tokens:
-    fns = step_lib.make_train_fns(config, vocab.size)
+    fns = step_lib.train_fns_from_config(config, vocab.size)
     mesh = sharding.seed_mesh(1, 1)
     params = seed_params(config, vocab.size, 1, mesh)
     for name, s in splits.items():
@@ -228,7 +228,7 @@ def main(argv=None):
     config.num_seeds = num_seeds
     mesh = sharding.seed_mesh(num_seeds, args.num_devices)
     devices = mesh.devices.size
-    fns = step_lib.make_train_fns(config, vocab.size, None, mesh)
+    fns = step_lib.train_fns_from_config(config, vocab.size, None, mesh)
     params = seed_params(config, vocab.size, num_seeds, mesh)
     for name, s in splits.items():
       n = min(max_lines, len(s))

@@ -12,8 +12,8 @@ batch 8, AdamW) on question formation; `--quick` shrinks it (depth 2, d_model 12
 (`--num_train` training lines; padded length = the longest line + 1, `--length` overrides it).
 
 Method: for each depth, layout and seed count, the production training call
-`step_lib.make_train_fns(config, vocab.size).chunk` (seed-vmapped `lax.scan` of `steps_per_call`
-steps, state donated) is lowered on abstract shapes and compiled, and XLA's
+`step_lib.train_fns_from_config(config, vocab.size).chunk` (seed-vmapped `lax.scan` of
+`steps_per_call` steps, state donated) is lowered on abstract shapes and compiled, and XLA's
 `compiled.memory_analysis()` gives the sizes of its arguments (state + training set), outputs,
 aliased (donated) bytes and temporaries (activations, gradients, optimizer temporaries):
 
@@ -49,6 +49,7 @@ from sg_jax.evaluation import scoring as evaluation  # noqa: E402
 from sg_jax import tasks, train  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 from sg_jax.data import input_pipeline  # noqa: E402
+from sg_jax.training.state import seed_keys  # noqa: E402
 
 from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E402
                     make_config, print_rows, print_table, table_line, train_fns,
@@ -95,7 +96,7 @@ def compiled_memory(config, vocab, splits, num_seeds: int, eval_batches: dict) -
   """Bytes of the compiled training and evaluation calls for `num_seeds` seeds (see module doc)."""
   host, caps = train_layout(config, splits["train"], num_seeds)
   fns = train_fns(config, vocab.size, caps)
-  keys = step_lib.seed_keys(list(range(num_seeds)))
+  keys = seed_keys(list(range(num_seeds)))
   state = jax.eval_shape(fns.init, keys)
   t0 = time.perf_counter()
   compiled = fns.chunk.lower(state, _abstract(host), jax.ShapeDtypeStruct((), jnp.int32),
@@ -121,7 +122,7 @@ def measured_peak(fns, host, num_seeds: int, eval_batches: dict, vocab, steps: i
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if not stats or "peak_bytes_in_use" not in stats:
     return None
-  state = fns.init(step_lib.seed_keys(list(range(num_seeds))))
+  state = fns.init(seed_keys(list(range(num_seeds))))
   state = fns.chunk(state, jax.device_put(host), jnp.asarray(0, jnp.int32), steps)
   jax.block_until_ready(eval_fn(fns, vocab)(state.params, jax.device_put(eval_batches)))
   peak = device.memory_stats()["peak_bytes_in_use"]

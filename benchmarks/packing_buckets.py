@@ -32,6 +32,7 @@ from sg_jax.data import packing  # noqa: E402
 from sg_jax import train  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 from sg_jax.data import input_pipeline  # noqa: E402
+from sg_jax.training.state import seed_keys  # noqa: E402
 from train_throughput import per_device, question_split, time_vmapped  # noqa: E402
 
 
@@ -51,9 +52,9 @@ def measure(config, vocab, split, capacities, num_seeds: int, args) -> dict:
   mesh = sharding.seed_mesh(num_seeds, 0)
   data_options = input_pipeline.DataOptions.from_config(config)
   host, _ = input_pipeline.make_train_data(data_options, split, per_device(num_seeds))
-  fns = step_lib.make_train_fns(config, vocab.size, capacities, mesh)
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities, mesh)
   with compile_cache.CompileWatch() as watch:
-    first, calls = time_vmapped(fns, host, step_lib.seed_keys(list(range(num_seeds))), mesh,
+    first, calls = time_vmapped(fns, host, seed_keys(list(range(num_seeds))), mesh,
                                 args.steps_per_call, args.min_time, args.min_calls)
   return {"compile": sum(c.seconds for c in watch.compilations), "first": first,
           "rate": args.steps_per_call * num_seeds / float(np.median(calls))}

@@ -28,6 +28,7 @@ from sg_jax.data import input_pipeline  # noqa: E402
 from sg_jax.config import per_seed  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
 from sg_jax import tasks  # noqa: E402
+from sg_jax.training.state import seed_keys  # noqa: E402
 
 # Four seeds, every per-seed field different (label smoothing on for two of them).
 PER_SEED = {"optim.learning_rate": (1e-3, 2e-3, 1e-3, 3e-3),
@@ -64,10 +65,10 @@ def main(argv=None) -> dict:
       data_options = input_pipeline.DataOptions.from_config(config)
       _, vocab, splits = input_pipeline.load_data(data_options, tmp)
       host, capacities = input_pipeline.make_train_data(data_options, splits["train"], 4)
-      fns = step_lib.make_train_fns(config, vocab.size, capacities)
+      fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
       hp = per_seed.hparam_arrays(config)
       data = jax.tree_util.tree_map(jnp.asarray, host | {"hparams": hp})
-      keys = step_lib.seed_keys(list(range(4)))
+      keys = seed_keys(list(range(4)))
       state = fns.init(keys, keys, hp["init_scale"])
       state = jax.block_until_ready(fns.chunk(state, data, jnp.asarray(0, jnp.int32),
                                               args.steps))  # compiles

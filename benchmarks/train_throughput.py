@@ -17,8 +17,9 @@ rows when `config.train.packing` is on).
 Measured, per depth, seed count, device count (`--num_devices`), layout (padded / packed) and
 layer set (`--layer_impl`: `model.layer_impl` tuned / plain, default what "auto" picks here; all
 at `--matmul_precision`, `model.matmul_precision`):
-* vmapped: `step_lib.make_train_fns(config, vocab.size, capacities, mesh).chunk(state, data, start,
-  steps_per_call)`, i.e. the production path: the seeds sharded over `sharding.seed_mesh` (on a
+* vmapped: `step_lib.train_fns_from_config(config, vocab.size, capacities, mesh).chunk(state,
+  data, start, steps_per_call)`, i.e. the production path: the seeds sharded over
+  `sharding.seed_mesh` (on a
   CPU-only machine the host is split into 2 x cores devices by `sg_jax.runtime.host_devices`, as
   `python -m sg_jax.main` does; set XLA_FLAGS=--xla_force_host_platform_device_count=N to
   override), each device running its own seeds in one compiled `lax.scan` call (`shard_map`),
@@ -75,6 +76,7 @@ from common import (_ints, layer_impls, load_average, machine_rows,  # noqa: E40
 from sg_jax.models import layers  # noqa: E402
 from sg_jax.data import packing as packing_lib  # noqa: E402
 from sg_jax.data import input_pipeline  # noqa: E402
+from sg_jax.training.state import init_state, seed_keys  # noqa: E402
 
 
 def question_split(num_train: int, seed: int = 0):
@@ -190,8 +192,7 @@ def _dot_flops(avals, params) -> float:
 def one_seed_state(config, vocab_size: int):
   """(`train_fns(config, vocab_size, None)`, one seed's initial TrainState) without a seed axis."""
   fns = train_fns(config, vocab_size, None)
-  state = jax.jit(lambda k: step_lib.init_state(k, fns.model, fns.tx))(
-      step_lib.seed_keys([0])[0])
+  state = jax.jit(lambda k: init_state(k, fns.model, fns.tx))(seed_keys([0])[0])
   return fns, state
 
 
@@ -349,7 +350,7 @@ def breakdown(config, vocab_size: int, split, repeats: int = 3) -> list[tuple[st
   scan_steps = 4
   host, _ = train_layout(config, split, 1)
   data = jax.device_put(host)
-  stacked = lambda: fns.init(step_lib.seed_keys([0]))  # each part its own: chunk donates it
+  stacked = lambda: fns.init(seed_keys([0]))  # each part its own: chunk donates it
   parts += [
       (ONE_STEP, lambda s: fns.chunk(s, data, jnp.asarray(3, jnp.int32), 1), (stacked(),)),
       ("fns.chunk, 1 seed (vmap + scan), per step of 4",
@@ -524,7 +525,7 @@ def main(argv=None):
           f"{flops['tokens']:.1f} real tokens and {flops['total'] / 1e9:.3f} GFLOP "
           f"({flops['attention'] / flops['total']:.1%} attention) per seed-step")
     for num_seeds in args.seeds:
-      keys = step_lib.seed_keys(list(range(num_seeds)))
+      keys = seed_keys(list(range(num_seeds)))
       for packing, impl in [(p, i) for p in args.layouts for i in args.layer_impls]:
         config = make_config(depth, num_seeds, args, packing, impl)
         seq, device_counts = None, []

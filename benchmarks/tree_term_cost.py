@@ -11,7 +11,7 @@ feed-forward 512, batch 8 lines per seed and step, AdamW + clipping, packed rows
 trains) with `--num_seeds` seeds; data: `--num_train` generated question-formation lines,
 encoded and laid out as `sg_jax.train` does (`input_pipeline.make_train_data`, the term's gold
 nodes from `terms.train_arrays`). Each variant is the production path:
-`step.make_train_fns(config, ...).chunk` sharded over `sharding.seed_mesh`, one compiled
+`step.train_fns_from_config(config, ...).chunk` sharded over `sharding.seed_mesh`, one compiled
 `lax.scan` of `--steps_per_call` steps per call. The variants differ only in the config's
 `tree.lambdas` (`--lam`, 0 = the term is not built) and, with `--with_sas`, `sas.lambdas`.
 
@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 from sg_jax import configlib, tasks, terms  # noqa: E402
 from sg_jax.runtime import sharding  # noqa: E402
 from sg_jax import step as step_lib  # noqa: E402
+from sg_jax.training.state import seed_keys  # noqa: E402
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,7 +98,7 @@ def main() -> None:
   mesh = sharding.seed_mesh(args.num_seeds, int(base.num_devices))
   per_device = args.num_seeds // mesh.devices.size
   host_data, capacities = train_layout(base, split, per_device)
-  keys = step_lib.seed_keys(list(range(args.num_seeds)))
+  keys = seed_keys(list(range(args.num_seeds)))
   print_rows("setup", [
       ("model", f"{base.model.num_layers} layers, d_model {base.model.d_model}, "
                 f"{base.model.num_heads} heads, d_ff {base.model.d_ff} (grok_cpu)"),
@@ -113,7 +114,7 @@ def main() -> None:
     data.update(terms.train_arrays(terms.active(config), terms.schedules_from_config(config),
                                    task, examples, host_data["inputs"].shape[1],
                                    num_lines=host_data["inputs"].shape[0]))
-    fns = step_lib.make_train_fns(config, vocab.size, capacities, mesh)
+    fns = step_lib.train_fns_from_config(config, vocab.size, capacities, mesh)
     dev_data = sharding.put_replicated(data, mesh)
     state = jax.jit(fns.init, out_shardings=sharding.seed_sharding(mesh))(
         sharding.put_replicated(np.asarray(keys), mesh))

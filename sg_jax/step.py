@@ -1,110 +1,44 @@
 """The training step of ONE seed, and the seed-vmapped, jitted functions of a run built from it.
 
-Everything per seed is written for one seed (`init_state`, `loss_and_grads`,
-`packed_loss_and_grads`, `apply_gradients`, `epoch_permutation`); the seed axis is added with
+Everything per seed is written for one seed (`training.state.init_state`, `loss_and_grads`,
+`apply_gradients`, `training.sampling.epoch_permutation`); the seed axis is added with
 `jax.vmap` in exactly one place, where the functions of a run are built (`make_chunk_fn`,
 `make_train_fns`), and `make_train_fns` shards it over devices (`sharding.per_device`, each
 device training its own seeds). A compiled call (`make_chunk_fn`) runs its steps with
 `lax.scan`; the training set lives on device and each seed draws its own epoch permutations from
-its own key. Every random quantity of seed `s` at step `t` is a pure function of
-(`jax.random.key(s)`, `t`), so a resumed run equals an uninterrupted one and a seed trained in a
-group equals the same seed trained alone (`seeds.init` / `seeds.data` may give the
-initialisation and the data order, dropout and masking draws different seeds:
-`per_seed.seed_ids`). The scalar hyperparameters may differ per seed too: they then ride with
-the data as arrays (`per_seed.hparam_arrays`, `PerSeedAdamW`), so one compiled program serves
-any values of them.
+its own key (`training.sampling`). Every random quantity of seed `s` at step `t` is a pure
+function of (`jax.random.key(s)`, `t`) (`training.state`), so a resumed run equals an
+uninterrupted one and a seed trained in a group equals the same seed trained alone
+(`seeds.init` / `seeds.data` may give the initialisation and the data order, dropout and
+masking draws different seeds: `per_seed.seed_ids`). The scalar hyperparameters may differ per
+seed too: they then ride with the data as arrays (`per_seed.hparam_arrays`,
+`optim.adamw.PerSeedAdamW`), so one compiled program serves any values of them. The functions
+are built from typed `StepOptions`, never from the run config.
 """
-
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Callable
 
-import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from sg_jax import configlib
 from sg_jax import models
 from sg_jax import objectives
 from sg_jax import terms as terms_lib
 from sg_jax.config import per_seed
 from sg_jax.data.packing import pack_lines
 from sg_jax.models import transformer as model_lib
+from sg_jax.models.model_config import ModelConfig
 from sg_jax.optim.adamw import PerSeedAdamW, make_optimizer, make_per_seed_optimizer
 from sg_jax.optim.options import OptimOptions
-from sg_jax.runtime import config_changes
 from sg_jax.runtime import sharding
+from sg_jax.training.sampling import line_sampler
+from sg_jax.training.state import DROPOUT_KEY, OBJECTIVE_KEY, TrainState, init_state, subkey
 
 Array = jax.Array
-
-
-@flax.struct.dataclass
-class TrainState:
-  """State of one seed (stacked: every leaf gets a leading [seed] axis).
-
-  Attributes:
-    step: int32 [] optimisation steps taken.
-    params: model parameters (float32).
-    opt_state: optax state (AdamW moments, schedule count).
-    key: uint32 [2] key data of the seed's root key `jax.random.key(seed)`.
-    diverged: bool [] True once the loss or gradient norm was non-finite. The parameters then
-      freeze at their last finite values; the optimiser state is not guarded (it takes the
-      non-finite step and may hold NaN moments from then on: a diverged seed never trains again).
-    diverged_step: int32 [] step at which it diverged (-1 if never).
-    sums: running sums since the last log: loss, grad_norm (before clipping) and steps.
-  """
-
-  step: Array
-  params: Any
-  opt_state: Any
-  key: Array
-  diverged: Array
-  diverged_step: Array
-  sums: dict
-
-
-def seed_keys(seeds: list[int]) -> Array:
-  """uint32 [num_seeds, 2] key data of `jax.random.key(s)` for each seed id."""
-  return jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
-
-
-def _subkey(key_data: Array, purpose: int) -> Array:
-  return jax.random.fold_in(jax.random.wrap_key_data(key_data), purpose)
-
-
-# Purposes folded into a seed's root key: one independent stream each.
-PARAMS_KEY, DROPOUT_KEY, DATA_KEY, OBJECTIVE_KEY = 0, 1, 2, 3
-
-
-def init_state(key_data: Array, model: model_lib.TransformerLM,
-               tx, extra_sums: tuple[str, ...] = (), init_key: Array | None = None,
-               init_scale: Array | None = None) -> TrainState:
-  """Initial state of one seed.
-
-  Args:
-    key_data: uint32 [2] key data of the seed's data order, dropout and masking draws (kept
-      in the state: `seeds.data`, `per_seed.seed_ids`).
-    tx: the optimiser (`PerSeedAdamW` or an optax transformation).
-    extra_sums: names of further running sums (the loss terms' penalties, `terms.sum_name`).
-    init_key: uint32 [2] key data of the initialisation (`seeds.init`); None = `key_data`.
-    init_scale: float32 [] factor on the initial weight matrices and embeddings (every
-      parameter of 2 or more dimensions; LayerNorm gains and biases stay as drawn: Omnigrok's
-      alpha, Liu et al., ICLR 2023 §3); None = 1 (nothing multiplied).
-  """
-  params = models.init_params(
-      model.config, _subkey(key_data if init_key is None else init_key, PARAMS_KEY))
-  if init_scale is not None:
-    params = jax.tree_util.tree_map(lambda p: p * init_scale if p.ndim >= 2 else p, params)
-  zero = jnp.zeros((), jnp.float32)
-  sums = {"loss": zero, "grad_norm": zero, "steps": zero} | {name: zero for name in extra_sums}
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    key=key_data, diverged=jnp.zeros((), bool),
-                    diverged_step=jnp.full((), -1, jnp.int32), sums=sums)
 
 
 def model_inputs(objective: objectives.Objective, data: dict, idx_B: Array,
@@ -123,7 +57,7 @@ def model_inputs(objective: objectives.Objective, data: dict, idx_B: Array,
     capacity: static packed-row length, or None (padded).
     key_data: the seed's uint32 [2] key data.
   """
-  key = jax.random.fold_in(_subkey(key_data, OBJECTIVE_KEY), step)
+  key = jax.random.fold_in(subkey(key_data, OBJECTIVE_KEY), step)
   lengths = data["lengths"][idx_B]
   inputs, targets = objective.lines(data["inputs"][idx_B], data["targets"][idx_B], lengths, key)
   if capacity is None:
@@ -186,7 +120,7 @@ def loss_and_grads(params, key_data: Array, data: dict, idx_B: Array, step: Arra
   (`model_inputs`, then `total_loss`). `key_data` is the seed's uint32 [2] key data; `hp` its
   hyperparameters as data (`total_loss`)."""
   inputs, targets, model_kwargs = model_inputs(objective, data, idx_B, capacity, key_data, step)
-  dropout_key = jax.random.fold_in(_subkey(key_data, DROPOUT_KEY), step)
+  dropout_key = jax.random.fold_in(subkey(key_data, DROPOUT_KEY), step)
   (_, aux), grads = jax.value_and_grad(total_loss, has_aux=True)(
       params, model, objective, terms, lams_T, inputs, targets, dropout_key, data, idx_B, hp,
       **model_kwargs)
@@ -223,77 +157,6 @@ def apply_gradients(state: TrainState, loss: Array, grads, step: Array,
       diverged=state.diverged | ~finite,
       diverged_step=jnp.where(state.diverged | finite, state.diverged_step, step),
       sums=sums)
-
-
-def batch_indices(perm: Array, step: Array, batch_size: int, steps_per_epoch: int) -> Array:
-  """Line indices [batch] of `step` within the epoch permutation `perm` [num_lines]."""
-  return jax.lax.dynamic_slice(perm, ((step % steps_per_epoch) * batch_size,), (batch_size,))
-
-
-def epoch_permutation(key_data: Array, step: Array, num_lines: int, steps_per_epoch: int
-                      ) -> Array:
-  """The seed's permutation [num_lines] of the epoch containing `step`.
-
-  Each epoch of `num_lines // batch_size` steps visits a fresh permutation drawn from
-  `fold_in(data_key(seed), epoch)`; the remainder lines of an epoch are skipped.
-  """
-  return jax.random.permutation(
-      jax.random.fold_in(_subkey(key_data, DATA_KEY), step // steps_per_epoch), num_lines)
-
-
-def line_sampler(data: dict, keys_S: Array, batch_size: int,
-                 pool_sizes: tuple[int, ...] | None = None, sharded: bool = False):
-  """(first_perm(step), sample(perm, step) -> (perm, idx [S, batch])): the training lines of
-  every seed at each step.
-
-  Without pools every seed draws its epochs (`epoch_permutation`) over all `num_lines` lines
-  and the epoch boundary is shared. With `data['pools']` (int32 [S_total, P], row s the lines
-  seed s draws from, `composition.pools_array`) and `data['pool_sizes']` (int32 [S_total]),
-  each seed permutes its own pool: its epochs are `pool_size // batch_size` steps, and its
-  permutation is `epoch_permutation` over `pool_size` positions, as if its pool were the whole
-  training set (so a seed in a mixed group draws the lines it draws alone, and a pool of all
-  lines draws exactly the lines of the plain path).
-
-  Args:
-    keys_S: the seeds' key data [S, 2] (the local block under `shard_map`).
-    pool_sizes: the distinct pool sizes (static), sorted; None without pools.
-    sharded: True inside `sharding.per_device` (the local seeds are rows
-      `axis_index * S .. + S` of the pools).
-  """
-  if "pools" not in data:
-    n = data["inputs"].shape[0]
-    spe = n // batch_size
-    perms = lambda step: jax.vmap(lambda k: epoch_permutation(k, step, n, spe))(keys_S)
-
-    def sample(perm, step):
-      perm = jax.lax.cond(step % spe == 0, lambda: perms(step), lambda: perm)
-      return perm, jax.vmap(lambda p: batch_indices(p, step, batch_size, spe))(perm)
-
-    return perms, sample
-
-  num_local = keys_S.shape[0]
-  offset = jax.lax.axis_index(sharding.SEED_AXIS) * num_local if sharded else 0
-  pools = jax.lax.dynamic_slice_in_dim(data["pools"], offset, num_local)
-  sizes = jax.lax.dynamic_slice_in_dim(data["pool_sizes"], offset, num_local)
-  spe = sizes // batch_size
-  which = jnp.searchsorted(jnp.asarray(pool_sizes, jnp.int32), sizes)
-  width = pools.shape[1]
-
-  def perms(step):
-    def one(key, spe_s, which_s):
-      options = [jnp.pad(epoch_permutation(key, step, size, spe_s), (0, width - size))
-                 for size in pool_sizes]
-      return jnp.stack(options)[which_s]
-    return jax.vmap(one)(keys_S, spe, which)
-
-  def sample(perm, step):
-    due = step % spe == 0
-    perm = jax.lax.cond(jnp.any(due), lambda: jnp.where(due[:, None], perms(step), perm),
-                        lambda: perm)
-    pos = jax.vmap(lambda p, e: batch_indices(p, step, batch_size, e))(perm, spe)
-    return perm, jnp.take_along_axis(pools, pos, axis=1)
-
-  return perms, sample
 
 
 def make_chunk_fn(model: model_lib.TransformerLM, tx,
@@ -414,33 +277,68 @@ class TrainFns:
   terms: tuple  # the active loss terms (`terms.active`)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """What the training step of a run is built from (`make_train_fns`), built once at the top of
+  the loop (`from_config`). Equal options give the same compiled functions: they are the
+  functions' cache key, so a value read inside the step is one of these fields, and two runs
+  differing in anything else (the evaluation schedule, the step count when the schedule's end
+  is set, the data seed) share their functions.
+
+  Attributes:
+    objective: the run's objective (`objectives.from_config`).
+    model: the model's hyper-parameters (`objectives.model_config_from_config`: vocabulary
+      rows, attention and model name included).
+    optimizer: clipping, AdamW and the learning-rate schedule (`optim.OptimOptions`).
+    terms: the active loss terms (`terms.active`; () = none).
+    batch_size: training lines per seed and step.
+    hparams_as_data: the optimiser's hyperparameters and the dropout rate are data of the
+      programs (`per_seed.as_data`: `PerSeedAdamW`), not constants.
+    label_smoothing: some seed's label smoothing is > 0 (`per_seed.switches`).
+    hparams: {name: array [S]} the per-seed hyperparameters (`per_seed.hparam_arrays`): the
+      values a call uses when its data carries no 'hparams' (compared by value).
+  """
+
+  objective: objectives.Objective
+  model: ModelConfig
+  optimizer: OptimOptions
+  terms: tuple
+  batch_size: int
+  hparams_as_data: bool
+  label_smoothing: bool
+  hparams: dict = dataclasses.field(compare=False)
+
+  @classmethod
+  def from_config(cls, config, vocab_size: int) -> "StepOptions":
+    """The step options of a run config whose task vocabulary has `vocab_size` entries.
+
+    Raises:
+      ValueError: a bad objective, model, optimiser or loss-term field (one line naming it).
+    """
+    return cls(objective=objectives.from_config(config),
+               model=objectives.model_config_from_config(config, vocab_size),
+               optimizer=OptimOptions.from_config(config), terms=terms_lib.active(config),
+               batch_size=int(config.train.batch_size),
+               hparams_as_data=per_seed.as_data(config),
+               label_smoothing=per_seed.switches(config)["train.label_smoothing"],
+               hparams=per_seed.hparam_arrays(config))
+
+  def cache_key(self) -> tuple:
+    """The options with `hparams` by value (name, dtype and bytes of each array)."""
+    return (self, tuple((name, value.dtype.str, value.tobytes())
+                        for name, value in sorted(self.hparams.items())))
+
+
 _TRAIN_FNS_CACHE: dict = {}
 
 
-def _compiled_fields(config: ml_collections.ConfigDict) -> tuple:
-  """(dotted field, value) of every config field that may shape the compiled functions: all but
-  those `config_changes.classify_config_change` calls 'free' (e.g. train.num_steps stays when the
-  learning-rate schedule ends at it)."""
-  values = json.loads(config.to_json())
-  fields = []
-  for name in sorted(configlib.field_names(config)):
-    value = values
-    for part in name.split("."):
-      value = value[part]
-    if config_changes.classify_config_change(name, values, values) != "free":
-      fields.append((name, json.dumps(value, sort_keys=True)))
-  return tuple(fields)
-
-
-def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
-                   capacities: tuple[int, ...] | None = None,
+def make_train_fns(options: StepOptions, capacities: tuple[int, ...] | None = None,
                    mesh: jax.sharding.Mesh | None = None,
                    pool_sizes: tuple[int, ...] | None = None) -> TrainFns:
   """Builds the model, the optimiser and the jitted functions vmapped over the seed axis.
 
   Args:
-    config: the run config.
-    vocab_size: rows of the embedding/output layers.
+    options: the run's step options (`StepOptions.from_config`).
     capacities: packed-row buckets from `packing_capacities` (None = padded batches).
     pool_sizes: the distinct per-seed pool sizes of a run with per-seed data composition
       (`input_pipeline.make_train_data`; the data then holds 'pools'); None: every seed draws
@@ -451,23 +349,19 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
       never wait for one another inside a call. The state must then be sharded over the mesh
       (`sharding.seed_sharding`) and the data replicated.
 
-  Cached on the whole config except the fields a resumed run may change freely
-  (`config_changes.RESUMABLE_CHANGES`, which never change what a step computes), so repeated runs in
-  one process (tests, sweeps, notebooks) reuse the compiled functions and a field read inside
-  the step can never reuse functions compiled for another value of it. The per-seed
-  hyperparameters (`per_seed.HPARAM_FIELDS`) are data of the programs (data['hparams']) when
-  `per_seed.as_data`: the functions of other values of them trace to the same programs, which
-  JAX's persistent compilation cache then serves (`compile_cache`).
+  Cached on the options (`StepOptions.cache_key`) and the other arguments, so repeated runs in
+  one process (tests, sweeps, notebooks) reuse the compiled functions, and a value read inside
+  the step, being a field of the options, can never reuse functions compiled for another value
+  of it. The per-seed hyperparameters (`per_seed.HPARAM_FIELDS`) are data of the programs
+  (data['hparams']) when `hparams_as_data`: the functions of other values of them trace to the
+  same programs, which JAX's persistent compilation cache then serves (`compile_cache`).
   """
-  cache_key = (_compiled_fields(config), int(vocab_size), capacities, mesh, pool_sizes)
+  cache_key = (options.cache_key(), capacities, mesh, pool_sizes)
   if cache_key not in _TRAIN_FNS_CACHE:
-    objective = objectives.from_config(config)
-    model = models.build(objectives.model_config(config, vocab_size))
-    as_data = per_seed.as_data(config)
-    optim = OptimOptions.from_config(config)
-    tx = (make_per_seed_optimizer(optim, per_seed.hparam_arrays(config)) if as_data
-          else make_optimizer(optim))
-    terms = terms_lib.active(config)
+    objective, terms, as_data = options.objective, options.terms, options.hparams_as_data
+    model = models.build(options.model)
+    tx = (make_per_seed_optimizer(options.optimizer, options.hparams) if as_data
+          else make_optimizer(options.optimizer))
     sums = tuple(terms_lib.sum_name(term) for term in terms) + objective.metric_names
 
     def init_all(keys, init_keys=None, init_scales=None):
@@ -475,10 +369,10 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
           keys, init_keys, init_scales)
 
     init = jax.jit(init_all)
-    chunk_fn = make_chunk_fn(model, tx, int(config.train.batch_size), capacities, pool_sizes,
+    chunk_fn = make_chunk_fn(model, tx, options.batch_size, capacities, pool_sizes,
                              sharded=mesh is not None, objective=objective, terms=terms,
-                             label_smoothing=per_seed.switches(config)["train.label_smoothing"],
-                             dropout_as_data=as_data, hparams=per_seed.hparam_arrays(config))
+                             label_smoothing=options.label_smoothing, dropout_as_data=as_data,
+                             hparams=options.hparams)
     if mesh is not None:
       chunk_fn = sharding.per_device(chunk_fn, mesh, static_argnums=(3,))
     chunk = jax.jit(chunk_fn, static_argnums=(3,), donate_argnums=(0,))
@@ -486,3 +380,12 @@ def make_train_fns(config: ml_collections.ConfigDict, vocab_size: int,
                                            capacities=capacities, objective=objective,
                                            terms=terms)
   return _TRAIN_FNS_CACHE[cache_key]
+
+
+def train_fns_from_config(config, vocab_size: int, capacities: tuple[int, ...] | None = None,
+                          mesh: jax.sharding.Mesh | None = None,
+                          pool_sizes: tuple[int, ...] | None = None) -> TrainFns:
+  """`make_train_fns` of a run config (`StepOptions.from_config(config, vocab_size)`), for
+  callers holding a config: tests, benchmarks, notebooks."""
+  return make_train_fns(StepOptions.from_config(config, vocab_size), capacities, mesh,
+                        pool_sizes)

@@ -26,7 +26,7 @@ def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields)
   the stacked parameters of `seeds` (1 layer, d_model 16, 2 heads, d_ff 32) drawn from
   PRNGKey(100 * step + seed). `config_fields`: dotted config fields set on top (e.g.
   `**{"eval.batch_size": 8}`, `objective="mlm"`: the model is the objective's,
-  `objectives.model_config`). Returns `root` as a str."""
+  `objectives.model_config_from_config`). Returns `root` as a str."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from sg_jax import configlib, objectives, tasks  # pylint: disable=import-outside-toplevel
   from sg_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
@@ -44,7 +44,7 @@ def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields)
   for field, value in config_fields.items():
     configlib.set_field(config, field, value)
   vocab = task.vocab()
-  model_config = objectives.model_config(config, vocab.size)
+  model_config = objectives.model_config_from_config(config, vocab.size)
   manager = checkpointing.make_manager(str(root), asynchronous=False)
   for step in steps:
     stacked = [init_params(model_config, jax.random.PRNGKey(100 * step + s)) for s in seeds]

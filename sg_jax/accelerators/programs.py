@@ -36,7 +36,8 @@ from sg_jax.config import per_seed
 from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
 from sg_jax.evaluation import evaluator
 from sg_jax.runtime import sharding
-from sg_jax.step import make_train_fns, seed_keys
+from sg_jax.step import StepOptions, make_train_fns
+from sg_jax.training.state import seed_keys
 
 
 @dataclasses.dataclass
@@ -148,7 +149,7 @@ def _plan(config, target, devices, workdir: str, kinds) -> Plan:
   mesh = jax.sharding.Mesh(np.asarray(devices[:chips]), (sharding.SEED_AXIS,))
   pool_sizes = (tuple(sorted(set(host_data["pool_sizes"].tolist()))) if "pools" in host_data
                 else None)
-  fns = make_train_fns(config, vocab.size, capacities, mesh, pool_sizes)
+  fns = make_train_fns(StepOptions.from_config(config, vocab.size), capacities, mesh, pool_sizes)
   seeded, rep = sharding.seed_sharding(mesh), sharding.replicated(mesh)
   hparams = per_seed.hparam_arrays(config)
   state = jax.eval_shape(fns.init, np.asarray(seed_keys(per_seed.seed_ids(config, "data"))),

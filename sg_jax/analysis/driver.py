@@ -366,7 +366,8 @@ def _analyze(workdir: str, requested: list[registry.Group], *, steps, seeds, num
         longest = max((len(s) for s in data["entropy_inputs"] + (data.get("lines") or [])),
                       default=0) + 1 if data else 0
         # the run's model: its objective sets the attention and the extra rows ([MASK])
-        model_config = objectives.model_config(config, vocab.size, max_len=max(512, longest))
+        model_config = objectives.model_config_from_config(config, vocab.size,
+                                                           max_len=max(512, longest))
         params_all = restored.state["params"]
         index = {s: restored.seeds.index(s) for s in chosen}
 

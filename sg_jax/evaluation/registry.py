@@ -5,7 +5,7 @@ fields are its options, each with a default. Its config section `config.evals.<n
 from those defaults (`sections`, called by `configlib.base_config`), so adding an evaluator
 never edits the base config; `config.evals.<name>.enabled=False` switches one off. The training
 loop (`sg_jax.train`) and the run's evaluation (`sg_jax.evaluation.evaluator.run_evaluations`) name no
-evaluator: they build every enabled one (`enabled`) and merge what each returns.
+evaluator: they build every enabled one (`enabled_from_config`) and merge what each returns.
 
 The interface an evaluator sees (small on purpose, so that another model or objective plugs
 in without editing the evaluators):
@@ -187,17 +187,6 @@ def sections(eval_section: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   return out
 
 
-def _section(config, name: str) -> dict:
-  evals = config.get("evals", None)
-  if evals is None or name not in evals:  # a config from before the evals sections
-    cls = _REGISTRY[name]
-    legacy = {f: config.eval[leaf] for f, leaf in cls.legacy_fields.items()
-              if "eval" in config and leaf in config.eval}
-    return legacy
-  section = evals[name]
-  return dict(section.items()) if hasattr(section, "items") else {}
-
-
 def from_config(config, name: str) -> Evaluator:
   """The evaluator `name` with the options of a run config (`config.evals.<name>`).
 
@@ -205,7 +194,13 @@ def from_config(config, name: str) -> Evaluator:
     ValueError: one line naming the bad field (`invalid config: evals.<name>...`).
   """
   cls = _REGISTRY[name]
-  options = _section(config, name)
+  evals = config.get("evals", None)
+  if evals is None or name not in evals:  # a config from before the evals sections
+    options = {f: config.eval[leaf] for f, leaf in cls.legacy_fields.items()
+               if "eval" in config and leaf in config.eval}
+  else:
+    section = evals[name]
+    options = dict(section.items()) if hasattr(section, "items") else {}
   known = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(options) - known)
   if unknown:
@@ -236,8 +231,9 @@ def validate(config) -> None:
     from_config(config, name)
 
 
-def enabled(config) -> list[Evaluator]:
-  """The run's evaluators (registration order), with their options, that are switched on.
+def enabled_from_config(config) -> list[Evaluator]:
+  """The run's evaluators (registration order) that are switched on, each with its options
+  (the evaluators' typed options, built once at the top of the loop).
 
   Raises:
     ValueError: as `validate`.

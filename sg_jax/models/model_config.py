@@ -30,7 +30,8 @@ class ModelConfig:
       `per_seed.hparam_arrays` ('dropout_scale', 'dropout_threshold'); set inside the traced
       training step (`step.total_loss`), never from a config.
     init_scale: the initial weight matrices and embeddings are multiplied by it (Omnigrok's
-      initialisation scale, Liu et al., ICLR 2023 §3); applied by `step.init_state`, per seed.
+      initialisation scale, Liu et al., ICLR 2023 §3); applied by `training.state.init_state`,
+      per seed.
     tied_embeddings: use the transposed input embedding as the output layer (the paper's
       description) instead of a separate linear layer (the released code).
     max_len: longest sequence the sinusoidal position table covers.
@@ -45,7 +46,8 @@ class ModelConfig:
       tokens), else ().
     name: the model's name in `sg_jax.models` (`models.build` makes the module): this
       decoder-only `transformer_lm` (the default), or e.g. `encoder_decoder`. Set from the run
-      config's `model.name`, or from the objective when that is '' (`objectives.model_config`).
+      config's `model.name`, or from the objective when that is ''
+      (`objectives.model_config_from_config`).
   """
 
   vocab_size: int
@@ -102,7 +104,7 @@ class ModelConfig:
 
     Each field of `model_cfg` sets the ModelConfig field of the same name (cast to the type of
     its default); fields it does not set keep their defaults. Its `name` is not read here: the
-    model's name is `model_name` (`objectives.model_config` resolves it).
+    model's name is `model_name` (`objectives.model_config_from_config` resolves it).
 
     Raises:
       ValueError: `model_cfg` has a field ModelConfig lacks (or sets `vocab_size`, `max_len`,

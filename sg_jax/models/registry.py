@@ -9,8 +9,8 @@ intermediates (`intermediates.apply_with_intermediates`: 'hidden', per layer `la
 unchanged.
 
 Each model has a *family*; an objective names the family it needs (`Objective.model_family`) and
-the model it trains by default (`Objective.default_model`); `objectives.model_config` checks that
-a run's `model.name` belongs to that family (docs/model.md: how to add a model).
+the model it trains by default (`Objective.default_model`); `objectives.model_config_from_config`
+checks that a run's `model.name` belongs to that family (docs/model.md: how to add a model).
 """
 
 from __future__ import annotations

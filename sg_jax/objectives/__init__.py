@@ -7,6 +7,5 @@ from sg_jax.objectives import mlm  # noqa: F401  (registers `mlm`)
 from sg_jax.objectives import prefix_lm  # noqa: F401  (registers `prefix_lm`)
 from sg_jax.objectives import seq2seq  # noqa: F401  (registers `seq2seq`)
 from sg_jax.objectives.base import (ATTENTIONS, Objective, from_config,  # noqa: F401
-                                    masked_accuracy, mean_token_loss, model_config, model_name,
-                                    names,
-                                    register, smoothing_gap, token_losses)
+                                    masked_accuracy, mean_token_loss, model_config_from_config,
+                                    model_name, names, register, smoothing_gap, token_losses)

@@ -194,15 +194,15 @@ def from_config(config) -> Objective:
   return _REGISTRY[name].from_config(config)
 
 
-def model_name(config, objective: Objective) -> str:
-  """The model a run trains: `config.model.name`, or the objective's `default_model` when that
-  is '' or absent (runs from before the field).
+def model_name(objective: Objective, requested: str = "") -> str:
+  """The model a run trains: `requested` (the config's `model.name`), or the objective's
+  `default_model` when that is '' (the default, and runs from before the field).
 
   Raises:
     ValueError: an unregistered model, or one not of the objective's `model_family` (one line
       naming both).
   """
-  name = str(config.model.get("name", "")) or objective.default_model
+  name = requested or objective.default_model
   if models.family(name) != objective.model_family:
     raise ValueError(f"invalid config: objective {objective.name!r} trains a model of family "
                      f"{objective.model_family!r}; model.name {name!r} is of family "
@@ -211,10 +211,11 @@ def model_name(config, objective: Objective) -> str:
   return name
 
 
-def model_config(config, vocab_size: int, max_len: int = 512):
-  """The `model.ModelConfig` of a run config: its `model` section, with the model name
-  (`model_name`), the attention, the prefix-end ids and the extra vocabulary rows of its
-  objective (`from_config(config)`). `models.build` makes the module of it.
+def model_config_from_config(config, vocab_size: int, max_len: int = 512):
+  """The `model.ModelConfig` of a run config (built once at the top: what the step, the
+  evaluators and the analyses take): its `model` section, with the model name (`model_name`),
+  the attention, the prefix-end ids and the extra vocabulary rows of its objective
+  (`from_config(config)`). `models.build` makes the module of it.
 
   Args:
     vocab_size: the task vocabulary's size (`Vocab.size`); the objective's `extra_tokens` are
@@ -224,10 +225,10 @@ def model_config(config, vocab_size: int, max_len: int = 512):
     ValueError: a bad model field, model name or objective.
   """
   objective = from_config(config)
-  return model_lib.ModelConfig.from_config(config.model, vocab_size + objective.extra_tokens,
-                                           max_len, attention=objective.attention,
-                                           prefix_end_ids=objective.prefix_end_ids,
-                                           model_name=model_name(config, objective))
+  return model_lib.ModelConfig.from_config(
+      config.model, vocab_size + objective.extra_tokens, max_len, attention=objective.attention,
+      prefix_end_ids=objective.prefix_end_ids,
+      model_name=model_name(objective, str(config.model.get("name", ""))))
 
 
 def masked_accuracy(logits_BxLxV: Array, targets_BxL: Array) -> Array:

@@ -6,7 +6,7 @@ The lines are the run's objective's (`objectives.Objective.lines`, with the fixe
 `OBJECTIVE_SEED`): the KL, the task losses and the means read the inputs the model was trained
 on and score its loss positions only: every position for `lm`, the output part for `prefix_lm`,
 the masked positions of one fixed BERT masking for `mlm`. The model is the run's own
-(`objectives.model_config`: its attention and its `[MASK]` row)."""
+(`objectives.model_config_from_config`: its attention and its `[MASK]` row)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sg_jax import models
 from sg_jax import objectives
 from sg_jax.data import input_pipeline
+from sg_jax.models.transformer import TransformerLM
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import run as run_lib
 from sg_jax.tasks import io as tasks_io
@@ -107,20 +107,20 @@ def seed_inputs(restored, seeds: list[int], data: dict):
     data: `load_lines`'s result (the means are over its 'means_inputs').
 
   Returns:
-    (the run's ModelConfig (`objectives.model_config`) with max_len covering every line
+    (the run's ModelConfig (`objectives.model_config_from_config`) with max_len covering every line
     (`run.pruning_model_config`), Vocab,
-    params [S, ...], (head means float32 [S, R_h, num_heads, head_dim], MLP means
-    float32 [S, R_m, d_model]): `objective.unit_shapes`).
+    params [S, ...], (head means float32 [S, num_layers, num_heads, head_dim], MLP means
+    float32 [S, num_layers, d_model])).
   """
   vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
   longest = max(data["train"]["inputs"].shape[-1],
                 *(b["inputs"].shape[-1] for b in data["eval"].values()))
-  model_config = run_lib.pruning_model_config(objectives.model_config(
+  model_config = run_lib.pruning_model_config(objectives.model_config_from_config(
       restored.config, vocab.size, max_len=max(512, longest)))
   run_seeds = list(restored.seeds)
   idx = np.array([run_seeds.index(s) for s in seeds])
   params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
                                     restored.state["params"])
-  means_S = tuple(map(jnp.asarray, means_lib.seed_means(models.build(model_config), params_S,
+  means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
                                                         data["means_inputs"])))
   return model_config, vocab, params_S, means_S

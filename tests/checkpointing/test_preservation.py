@@ -12,17 +12,17 @@ import pytest
 
 from sg_jax import checkpointing
 from sg_jax import configlib
-from sg_jax import step as step_lib
 from sg_jax import train
 from sg_jax.records import metric_logging
 from sg_jax.runtime import stop_signal
+from sg_jax.training.state import TrainState
 from tests import run_files
 
 
 def _state(step, seeds=2):
   """A small stacked TrainState whose arrays all hold `step` (params, moments, flags)."""
   full = lambda shape, dtype=jnp.float32: jnp.full((seeds,) + shape, step, dtype)
-  return step_lib.TrainState(
+  return TrainState(
       step=full((), jnp.int32), params={"w": full((3, 4)), "b": full((4,))},
       opt_state={"mu": {"w": full((3, 4))}, "nu": {"w": full((3, 4))}},
       key=full((2,), jnp.uint32), diverged=jnp.zeros((seeds,), bool),

@@ -54,7 +54,7 @@ def test_built_in_evaluators_run_in_order_with_sections_from_their_defaults():
   assert config.evals.to_dict() == {"task": {"enabled": True},
                                     "uas": {"enabled": True, "lines": 256},
                                     "preference": {"enabled": True, "lines": 256}}
-  assert [e.name for e in evals.enabled(config)] == ["task", "uas", "preference"]
+  assert [e.name for e in evals.enabled_from_config(config)] == ["task", "uas", "preference"]
 
 
 def test_a_registered_evaluator_gets_its_section_without_editing_the_base_config(
@@ -64,7 +64,7 @@ def test_a_registered_evaluator_gets_its_section_without_editing_the_base_config
   config.evals.toy_param_squares.scale = 3.0
   assert evals.from_config(config, "toy_param_squares") == ParamSquares(scale=3.0)
   config.evals.toy_param_squares.enabled = False
-  assert "toy_param_squares" not in [e.name for e in evals.enabled(config)]
+  assert "toy_param_squares" not in [e.name for e in evals.enabled_from_config(config)]
 
 
 def test_old_eval_names_set_the_evaluators_options():

@@ -13,6 +13,7 @@ from sg_jax import step as step_lib
 from sg_jax.data import input_pipeline
 from sg_jax.models import layers
 from sg_jax.models import transformer as model_lib
+from sg_jax.training.state import seed_keys
 
 VOCAB = 20
 
@@ -187,8 +188,8 @@ def test_training_steps_with_plain_layers_equal_tuned(tiny_config, tmp_path):
     data_options = input_pipeline.DataOptions.from_config(config)
     _, vocab, splits = input_pipeline.load_data(data_options, str(tmp_path))
     host, caps = input_pipeline.make_train_data(data_options, splits["train"], 2)
-    fns = fns_of[impl] = step_lib.make_train_fns(config, vocab.size, caps)
-    state = fns.init(step_lib.seed_keys([0, 1]))
+    fns = fns_of[impl] = step_lib.train_fns_from_config(config, vocab.size, caps)
+    state = fns.init(seed_keys([0, 1]))
     state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host),
                       jnp.asarray(0, jnp.int32), 5)
     losses[impl] = np.asarray(state.sums["loss"])

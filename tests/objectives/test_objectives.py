@@ -28,6 +28,8 @@ from sg_jax.models.model_config import ModelConfig
 from sg_jax.models.transformer import TransformerLM, INTERMEDIATES, init_params
 from sg_jax.records import metric_logging
 from sg_jax.terms import sas, tree as tree_term
+from sg_jax.training import state as train_state
+from sg_jax.training.state import seed_keys
 
 import toy_config  # pylint: disable=wrong-import-order  (tests/ is on the path)
 from conftest import TEST_SIZED_FLAGS  # pylint: disable=wrong-import-order
@@ -182,7 +184,7 @@ def test_sas_through_the_body_equals_the_hand_written_regularised_loss():
 
   def by_hand(prm):
     dropout = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(key_data),
-                                                    step.DROPOUT_KEY), t)
+                                                    train_state.DROPOUT_KEY), t)
     logits, state = model.apply({"params": prm}, data["inputs"], deterministic=False,
                                 rngs={"dropout": dropout}, mutable=[INTERMEDIATES])
     sown = state[INTERMEDIATES]
@@ -338,8 +340,8 @@ def _flat(tree):
 def _train_params(config, vocab, split, seeds, steps):
   data_options = input_pipeline.DataOptions.from_config(config)
   host, capacities = input_pipeline.make_train_data(data_options, split, len(seeds))
-  fns = step_lib.make_train_fns(config, vocab.size, capacities)
-  state = fns.init(step_lib.seed_keys(seeds))
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
+  state = fns.init(seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
                     steps)
   return jax.device_get(state.params), jax.device_get(state.sums)

@@ -26,6 +26,7 @@ from sg_jax.pruning import driver as prune
 from sg_jax.pruning import inputs as inputs_lib
 from sg_jax.records import metric_logging
 from sg_jax.runtime import stop_signal
+from sg_jax.training.state import seed_keys
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
 PRUNE_FAST = dict(num_steps=12, sparsity_warmup_steps=8, num_lines=16, batch_size=8,
@@ -92,8 +93,8 @@ def test_mlm_sas_seed_in_a_group_equals_the_seed_alone(tiny_config, tmp_path):
         terms.active(config), terms.schedules_from_config(config), task,
         lambda: data_options.training_examples(str(tmp_path)), host["inputs"].shape[1],
         num_lines=host["inputs"].shape[0]))
-    fns = step_lib.make_train_fns(config, vocab.size, capacities)
-    state = fns.init(step_lib.seed_keys(seeds))
+    fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
+    state = fns.init(seed_keys(seeds))
     host = jax.tree_util.tree_map(jnp.asarray, host)
     state = fns.chunk(state, host, jnp.asarray(0, jnp.int32), 10)
     leaves = jax.tree_util.tree_leaves(jax.device_get(state.params))

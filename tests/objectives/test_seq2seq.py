@@ -27,7 +27,9 @@ from sg_jax.data import packing
 from sg_jax.models import attention_masks, intermediates
 from sg_jax.models import encoder_decoder
 from sg_jax.models.model_config import ModelConfig
+from sg_jax.pruning import run as pruning_run
 from sg_jax.runtime import stop_signal
+from sg_jax.training.state import seed_keys
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
 
 VOCAB, SOS, QUEST = 16, 15, 9
@@ -161,10 +163,10 @@ def test_packed_rows_equal_padded_lines():
 def test_seq2seq_objective_picks_its_model_and_refuses_mismatches(tiny_config):
   config = tiny_config(objective="seq2seq")
   objective = objectives.from_config(config)
-  model_config = objectives.model_config(config, 30)
+  model_config = objectives.model_config_from_config(config, 30)
   assert (model_config.name, model_config.attention) == ("encoder_decoder", "prefix")
   assert model_config.prefix_end_ids == objective.task_ids and objective.task_ids
-  assert objectives.model_config(tiny_config(), 30).name == "transformer_lm"
+  assert objectives.model_config_from_config(tiny_config(), 30).name == "transformer_lm"
   task, words = objective.task_ids[0], [i for i in range(1, 12) if i not in objective.task_ids]
   inputs = jnp.asarray([[words[0], words[1], task, words[2], words[3]]], jnp.int32)
   targets = jnp.asarray([[words[1], task, words[2], words[3], words[4]]], jnp.int32)
@@ -172,13 +174,15 @@ def test_seq2seq_objective_picks_its_model_and_refuses_mismatches(tiny_config):
   np.testing.assert_array_equal(scored, [[0, 0, words[2], words[3], words[4]]])  # output only
   with pytest.raises(ValueError, match="objective 'seq2seq' trains a model of family "
                                        "'encoder_decoder'; model.name 'transformer_lm'"):
-    objectives.model_config(tiny_config(objective="seq2seq",
-                                        **{"model.name": "transformer_lm"}), 30)
+    objectives.model_config_from_config(tiny_config(objective="seq2seq",
+                                                    **{"model.name": "transformer_lm"}), 30)
   with pytest.raises(ValueError, match="objective 'lm' trains a model of family 'decoder'"):
-    objectives.model_config(tiny_config(**{"model.name": "encoder_decoder"}), 30)
+    objectives.model_config_from_config(tiny_config(**{"model.name": "encoder_decoder"}), 30)
   with pytest.raises(ValueError, match="objective 'seq2seq' needs a task whose lines have an "
                                        "input and an output part"):
     objectives.from_config(tiny_config(task="dyck", objective="seq2seq"))
+  with pytest.raises(ValueError, match="pruning supports model transformer_lm"):
+    pruning_run.pruning_model_config(_config())
   with pytest.raises(ValueError, match="no key/value-cached decoding"):
     _apply(np.asarray([[SOS, QUEST]]), decode=True, positions_BxL=jnp.zeros((1, 2), jnp.int32))
 
@@ -233,8 +237,8 @@ def _flat(tree):
 def _train_params(config, vocab, split, seeds, steps):
   data_options = input_pipeline.DataOptions.from_config(config)
   host, capacities = input_pipeline.make_train_data(data_options, split, len(seeds))
-  fns = step_lib.make_train_fns(config, vocab.size, capacities)
-  state = fns.init(step_lib.seed_keys(seeds))
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
+  state = fns.init(seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
                     steps)
   return jax.device_get(state.params)

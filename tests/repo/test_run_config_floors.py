@@ -66,14 +66,7 @@ CHECKS = {"validate", "check"}
 
 # (module, function): still given the run config, and why. Remove an entry once its function
 # takes typed options.
-PENDING = {
-    ("step.py", "make_train_fns"): "the compiled step's builder: typed options pending (step.py)",
-    ("step.py", "_compiled_fields"): "read by make_train_fns: pending (step.py)",
-    ("objectives/base.py", "model_name"): "an objective's model choice: pending (objectives/)",
-    ("objectives/base.py", "model_config"): "an objective's ModelConfig: pending (objectives/)",
-    ("evaluation/registry.py", "_section"): "an evaluator's section of the run config (evals/)",
-    ("evaluation/registry.py", "enabled"): "whether an evaluator is on (evals/)",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def _run_config_names(function: ast.AST) -> set[str]:

@@ -193,7 +193,7 @@ def test_checkpoint_of_other_shapes_is_a_mismatch_and_is_not_moved(reference, tm
   config.model.d_model = 64
   with open(os.path.join(workdir, "vocab.json")) as f:
     vocab = vocab_lib.Vocab.from_json(f.read())
-  fns = step_lib.make_train_fns(config, vocab.size)
+  fns = step_lib.train_fns_from_config(config, vocab.size)
   target = jax.eval_shape(fns.init, jax.ShapeDtypeStruct((2, 2), np.uint32))
   manager = checkpointing.make_manager(workdir, create=False, asynchronous=False)
   try:

@@ -1,5 +1,5 @@
 """Each config fact is stated once: the model config, the validation, the compiled-function cache
-and the presets of each task."""
+(keyed on the typed step options) and the presets of each task."""
 
 import dataclasses
 import os
@@ -36,7 +36,7 @@ def test_model_config_takes_every_field_of_the_model_section(load_config):
   c.model.layer_norm_eps = 1e-6  # a ModelConfig field the base config does not set
   cfg = model_lib.ModelConfig.from_config(c.model, vocab_size=17, max_len=99)
   for name, value in c.model.items():
-    if name != "name":  # '' = the objective's model, resolved by objectives.model_config
+    if name != "name":  # '' = the objective's model (objectives.model_config_from_config)
       assert getattr(cfg, name) == value, name
   assert cfg.name == "transformer_lm" and c.model.name == ""
   assert (cfg.vocab_size, cfg.max_len, cfg.layer_norm_eps) == (17, 99, 1e-6)
@@ -62,24 +62,32 @@ def test_validation_of_the_model_section_is_the_model_configs(arg, field, load_c
   assert str(from_validate.value).startswith(f"invalid config: {field} "), from_validate.value
 
 
-def test_compiled_functions_are_cached_on_all_but_the_resumable_fields(load_config):
+def test_compiled_functions_are_cached_on_the_step_options(load_config):
   from sg_jax import train  # pylint: disable=import-outside-toplevel  (imports jax)
   base = lambda: load_config("question", "quick,optim.decay_steps=5000")
-  fns = step_lib.make_train_fns(base(), 20)
+  fns = step_lib.train_fns_from_config(base(), 20)
+  # Fields the step does not read (a resumed run may change them; the data seed and the task
+  # reach the step only as data and as the vocabulary size) share the functions.
   for field, value in (("train.log_every", 7), ("eval.every", 9), ("checkpoint.every", 11),
-                       ("train.steps_per_call", 3), ("train.num_steps", 123), ("num_devices", 1)):
+                       ("train.steps_per_call", 3), ("train.num_steps", 123), ("num_devices", 1),
+                       ("data.seed", 5)):
     c = base()
     configlib.set_field(c, field, value)
-    assert step_lib.make_train_fns(c, 20) is fns, field
-  for field, value in (("optim.b1", 0.8), ("model.dropout", 0.2), ("data.seed", 5),
-                       ("train.batch_size", 4), ("task", "tense")):
+    assert step_lib.train_fns_from_config(c, 20) is fns, field
+  for field, value in (("optim.b1", 0.8), ("model.dropout", 0.2), ("train.batch_size", 4),
+                       ("objective", "mlm"), ("sas.lambdas", (0.01,)),
+                       ("train.label_smoothing", 0.1)):
     c = base()
     configlib.set_field(c, field, value)
-    assert step_lib.make_train_fns(c, 20) is not fns, field
-  c = base()
-  c.train.new_step_option = 1  # a field read inside the step tomorrow: never a stale function
-  assert step_lib.make_train_fns(c, 20) is not fns
+    assert step_lib.train_fns_from_config(c, 20) is not fns, field
+  assert step_lib.train_fns_from_config(base(), 21) is not fns  # the vocabulary size
+  # Every option is part of the key, the per-seed arrays by value.
+  options = step_lib.StepOptions.from_config(base(), 20)
+  assert step_lib.make_train_fns(options) is fns
+  assert step_lib.make_train_fns(dataclasses.replace(options, batch_size=5)) is not fns
+  other = {**options.hparams, "label_smoothing": options.hparams["label_smoothing"] + 0.5}
+  assert step_lib.make_train_fns(dataclasses.replace(options, hparams=other)) is not fns
   # The step count shapes the functions when the learning-rate schedule ends at it.
   c, d = (load_config("question", "quick,optim.decay_steps=0") for _ in range(2))
   d.train.num_steps = 999
-  assert step_lib.make_train_fns(c, 20) is not step_lib.make_train_fns(d, 20)
+  assert step_lib.train_fns_from_config(c, 20) is not step_lib.train_fns_from_config(d, 20)

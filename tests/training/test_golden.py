@@ -28,6 +28,7 @@ import numpy as np
 
 from sg_jax import step as step_lib
 from sg_jax.data import input_pipeline
+from sg_jax.training.state import seed_keys
 
 # When a change moves these numbers ON PURPOSE (a new initialiser, a fixed bug in the step, a
 # new data generator), say so in its commit message and record the new values: run this test,
@@ -53,8 +54,8 @@ def _train_20_steps(config, workdir):
   data_options = input_pipeline.DataOptions.from_config(config)
   _, vocab, splits = input_pipeline.load_data(data_options, workdir)  # reads config.data.dir
   host, capacities = input_pipeline.make_train_data(data_options, splits["train"], 2)
-  fns = step_lib.make_train_fns(config, vocab.size, capacities)
-  state = fns.init(step_lib.seed_keys([0, 1]))
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
+  state = fns.init(seed_keys([0, 1]))
   data = jax.tree_util.tree_map(jnp.asarray, host)
   got = {"loss": [], "grad_norm": []}
   for start in (0, 10):

@@ -22,6 +22,7 @@ from sg_jax.config import per_seed
 from sg_jax.data import input_pipeline
 from sg_jax.optim import adamw, schedules
 from sg_jax.optim.options import OptimOptions
+from sg_jax.training.state import seed_keys
 
 
 def _config(**fields):
@@ -154,10 +155,10 @@ def _run(config, split, vocab, steps):
   """Final params [S, ...] of `config`'s seeds trained together, with their values as data."""
   data_options = input_pipeline.DataOptions.from_config(config)
   host, capacities = input_pipeline.make_train_data(data_options, split, int(config.num_seeds))
-  fns = step_lib.make_train_fns(config, vocab.size, capacities)
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities)
   hp = per_seed.hparam_arrays(config)
-  state = fns.init(step_lib.seed_keys(per_seed.seed_ids(config, "data")),
-                   step_lib.seed_keys(per_seed.seed_ids(config, "init")), hp["init_scale"])
+  state = fns.init(seed_keys(per_seed.seed_ids(config, "data")),
+                   seed_keys(per_seed.seed_ids(config, "init")), hp["init_scale"])
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host | {"hparams": hp}),
                     jnp.asarray(0, jnp.int32), steps)
   return jax.device_get(state.params)
@@ -196,13 +197,13 @@ def test_a_seed_with_its_values_in_a_mixed_group_equals_the_seed_alone(tiny_conf
 def test_one_value_each_keeps_optax_compiled_in_several_values_are_data():
   single = _config(**{"optim.weight_decay": 0.1, "model.dropout": 0.2})
   assert not per_seed.as_data(single)
-  assert not isinstance(step_lib.make_train_fns(single, 20).tx, adamw.PerSeedAdamW)
+  assert not isinstance(step_lib.train_fns_from_config(single, 20).tx, adamw.PerSeedAdamW)
   assert per_seed.as_data(_config(**{"optim.weight_decay": (0.0, 0.1)}))
   assert per_seed.as_data(_config(**{"train.hparams_as_data": True}))
   # Label smoothing and the initialisation scale are data whenever used: no switch needed.
   assert not per_seed.as_data(_config(**{"model.init_scale": (1.0, 2.0),
                                          "train.label_smoothing": (0.0, 0.1)}))
-  mixed = step_lib.make_train_fns(_config(**{"optim.b2": (0.99, 0.999)}), 20)
+  mixed = step_lib.train_fns_from_config(_config(**{"optim.b2": (0.99, 0.999)}), 20)
   assert isinstance(mixed.tx, adamw.PerSeedAdamW)
 
 

@@ -11,6 +11,8 @@ from sg_jax import configlib
 from sg_jax import step as step_lib
 from sg_jax.config import checks as config_checks
 from sg_jax.config import per_seed
+from sg_jax.training.sampling import batch_indices, epoch_permutation
+from sg_jax.training.state import seed_keys
 
 NUM_LINES, BATCH = 64, 8
 
@@ -30,9 +32,9 @@ def _init(config):
 
   The init functions of one config serve all (the seeds and scales are arguments): one
   compilation per number of seeds."""
-  fns = step_lib.make_train_fns(_config(), 20)
-  state = fns.init(step_lib.seed_keys(per_seed.seed_ids(config, "data")),
-                   step_lib.seed_keys(per_seed.seed_ids(config, "init")),
+  fns = step_lib.train_fns_from_config(_config(), 20)
+  state = fns.init(seed_keys(per_seed.seed_ids(config, "data")),
+                   seed_keys(per_seed.seed_ids(config, "init")),
                    per_seed.hparam_arrays(config)["init_scale"])
   flat = np.stack([np.concatenate([np.asarray(x[i]).reshape(-1)
                                    for x in jax.tree_util.tree_leaves(state.params)])
@@ -41,12 +43,13 @@ def _init(config):
 
 
 def _first_batches(keys, steps=3):
-  """int32 [S, steps, batch]: the lines of each seed's first steps (`step.line_sampler`)."""
+  """int32 [S, steps, batch]: the lines of each seed's first steps
+  (`training.sampling.line_sampler`)."""
   spe = NUM_LINES // BATCH
   out = []
   for key in keys:
-    perm = step_lib.epoch_permutation(key, 0, NUM_LINES, spe)
-    out.append([np.asarray(step_lib.batch_indices(perm, t, BATCH, spe)) for t in range(steps)])
+    perm = epoch_permutation(key, 0, NUM_LINES, spe)
+    out.append([np.asarray(batch_indices(perm, t, BATCH, spe)) for t in range(steps)])
   return np.asarray(out)
 
 
@@ -71,7 +74,7 @@ def test_defaults_are_the_seed_ids_and_change_nothing():
   assert per_seed.seed_ids(config, "init") == per_seed.seed_ids(config, "data") == [3, 4, 5, 6]
   params, keys = _init(config)
   # The call of runs from before seeds.* (the init keys are the data keys, no scale).
-  before = step_lib.make_train_fns(_config(), 20).init(step_lib.seed_keys([3, 4, 5, 6]))
+  before = step_lib.train_fns_from_config(_config(), 20).init(seed_keys([3, 4, 5, 6]))
   np.testing.assert_array_equal(np.asarray(keys), np.asarray(before.key))
   np.testing.assert_array_equal(
       params, np.stack([np.concatenate([np.asarray(x[i]).reshape(-1)

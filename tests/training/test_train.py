@@ -21,6 +21,8 @@ from sg_jax.runtime import call_sizer
 from sg_jax.runtime import config_changes
 from sg_jax.runtime import environment
 from sg_jax.runtime import stop_signal
+from sg_jax.training import calls as training_calls
+from sg_jax.training.state import seed_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,8 +35,8 @@ def _train_params(config, vocab, split, seeds, steps, packing=False):
   config.train.packing = packing
   data_options = input_pipeline.DataOptions.from_config(config)
   host, capacities = input_pipeline.make_train_data(data_options, split, len(seeds))
-  fns = step_lib.make_train_fns(config, vocab.size, capacities)  # cached per group size
-  state = fns.init(step_lib.seed_keys(seeds))
+  fns = step_lib.train_fns_from_config(config, vocab.size, capacities)  # cached per group size
+  state = fns.init(seed_keys(seeds))
   state = fns.chunk(state, jax.tree_util.tree_map(jnp.asarray, host), jnp.asarray(0, jnp.int32),
                     steps)
   return jax.device_get(state.params), capacities
@@ -148,7 +150,7 @@ def test_rerun_of_a_finished_run_says_it_is_complete(tiny_config, tmp_path, capl
   config = tiny_config(**{"train.num_steps": 10})
   train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
   # A slow guess would size calls below steps_per_call; with nothing to train, no size is logged.
-  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 1e3)
+  monkeypatch.setattr(train, "guess_seconds_per_step", lambda *args: 1e3)
   with caplog.at_level(logging.INFO, logger="sg_jax"):
     out = train.train_and_evaluate(config, str(tmp_path), tensorboard=False)
   messages = [r.getMessage() for r in caplog.records if r.name == "sg_jax"]
@@ -213,7 +215,7 @@ def test_call_sizer_fits_calls_under_the_time_limit():
 
 
 def test_adapted_call_sizes_give_bit_identical_results(tiny_config, tmp_path, monkeypatch):
-  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 0.0)
+  monkeypatch.setattr(train, "guess_seconds_per_step", lambda *args: 0.0)
   fixed_calls, adapted_calls = [], []
   hook = lambda calls: (lambda state, step: calls.append(step) or state)
   fixed = train.train_and_evaluate(tiny_config(**{"train.max_call_seconds": 0.0}),
@@ -356,11 +358,11 @@ def test_calls_measured_over_the_limit_shrink(tiny_config, tmp_path, monkeypatch
   sizer.observe(100, 11.0)  # 0.11 s per step: 50 steps fit
   assert sizer.size_at(200) == 50
   # In the loop, timed by a fake clock.
-  monkeypatch.setattr(train, "_guess_seconds_per_step", lambda *args: 0.0)
+  monkeypatch.setattr(train, "guess_seconds_per_step", lambda *args: 0.0)
   ticks = iter(range(0, 10**6, 11))
   fake_time = types.SimpleNamespace(perf_counter=lambda: float(next(ticks)), time=time.time,
                                     strftime=time.strftime, gmtime=time.gmtime)
-  monkeypatch.setattr(train, "time", fake_time)
+  monkeypatch.setattr(training_calls, "time", fake_time)  # run_calls times the calls
   calls = []
   train.train_and_evaluate(tiny_config(**{"train.max_call_seconds": 10.0}),
                            str(tmp_path), tensorboard=False,
