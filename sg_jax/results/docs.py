@@ -1,5 +1,6 @@
-"""Tables in docs/ generated from `results/`: each sits between two markers naming its study and
-table,
+"""Tables in docs/ generated from `results/`: each sits in a results page (docs/results/<study>.md,
+where the docs keep their measurements; the how-to pages link to it) between two markers naming
+its study and table,
 
     <!-- results: qf_depth/claims -->
     | claim | setting | ... |

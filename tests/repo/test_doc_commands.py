@@ -1,6 +1,6 @@
-"""Every `python -m sg_jax...` command of README.md and docs/*.md, dry-run so that it cannot go
-stale: its flags must exist and parse, and `sg_jax.main`'s config must build and validate
-(`--dry_run`: nothing is trained and no workdir is touched).
+"""Every `python -m sg_jax...` command of README.md and docs/ (how-to and results pages), dry-run
+so that it cannot go stale: its flags must exist and parse, and `sg_jax.main`'s config must build
+and validate (`--dry_run`: nothing is trained and no workdir is touched).
 
 Commands are read from fenced shell blocks (backslash continuations joined, `for v in a b; do`
 variables set to their first value) and from inline code spans of README.md. A synopsis (an
@@ -61,9 +61,10 @@ def _commands_of_line(line: str) -> list[tuple[str, list[str]]]:
 
 
 def doc_commands() -> list[dict]:
-  """[{'where': 'file:line', 'module', 'argv', 'synopsis'}] of README.md and docs/*.md."""
+  """[{'where': 'file:line', 'module', 'argv', 'synopsis'}] of README.md and docs/**/*.md."""
   out = []
-  paths = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+  paths = [os.path.join(ROOT, "README.md")] + sorted(
+      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
   for path in paths:
     text = open(path, encoding="utf-8").read()
     where = os.path.relpath(path, ROOT)
@@ -102,7 +103,7 @@ def test_the_docs_commands_are_found():
   assert any({**c, "where": c["where"].split(":")[0]} == headline for c in commands)
   assert len(commands) >= 100
   # a loop variable takes its first value; a quoted command inside an argument is no command
-  loop = [c for c in commands if c["where"].startswith("docs/objectives.md")
+  loop = [c for c in commands if c["where"].startswith("docs/results/objectives.md")
           and "--workdir=runs/objectives/lm" in c["argv"]]
   assert loop and loop[0]["argv"][0] == "--config=configs/question.py:grok_cpu,objective=lm"
   assert all(c["argv"][:1] != ["--config=..."] or c["synopsis"] for c in commands)

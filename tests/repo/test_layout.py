@@ -37,7 +37,8 @@ def test_test_files_sit_in_package_folders():
 
 
 def test_paths_named_in_readme_and_docs_exist():
-  pages = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+  pages = [os.path.join(ROOT, "README.md")] + sorted(
+      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
   missing = []
   for page in pages:
     with open(page, encoding="utf-8") as f:

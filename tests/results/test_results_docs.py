@@ -20,11 +20,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_docs_match_the_committed_results():
   """Every generated block of docs/ equals its table rendered from results/ (a block naming a
-  study that is not in results/ fails too). Passes, and says so, when there is none yet."""
+  study that is not in results/ fails too) and sits in a results page, docs/results/<study>.md.
+  Passes, and says so, when there is none yet."""
   results, docs = os.path.join(ROOT, "results"), os.path.join(ROOT, "docs")
   found = [b for path in docs_lib.markdown_files(docs) for b in docs_lib.blocks(path, results)]
   stale = [f"{os.path.relpath(b.doc, ROOT)}:{b.line} {b.study}/{b.table}" for b in found
            if b.current != b.expected]
+  # measurements live in the results pages (docs/results/<study>.md), never in a how-to page
+  outside = sorted({os.path.relpath(b.doc, ROOT) for b in found
+                    if os.path.dirname(b.doc) != os.path.join(docs, "results")})
+  assert not outside, f"generated tables outside docs/results/: {outside}"
   assert not stale, ("docs tables that disagree with results/ (run `python -m sg_jax.results "
                      f"render-docs`): {stale}")
   if not found:
