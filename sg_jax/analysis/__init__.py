@@ -10,7 +10,11 @@ Quantities (each registers its metric groups with `registry`, which `sg_jax.anal
   `sci_chart` and the projected trees of `projected_trees`.
 * `training_dynamics`: minibatch linear CKA (`cka`) and next-token TVD of every checkpoint with
   the previous and the final one (`references`), and the TwoNN intrinsic dimension (`twonn`)
-  of each layer; `phases` locates the transitions of these and the other curves (`onsets`).
+  of each layer; `phase_onsets` locates the transitions of these and the other curves (one
+  curve's onset: `onset_detection`; a run's onsets per seed: `onsets`).
+* `uas_quantity`: the UAS of attention heads against gold dependencies (`uas`), beside the
+  positional-head baselines (`uas_positional`); `uas_eval` is the same score at every training
+  evaluation (the `uas` evaluator).
 
 Helpers: `parseval` (bracketing precision / recall / F1), `packing` (rows that share one SOS),
 `pipeline` (which lines and words are read, and their batches), `registry` (the registry,

@@ -3,7 +3,7 @@
 
 | measure | baselines | source |
 | --- | --- | --- |
-| UAS of the best head (`uas` of analysis.csv, else `in_domain/uas` of metrics.csv) | previous-token, next-token and best-fixed-offset heads on the same lines and arcs (`uas_prev_token`, `uas_next_token`, `uas_best_offset`; `analysis/uas.py`) | Clark et al. 2019, "What does BERT look at?", §4.2 |
+| UAS of the best head (`uas` of analysis.csv, else `in_domain/uas` of metrics.csv) | previous-token, next-token and best-fixed-offset heads on the same lines and arcs (`uas_prev_token`, `uas_next_token`, `uas_best_offset`; `analysis/uas_positional.py`) | Clark et al. 2019, "What does BERT look at?", §4.2 |
 | tparseval F1 (`tparseval_f1`) | right-branching, left-branching and random binary trees on the same gold trees (random: the exact expectation; `analysis/parseval.py`) | Klein & Manning 2002; Kim et al. 2019, Table 1 |
 | tscore (`tscore`) | the expected tscore of random binary trees, and the tscore of the right- and left-branching trees, under the same chart and normalisation (`tree_projection.baseline_tscores`) | Murty et al., ICLR 2023, §3 |
 

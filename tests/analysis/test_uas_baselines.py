@@ -1,5 +1,5 @@
-"""Positional baselines of the best-head UAS (sg_jax/analysis/uas.py; docs/sas.md, "Baselines";
-Clark et al. 2019 §4.2): the previous-token, next-token and best-fixed-offset heads on
+"""Positional baselines of the best-head UAS (sg_jax/analysis/uas_positional.py; docs/sas.md,
+"Baselines"; Clark et al. 2019 §4.2): the previous-token, next-token and best-fixed-offset heads on
 hand-built lines with known scores and the vectorised sums against a naive loop over arcs (the
 training evaluation and the analysis that log them: tests/analysis/test_uas.py, the tiny run)."""
 
