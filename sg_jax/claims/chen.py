@@ -85,7 +85,7 @@ def regulariser_moves_uas(runs) -> list[Outcome]:
          "loss drop at the onsets' resolution, against one half",
     rule="onsets by sg_jax.analysis.onsets: structure = the sharpest UAS rise; loss drops = the "
          "initial descent (loss_drop) and the largest drop after it (later_loss_drop); a seed "
-         "with a structure onset coincides when `onsets.compare` ties it with either drop "
+         "with a structure onset coincides when `onset_detection.compare` ties it with either drop "
          "(closer than the coarser resolution); seeds without a structure onset are left out. "
          "Supported if the Clopper-Pearson 95% interval of the fraction lies above 0.5 "
          "(binomial p < 0.05), contradicted if below, else not testable",
