@@ -87,9 +87,10 @@ def unit_outputs(model: TransformerLM, params, tokens_BxL: Array, **kwargs
       'heads': [R_h, B, L, heads, head_dim], each head's output as it enters the merge
         projection (after `head_mask`);
       'mlp': [R_m, B, L, d_model], each MLP block's output before dropout and the residual add;
-      'heads_tokens': bool [R_h, B, L], 'mlp_tokens': bool [R_m, B, L]: the positions whose
-        outputs the model uses (the real tokens; an encoder-decoder's encoder rows its input
-        part, its decoder rows its output part).
+      'encoder_tokens', 'decoder_tokens': bool [B, L], the positions whose outputs the model
+        uses, of the first num_layers rows of 'heads' and 'mlp' (a decoder-only model's every
+        row: the real tokens; an encoder-decoder's encoder rows: each line's input part) and of
+        the other rows (an encoder-decoder's decoder rows: the output part).
 
   Raises:
     ValueError: `decode` or `lines` is passed, or as the model's `__call__`.
@@ -106,10 +107,9 @@ def unit_outputs(model: TransformerLM, params, tokens_BxL: Array, **kwargs
   enc_tokens, dec_tokens = sown["unit_tokens"][0] if "unit_tokens" in sown else (real, real)
   heads = ([s["attention"]["heads"][0] for s in encoder + decoder]
            + [s["cross_attention"]["heads"][0] for s in decoder])
-  tokens = lambda rows: jnp.stack([enc_tokens] * n + [dec_tokens] * (rows - n))
   return logits, {"heads": jnp.stack(heads), "mlp": jnp.stack([s["mlp"][0] for s in
                                                                encoder + decoder]),
-                  "heads_tokens": tokens(len(heads)), "mlp_tokens": tokens(n + len(decoder))}
+                  "encoder_tokens": enc_tokens, "decoder_tokens": dec_tokens}
 
 
 def attention_probabilities(config: ModelConfig, attention_params, x_BxLxD: Array,

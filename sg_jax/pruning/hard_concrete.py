@@ -66,10 +66,10 @@ def deterministic_mask(log_alpha, threshold: bool = False, temperature: float = 
                        ) -> np.ndarray:
   """The original's final subnetwork of ONE gate group, binarised (bool [U], True = kept).
 
-  In the group (one layer's heads, or one MLP block) close round(sum of P(z = 0)) units, those
-  with the lowest `sigmoid(log_alpha / T * 0.8)` (ties: the lower index first); the rest stay
-  open. The original keeps the rest at that soft value and thresholds it at 0.5 when it
-  evaluates: `threshold=True` does that too, which also closes every other unit with
+  In the group (one attention block's heads, or one MLP block) close round(sum of P(z = 0))
+  units, those with the lowest `sigmoid(log_alpha / T * 0.8)` (ties: the lower index first);
+  the rest stay open. The original keeps the rest at that soft value and thresholds it at 0.5
+  when it evaluates: `threshold=True` does that too, which also closes every other unit with
   log_alpha <= 0.
 
   Args:
@@ -91,7 +91,7 @@ def deterministic_mask(log_alpha, threshold: bool = False, temperature: float = 
 
 def deterministic_masks(log_alpha_heads, log_alpha_mlp, threshold: bool = False,
                         temperature: float = TEMPERATURE) -> tuple[np.ndarray, np.ndarray]:
-  """`deterministic_mask` per group: each layer's heads, each MLP block.
+  """`deterministic_mask` per group: each row's heads (an attention block), each MLP block.
 
   Args:
     log_alpha_heads: [..., R_h, num_heads] (a group per row); log_alpha_mlp: [..., R_m] (leading

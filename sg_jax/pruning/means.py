@@ -59,19 +59,30 @@ def unit_means(params, inputs_NxBxL: Array, *, config: ModelConfig) -> tuple[Arr
   """
 
   model = models.build(config)
+  n = config.num_layers  # rows [:n]: the encoder's (a decoder-only LM's: every row)
 
   def sums(tokens_BxL):
     _, units = unit_outputs(model, params, tokens_BxL, deterministic=True)
-    heads_w = units["heads_tokens"].astype(jnp.float32)
-    mlp_w = units["mlp_tokens"].astype(jnp.float32)
-    heads = jnp.einsum("nblhp,nbl->nhp", units["heads"].astype(jnp.float32), heads_w)
-    mlp = jnp.einsum("nbld,nbl->nd", units["mlp"].astype(jnp.float32), mlp_w)
-    return heads, mlp, jnp.sum(heads_w, (1, 2)), jnp.sum(mlp_w, (1, 2))
+    real_BxL = units["encoder_tokens"].astype(jnp.float32)
+    heads = jnp.einsum("nblhp,bl->nhp", units["heads"][:n].astype(jnp.float32), real_BxL)
+    mlp = jnp.einsum("nbld,bl->nd", units["mlp"][:n].astype(jnp.float32), real_BxL)
+    out = {"heads": heads, "mlp": mlp, "count": jnp.sum(real_BxL)}
+    if units["heads"].shape[0] > n:  # an encoder-decoder's decoder rows: its output part
+      dec_BxL = units["decoder_tokens"].astype(jnp.float32)
+      out["dec_heads"] = jnp.einsum("nblhp,bl->nhp", units["heads"][n:].astype(jnp.float32),
+                                    dec_BxL)
+      out["dec_mlp"] = jnp.einsum("nbld,bl->nd", units["mlp"][n:].astype(jnp.float32), dec_BxL)
+      out["dec_count"] = jnp.sum(dec_BxL)
+    return out
 
-  heads, mlp, heads_count, mlp_count = jax.lax.map(sums, inputs_NxBxL)
-  heads_count = jnp.maximum(jnp.sum(heads_count, 0), 1.0)[:, None, None]
-  mlp_count = jnp.maximum(jnp.sum(mlp_count, 0), 1.0)[:, None]
-  return jnp.sum(heads, 0) / heads_count, jnp.sum(mlp, 0) / mlp_count
+  total = jax.tree_util.tree_map(lambda x: jnp.sum(x, 0), jax.lax.map(sums, inputs_NxBxL))
+  count = jnp.maximum(total["count"], 1.0)
+  heads, mlp = total["heads"] / count, total["mlp"] / count
+  if "dec_count" in total:
+    dec_count = jnp.maximum(total["dec_count"], 1.0)
+    heads = jnp.concatenate([heads, total["dec_heads"] / dec_count])
+    mlp = jnp.concatenate([mlp, total["dec_mlp"] / dec_count])
+  return heads, mlp
 
 
 def seed_means(model, params_S, inputs_NxL: np.ndarray, batch_size: int = 64
