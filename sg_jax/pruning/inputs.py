@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sg_jax import models
 from sg_jax import objectives
 from sg_jax.data import input_pipeline
-from sg_jax.models.transformer import TransformerLM
 from sg_jax.pruning import means as means_lib
 from sg_jax.pruning import run as run_lib
 from sg_jax.tasks import io as tasks_io
@@ -109,8 +109,8 @@ def seed_inputs(restored, seeds: list[int], data: dict):
   Returns:
     (the run's ModelConfig (`objectives.model_config_from_config`) with max_len covering every line
     (`run.pruning_model_config`), Vocab,
-    params [S, ...], (head means float32 [S, num_layers, num_heads, head_dim], MLP means
-    float32 [S, num_layers, d_model])).
+    params [S, ...], (head means float32 [S, R_h, num_heads, head_dim], MLP means
+    float32 [S, R_m, d_model]): `objective.unit_shapes`).
   """
   vocab = vocab_lib.Vocab.from_json(restored.vocab_json)
   longest = max(data["train"]["inputs"].shape[-1],
@@ -121,6 +121,6 @@ def seed_inputs(restored, seeds: list[int], data: dict):
   idx = np.array([run_seeds.index(s) for s in seeds])
   params_S = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx]),
                                     restored.state["params"])
-  means_S = tuple(map(jnp.asarray, means_lib.seed_means(TransformerLM(model_config), params_S,
+  means_S = tuple(map(jnp.asarray, means_lib.seed_means(models.build(model_config), params_S,
                                                         data["means_inputs"])))
   return model_config, vocab, params_S, means_S

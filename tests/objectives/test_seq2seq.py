@@ -27,7 +27,6 @@ from sg_jax.data import packing
 from sg_jax.models import attention_masks, intermediates
 from sg_jax.models import encoder_decoder
 from sg_jax.models.model_config import ModelConfig
-from sg_jax.pruning import run as pruning_run
 from sg_jax.runtime import stop_signal
 from sg_jax.training.state import seed_keys
 import run_files  # pylint: disable=wrong-import-order  (tests/ is on the path)
@@ -181,8 +180,6 @@ def test_seq2seq_objective_picks_its_model_and_refuses_mismatches(tiny_config):
   with pytest.raises(ValueError, match="objective 'seq2seq' needs a task whose lines have an "
                                        "input and an output part"):
     objectives.from_config(tiny_config(task="dyck", objective="seq2seq"))
-  with pytest.raises(ValueError, match="pruning supports model transformer_lm"):
-    pruning_run.pruning_model_config(_config())
   with pytest.raises(ValueError, match="no key/value-cached decoding"):
     _apply(np.asarray([[SOS, QUEST]]), decode=True, positions_BxL=jnp.zeros((1, 2), jnp.int32))
 
