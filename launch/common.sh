@@ -62,3 +62,20 @@ sync_loop() {  # $1 = PERIOD (seconds), $2 = SYNC_COMMAND (one shell command lin
   printf '%s' "$2 || echo \"sync failed\"; done; "
   printf '%s' "$2 && echo \"process \$job ended; final sync done\""
 }
+
+# check_seeds JOB SEED_CHECK_OPTIONS...: runs launch/seed_check.py on JOB_ARGS (JOB = main |
+# sweep): a seed count that leaves chips idle is named in one line on stderr with the count to
+# use; with FILL=1 JOB_ARGS get that count. Skipped (saying so) without python3.
+check_seeds() {
+  local job=$1 out
+  shift
+  if ! command -v python3 > /dev/null; then
+    echo "launch: python3 not found: seeds per chip not checked" >&2
+    return 0
+  fi
+  local fill=()
+  [[ "${FILL:-0}" == 1 ]] && fill=(--fill)
+  out=$(python3 "$(dirname "${BASH_SOURCE[0]}")/seed_check.py" --job="$job" "$@" "${fill[@]}" \
+        -- "${JOB_ARGS[@]}") || exit 2
+  mapfile -t JOB_ARGS <<< "$out"
+}

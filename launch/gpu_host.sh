@@ -22,6 +22,9 @@
 #   --bucket=DEST    gs://BUCKET/PATH or a path/host:path for rsync (push/pull, and the mirror
 #                    of train/sweep)
 #   --sync_every=S   period of the mirror while a train/sweep job runs (default 900; 0 = off)
+#   --fill_chips     train/sweep: use the seed count that fills every GPU of --gpus (the next
+#                    multiple of the GPUs); without it such a count is only named in a one-line
+#                    warning (launch/seed_check.py)
 #   --dry_run        print the exact commands instead of running them
 #
 # A job stopped with SIGTERM/SIGINT checkpoints and exits with code 75; rerunning the same
@@ -41,7 +44,7 @@ case "$COMMAND" in -h|--help|help) usage "${BASH_SOURCE[0]}"; exit 0 ;; esac
 USAGE="launch/gpu_host.sh COMMAND [options] [-- ARGS]"
 [[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
-GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900
+GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900 FILL=0
 JOB_ARGS=()
 while (($#)); do
   case "$1" in
@@ -49,6 +52,7 @@ while (($#)); do
     --log=*) LOG=${1#*=} ;;
     --bucket=*) BUCKET=${1#*=} ;;
     --sync_every=*) SYNC_EVERY=${1#*=} ;;
+    --fill_chips) FILL=1 ;;
     --dry_run) DRY_RUN=1 ;;
     -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
@@ -80,6 +84,11 @@ sync_cmd() {  # $1 = source, $2 = destination
 
 start_job() {  # $1 = main | sweep
   [[ ${#JOB_ARGS[@]} -gt 0 ]] || die "give the sg_jax.$1 arguments after --, e.g. -- --config=configs/question.py --workdir=runs/q6"
+  if [[ -n "$GPUS" ]]; then
+    local gpu_list
+    IFS=, read -r -a gpu_list <<< "$GPUS"
+    check_seeds "$1" --chips="${#gpu_list[@]}" --generation=gpu
+  fi
   local env=(env)
   [[ -n "$GPUS" ]] && env+=(CUDA_VISIBLE_DEVICES="$GPUS")
   # JAX preallocates 75% of GPU memory by default; several jobs per GPU need less.

@@ -33,6 +33,10 @@
 #   --dest=DIR             local folder for pull (default runs)
 #   --job=train|sweep      which job resume reruns
 #   --sync_every=SECONDS   period of the background push while a job runs (default 900; 0 = off)
+#   --fill_chips           train/sweep: use the seed count that fills every chip (the next
+#                          multiple of the chips within the seeds per chip that fit, from
+#                          launch/seeds_per_chip.json); without it such a count is only named in
+#                          a one-line warning (launch/seed_check.py)
 #   --dry_run              print the exact commands instead of running them
 #
 # Example:
@@ -58,7 +62,7 @@ USAGE="launch/tpu_vm.sh COMMAND --name=NAME [options] [-- ARGS]"
 [[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
 NAME="" ZONE="us-central2-b" PROJECT="" ACCELERATOR="v4-8" VERSION="tpu-ubuntu2204-base"
-SPOT=0 QUEUED=0 BUCKET="" REPO="" BRANCH="main" DEST="runs" JOB="" SYNC_EVERY=900
+SPOT=0 QUEUED=0 BUCKET="" REPO="" BRANCH="main" DEST="runs" JOB="" SYNC_EVERY=900 FILL=0
 JOB_ARGS=()
 while (($#)); do
   case "$1" in
@@ -75,6 +79,7 @@ while (($#)); do
     --dest=*) DEST=${1#*=} ;;
     --job=*) JOB=${1#*=} ;;
     --sync_every=*) SYNC_EVERY=${1#*=} ;;
+    --fill_chips) FILL=1 ;;
     --dry_run) DRY_RUN=1 ;;
     -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
@@ -167,6 +172,7 @@ do_restore() {
 do_job() {  # $1 = main | sweep
   local module="sg_jax.$1"
   [[ ${#JOB_ARGS[@]} -gt 0 ]] || die "give the $module arguments after --, e.g. -- --config=configs/question.py --workdir=runs/q6"
+  check_seeds "$1" --accelerator="$ACCELERATOR"
   local job
   # Each worker records the job's PID in ~/$PID_FILE (the sync loop below waits on it).
   job="cd $REMOTE_DIR && { nohup python -m $module $(join_cmd "${JOB_ARGS[@]}") > ~/$LOG 2>&1 &"
