@@ -7,6 +7,9 @@
 * `roofline`: FLOPs and bytes per seed-step, arithmetic intensity, memory- or compute-bound.
 * `hlo_checks`: no f64, no host transfer or callback, no collective in a seed-sharded step.
 * `table`: the table `python -m sg_jax.aot` prints.
+* `planning`: seeds per chip from a few compiles (a linear memory fit), chip-hours of a grid.
+* `hlo_traffic`: a compiled program's memory traffic by part (forward, backward, other) and by
+  the sg_jax function that emitted it.
 * `profiling`: `--profile_steps=A:B` of `sg_jax.main` (a JAX profiler trace of those steps).
 
 docs/performance.md, "Compiling for TPU and GPU ahead of time", says what a compile proves and
