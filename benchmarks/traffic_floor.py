@@ -92,6 +92,7 @@ def measure(config, name: str, data_dir: str) -> dict:
     with open(f"{_DUMP.value}.{name}.hlo", "w", encoding="utf-8") as f:
       f.write(text)
   out["traffic"] = hlo_traffic.traffic(text)
+  out["hbm"] = hlo_traffic.traffic(text, hbm_only=True)["total"]
   return out
 
 
@@ -122,6 +123,9 @@ def main(argv):
             f"{t['total'] / seeds / 1e6:.1f}): {parts}", flush=True)
       print("    by function: " + ", ".join(f"{k} {v / seeds / 1e6:.1f}" for k, v in top),
             flush=True)
+      print(f"    HBM only (arrays outside the on-chip memory space S(1)): "
+            f"{got['hbm'] / seeds / 1e6:.1f} MB per seed-step, "
+            f"{got['hbm'] / seeds / floor:.2f} x the floor", flush=True)
   print(f"config: {config.task}, {config.model.num_layers} layers, d_model {config.model.d_model},"
         f" {config.num_seeds} seeds, {config.model.dtype}, packing {config.train.packing}, "
         f"{config.train.steps_per_call} steps per call")

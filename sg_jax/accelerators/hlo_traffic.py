@@ -17,9 +17,11 @@ its output's bytes plus its operands' bytes, once, whatever the trip count of a 
   '(copy-start)'.
 
 Control flow (while, conditional, call) counts nothing itself (its bodies' instructions are
-counted); an asynchronous copy or slice counts at its start (its operand read and its result
-written: on TPU these are mostly the memory-space assignment's moves of weights between HBM and
-on-chip memory), not at its done. Approximate by construction: a fusion's operands are counted
+counted); an asynchronous copy counts at its start (its source read and its destination
+written), an asynchronous slice too (the slice read and written): on TPU these are mostly the
+memory-space assignment's moves of weights between HBM and on-chip memory, the memory space
+S(1) in the layouts. `hbm_only=True` counts only the arrays in HBM, as a chip's HBM bandwidth
+sees them (XLA's cost analysis counts every memory space). Approximate by construction: a fusion's operands are counted
 whole even when it reads a slice, and in-place (aliased) outputs are counted like any other
 output; it is for comparing parts of one program and versions of it, not for an exact total.
 """
@@ -42,22 +44,27 @@ _FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "afte
          "partition-id", "replica-id", "iota", "opt-barrier"}
 
 
-def shape_bytes(text: str) -> int:
-  """Bytes of every array shape in `text` (a shape or a tuple of shapes), e.g.
-  'f32[2,3]{1,0}' -> 24, '(s32[], bf16[4])' -> 12."""
-  total = 0
-  for dtype, dims in _ARRAY.findall(text):
+_LAYOUT_ARRAY = re.compile(_ARRAY.pattern + r"(\{[^}]*\})?")
+_ALT_MEMORY = re.compile(r"S\([1-9][0-9]*\)")
+
+
+def _arrays(text: str) -> list[tuple[int, bool]]:
+  """[(bytes, in HBM)] of every array shape in `text`, in order; an array whose layout names a
+  memory space S(n), n >= 1 (on TPU the on-chip memory), is not in HBM."""
+  out = []
+  for dtype, dims, layout in _LAYOUT_ARRAY.findall(text):
     n = 1
     for d in filter(None, dims.split(",")):
       n *= int(d)
-    total += n * _DTYPE_BYTES[dtype]
-  return total
+    out.append((n * _DTYPE_BYTES[dtype], not _ALT_MEMORY.search(layout or "")))
+  return out
 
 
-def _first_array(text: str) -> int:
-  """Bytes of the first array shape in `text` (an async op's result within its tuple)."""
-  match = _ARRAY.search(text.split(")", 1)[-1] if text.startswith("((") else text)
-  return shape_bytes(match.group(0)) if match else 0
+def shape_bytes(text: str, hbm_only: bool = False) -> int:
+  """Bytes of every array shape in `text` (a shape or a tuple of shapes), e.g.
+  'f32[2,3]{1,0}' -> 24, '(s32[], bf16[4])' -> 12; `hbm_only`: only the arrays in HBM (not in
+  a memory space S(n), n >= 1)."""
+  return sum(b for b, in_hbm in _arrays(text) if in_hbm or not hbm_only)
 
 
 def _tables(lines: list[str]) -> dict[int, str]:
@@ -85,9 +92,10 @@ def _tables(lines: list[str]) -> dict[int, str]:
   return frames
 
 
-def traffic(hlo_text: str) -> dict:
+def traffic(hlo_text: str, hbm_only: bool = False) -> dict:
   """Bytes moved by the program of `hlo_text` (`compiled.as_text()`), as the module docstring
-  counts them.
+  counts them; `hbm_only`: only reads and writes of arrays in HBM (not those in the on-chip
+  memory space S(n), n >= 1, that TPU programs annotate).
 
   Returns:
     {'total': bytes, 'by_part': {part: bytes}, 'by_function': {function: bytes},
@@ -98,7 +106,7 @@ def traffic(hlo_text: str) -> dict:
   fused = set(re.findall(r"kind=k\w+, calls=%([\w.\-]+)", hlo_text))
   fused |= set(re.findall(r"\bfusion\(.*?calls=%([\w.\-]+)", hlo_text))
   by_part, by_function = collections.Counter(), collections.Counter()
-  shapes: dict[str, int] = {}
+  shapes: dict[str, list[tuple[int, bool]]] = {}
   current, counted = None, 0
   for line in lines:
     head = _COMPUTATION.match(line)  # a computation's header: unindented, ends with '{'
@@ -109,16 +117,21 @@ def traffic(hlo_text: str) -> dict:
     if m is None or current is None:
       continue
     name, out_type, opcode, rest = m.groups()
-    size = shape_bytes(out_type)
-    shapes[name] = size
+    out_arrays = _arrays(out_type)
+    shapes[name] = out_arrays
     if current in fused or opcode in _FREE or opcode in _CONTROL or opcode.endswith("-done"):
       continue
     args = rest.split(")", 1)[0]
-    operands = sum(shapes.get(a, 0) for a in re.findall(r"%([\w.\-]+)", args))
-    if opcode.endswith("-start"):  # an async copy or slice: read its operand, write the result
-      moved = 2 * operands if opcode == "copy-start" else operands + _first_array(out_type)
+    operands = [a for o in re.findall(r"%([\w.\-]+)", args) for a in shapes.get(o, [])]
+    if opcode == "copy-start":  # (destination, source, context): read the source, write
+      arrays = operands[:1] + out_arrays[:1]
+    elif opcode.endswith("-start"):  # ((operands), result, ...): read and write the result
+      result = out_arrays[len(operands):len(operands) + 1]
+      source_in_hbm = all(h for _, h in operands)
+      arrays = [(b, source_in_hbm) for b, _ in result] + result
     else:
-      moved = size + operands
+      arrays = out_arrays + operands
+    moved = sum(b for b, in_hbm in arrays if in_hbm or not hbm_only)
     op_name = re.search(r'op_name="([^"]*)"', line)
     stack = op_name.group(1) if op_name else ""
     part = ("backward" if "transpose(" in stack else "forward" if "jvp(" in stack

@@ -55,3 +55,26 @@ def test_traffic_of_a_hand_written_module():
   assert got["by_part"] == {"forward": forward, "backward": backward, "other": other}
   assert got["by_function"] == {"__call__": forward + backward, "apply_gradients": other}
   assert got["total"] == forward + backward + other and got["instructions"] == 3
+
+
+ASYNC = """HloModule m
+
+ENTRY %main (w: f32[2,8]) -> f32[2,8] {
+  %w = f32[2,8]{1,0} parameter(0)
+  %copy-start = (f32[2,8]{1,0:S(1)}, f32[2,8]{1,0}, u32[]) copy-start(%w)
+  %copy-done = f32[2,8]{1,0:S(1)} copy-done(%copy-start)
+  %slice-start = ((f32[2,8]{1,0}), f32[1,8]{1,0:S(1)}, s32[]) slice-start(%w), slice={[0:1], [0:8]}
+  %slice-done = f32[1,8]{1,0:S(1)} slice-done(%slice-start)
+  ROOT %neg = f32[2,8]{1,0} negate(%copy-done)
+}
+"""
+
+
+def test_async_moves_and_the_hbm_only_count():
+  """copy-start: 64 bytes read from HBM, 64 written on chip; slice-start: 32 read from HBM,
+  32 written on chip; negate: 64 read on chip, 64 written to HBM."""
+  every = hlo_traffic.traffic(ASYNC)
+  assert every["total"] == (64 + 64) + (32 + 32) + (64 + 64)
+  assert every["by_function"] == {"(copy-start)": 128, "(slice-start)": 64, "(negate)": 128}
+  assert hlo_traffic.traffic(ASYNC, hbm_only=True)["total"] == 64 + 32 + 64
+  assert hlo_traffic.shape_bytes("(f32[2]{0:S(1)}, f32[2]{0})", hbm_only=True) == 8
