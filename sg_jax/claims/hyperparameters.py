@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from sg_jax import stats
-from sg_jax.claims import detect
+from sg_jax.claims import own
 from sg_jax.claims import registry
 from sg_jax.claims import select
 from sg_jax.claims.registry import Item, Outcome
@@ -23,7 +23,7 @@ from sg_jax.report.reading import GEN_ACC
 from sg_jax.stats import crossed
 
 WEIGHT_DECAY = "optim.weight_decay"
-TAU_OF_INTEREST = 0.3
+TAU_OF_INTEREST = own.TAU_OF_INTEREST
 # "Generalises" = out-of-domain accuracy above this at an evaluation (the report's threshold).
 THRESHOLD = 0.8
 # A factor "decides" when it explains at least this partial eta squared of final generalisation.
@@ -68,19 +68,7 @@ def _crossing(run, seed: int) -> tuple[float, bool] | None:
          "runs), contradicted if it decreases, else not testable",
     effect_of_interest=TAU_OF_INTEREST)
 def weight_decay_reliable(runs) -> list[Outcome]:
-  items = []
-  for run in runs:
-    arms_of = _dose_arms(run, WEIGHT_DECAY)
-    if arms_of is None or not run.series.get(GEN_ACC):
-      continue
-    arms = [np.asarray([select.final(run, GEN_ACC, s) for s in seeds], np.float64)
-            for seeds in arms_of.values()]
-    items.append(Item(f"{run.name}: weight decay " + " / ".join(f"{d:g}" for d in arms_of),
-                      tuple(a.size for a in arms), stats.ordered_trend(arms),
-                      detect.trend(len(arms)),
-                      note="final generalisation means " + " / ".join(
-                          f"{np.nanmean(a):.3f}" for a in arms)))
-  return registry.family(items, +1, TAU_OF_INTEREST)
+  return registry.family(own.dose_items(runs, WEIGHT_DECAY), +1, TAU_OF_INTEREST)
 
 
 @registry.claim(

@@ -19,7 +19,7 @@ PREFERENCE_OF_INTEREST = 0.15
 PREFERENCE = "out_of_domain/preference"
 
 
-def _dose_items(runs, field: str, keep=lambda dose: True) -> list[Item]:
+def dose_items(runs, field: str, keep=lambda dose: True) -> list[Item]:
   """One Jonckheere-Terpstra item per run that varies `field` per seed: final generalisation
   of each dose's seeds, doses ascending (those `keep` accepts; >= 2 needed)."""
   items = []
@@ -54,7 +54,7 @@ def _dose_items(runs, field: str, keep=lambda dose: True) -> list[Item]:
          "contradicted if it decreases, else not testable",
     effect_of_interest=TAU_OF_INTEREST)
 def tree_dose_response(runs) -> list[Outcome]:
-  return registry.family(_dose_items(runs, "tree.lambdas", lambda d: d >= 0), +1,
+  return registry.family(dose_items(runs, "tree.lambdas", lambda d: d >= 0), +1,
                          TAU_OF_INTEREST)
 
 
@@ -69,7 +69,7 @@ def tree_dose_response(runs) -> list[Outcome]:
          "contradicted if it decreases, else not testable",
     effect_of_interest=TAU_OF_INTEREST)
 def disambiguating_lines(runs) -> list[Outcome]:
-  return registry.family(_dose_items(runs, "data.num_disambiguating"), +1, TAU_OF_INTEREST)
+  return registry.family(dose_items(runs, "data.num_disambiguating"), +1, TAU_OF_INTEREST)
 
 
 @registry.claim(
