@@ -162,6 +162,10 @@ def compile_devices(target: Target) -> tuple:
     kwargs = {}
     if target.num_chips == 1:
       kwargs["chips_per_host_bounds"] = [1, 1, 1]
+    if target.generation == "v4":
+      # One device per chip (its two TensorCores as one), as JAX runs a v4; libtpu's default
+      # describes each TensorCore as a device.
+      kwargs["chip_config_name"] = "megacore"
     topology_name = f"{target.generation}:{'x'.join(map(str, target.shape))}"
     try:
       devices = topologies.get_topology_desc(topology_name, "tpu", **kwargs).devices

@@ -191,3 +191,13 @@ def test_tiny_compiles_for_a_v5e_slice_with_seeds_sharded(tiny_config, tmp_path)
   # The chip's program holds 2 seeds: its cost is about twice one seed's parameters' traffic.
   assert result.bytes_accessed / plan.seeds_per_chip > 3 * plan.params_bytes / plan.seeds_per_chip
   assert np.isfinite(result.compile_s)
+
+
+@pytest.mark.skipif(not _libtpu_installed(),
+                    reason="needs libtpu, the optional TPU compiler: "
+                           "pip install -r requirements-accelerators.txt")
+def test_a_v4_chip_is_one_device_as_jax_runs_it():
+  """libtpu describes each v4 TensorCore as a device by default; a v4 chip is one device (both
+  cores, 'megacore') as JAX runs it, so v4:2x2x1 has 4."""
+  for name, count in (("v4:1x1x1", 1), ("v4:2x2x1", 4)):
+    assert len(targets.compile_devices(targets.parse_target(name))) == count
