@@ -2,8 +2,11 @@ r"""Seeds per chip and chip-hours planned from a few ahead-of-time compiles (iss
 
   python benchmarks/seeds_per_chip.py --config=configs/tense.py:quick --targets=v5e,h100 \
       --seeds=1,4 --depths=2
-  python benchmarks/seeds_per_chip.py --config=configs/tense.py --targets=v5e --seeds=1,2 \
-      --depths=2,10 --grid --write=launch/seeds_per_chip.json
+  python benchmarks/seeds_per_chip.py --config=configs/tense.py --config.train.packing=False \
+      --targets=v5e --seeds=1,2,4 --depths=2 --scale_depths=4,6,8,10 --grid \
+      --save=plan.json --write=launch/seeds_per_chip.json
+  python benchmarks/seeds_per_chip.py --config=configs/tense.py --depths=2 \
+      --scale_depths=4,6,8,10 --grid --load=plan.json          # no compile
 
 For each target (one chip: `v5e` = `v5e:1x1`, `h100` = one GPU) and depth, compiles the config's
 training call and evaluation programs (`sg_jax.accelerators.programs`, as `python -m sg_jax.aot`)
@@ -19,6 +22,9 @@ compiled in the same command (said in the row), none when there is none.
 depths 2, 4, 6, 8, 10 x 10 seeds x 300k steps, Dyck 400k), with each depth's rate interpolated
 linearly in depth between the compiled depths and every task at this config's per-step cost
 (the tasks differ in vocabulary and line length; compile each task's config to refine it).
+`--scale_depths` sizes depths not compiled from the first compiled one in proportion to the
+parameters per seed; `--save` / `--load` keep the compiled peaks and costs in a JSON file (the
+peaks of several sessions can be merged by hand) and read them back without compiling.
 `--write=FILE` merges the most seeds per chip into the launchers' table (launch/seed_check.py).
 Needs the optional compilers (requirements-accelerators.txt); compiles are CPU-heavy and take
 minutes each at the reference size.
@@ -164,7 +170,8 @@ def main(argv):
     depths = sorted(set(depths) | {int(d) for d in _SCALE_DEPTHS.value})
   tpu_costs = {d: r["cost"] for (g, d), r in results.items()
                if r["cost"] and targets_lib.CHIPS[g].platform == "tpu"}
-  print(f"\n{time.time() - started:.0f} s of compiles; config {config.task}, d_model "
+  how = f"loaded from {_LOAD.value}" if _LOAD.value else f"{time.time() - started:.0f} s of compiles"
+  print(f"\n{how}; config {config.task}, d_model "
         f"{config.model.d_model}, {config.model.dtype}, packing {config.train.packing}, seed "
         f"counts {seed_counts} (deeper: {_DEEP_SEEDS.value or seed_counts})\n")
   header = ("target", "depth", "train MB/seed (+const)", "eval MB/seed (+const)",
