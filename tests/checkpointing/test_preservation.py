@@ -13,6 +13,8 @@ import pytest
 from sg_jax import checkpointing
 from sg_jax import configlib
 from sg_jax import train
+from sg_jax.analysis import driver as analysis_driver
+from sg_jax.records import long_csv
 from sg_jax.records import metric_logging
 from sg_jax.runtime import stop_signal
 from sg_jax.training.state import TrainState
@@ -145,3 +147,9 @@ def test_resume_under_the_policy_equals_an_uninterrupted_run(tiny_config, tmp_pa
     b = checkpointing.restore(plain, step, params_only=True).state["params"]
     jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
   assert metric_logging.read_table(os.path.join(kept, "metrics.csv"))
+  # The analysis reads the parameter-only checkpoints as it reads full ones.
+  for workdir in (kept, plain):
+    analysis_driver.analyze(workdir, groups=["weight_norm"], num_sentences=4)
+  rows = long_csv.read_rows(os.path.join(kept, "analysis.csv"))
+  assert {r[0] for r in rows} == {0, 20, 40, 60}  # every analysis checkpoint, weight norms
+  assert rows == long_csv.read_rows(os.path.join(plain, "analysis.csv"))
