@@ -233,16 +233,13 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.tree.normalise = False  # True: chart of unit vectors (bounded loss); False: TreeReg's chart
 
   c.checkpoint = ml_collections.ConfigDict()
-  # Checkpoint interval (steps); the analysis reads these.
-  c.checkpoint.every = 3_000
-  # Checkpoints kept (0 = keep all: the analysis needs the whole trajectory).
-  c.checkpoint.max_to_keep = 0
-  # Preservation policy (docs/performance.md, sg_jax/checkpointing/policy.py): N > 0 keeps the
-  # full states (optimiser moments included) of the newest N saves only, in WORKDIR/full_states/,
-  # and parameter-only checkpoints for the analysis in checkpoints/ (then max_to_keep is unused);
-  # 0 = every checkpoint a full state (the layout before the policy).
+  c.checkpoint.every = 3_000  # interval (steps); the analysis reads these
+  c.checkpoint.max_to_keep = 0  # 0 = keep all: the analysis needs the whole trajectory
+  # Preservation policy (docs/performance.md, checkpointing/policy.py): N > 0 keeps full states
+  # of the newest N saves only (WORKDIR/full_states/) and parameter-only checkpoints in
+  # checkpoints/ (max_to_keep unused); 0 = every checkpoint a full state (the layout before).
   c.checkpoint.keep_full = 0
-  # Under the policy: parameter-only checkpoints kept at multiples of this (a multiple of
+  # Under the policy: parameter-only checkpoints at multiples of this (a multiple of
   # checkpoint.every; 0 = checkpoint.every) and at the last step.
   c.checkpoint.params_every = 0
   # Fields only one task reads, declared by the task (`Task.config_fields`: Dyck's
