@@ -8,6 +8,11 @@ import logging
 
 log = logging.getLogger("sg_jax")
 
+# A size grows only to one whose call is expected to take at most max_seconds / GROW_MARGIN: a
+# speed just under the limit (e.g. 0.099 s per step at 100 steps and 10 s) would otherwise grow
+# back to the size it had just shrunk from, and flip between two sizes.
+GROW_MARGIN = 1.25
+
 
 class CallSizer:
   """Steps per compiled call, so that one call takes at most `max_seconds`.
@@ -17,7 +22,7 @@ class CallSizer:
   compiled). The first guess comes from `guess_seconds_per_step`; after that from the measured
   duration of calls of a size already compiled (a size's first call includes its compilation):
   a call measured over `max_seconds` (e.g. under load from other processes) shrinks the size,
-  and it grows only when at least twice as many steps fit. A new size takes effect at a step
+  and it grows only when at least twice as many steps fit with a margin (`GROW_MARGIN`). A new size takes effect at a step
   that is a multiple of it. Results do not depend on the call
   sizes (every step is a pure function of the seed and the step number; tested bit for bit).
 
@@ -59,12 +64,15 @@ class CallSizer:
     if self.max_seconds <= 0 or first:
       return
     per_step = seconds / num_steps
-    fit = self._fit(per_step)
     # Shrink as soon as the current size is measured over the limit (a call cut short at a
-    # log/eval/checkpoint step counts at its speed per step); grow only by 2x or more, so that
-    # timing noise does not compile sizes back and forth.
-    if ((self.current * per_step > self.max_seconds or fit >= 2 * self.current)
-        and fit != self.wanted):
+    # log/eval/checkpoint step counts at its speed per step); grow only by 2x or more and with
+    # the margin, so that timing noise does not compile sizes back and forth.
+    if self.current * per_step > self.max_seconds:
+      fit = self._fit(per_step)
+    else:
+      fit = self._fit(per_step * GROW_MARGIN)
+      fit = fit if fit >= 2 * self.current else self.wanted
+    if fit != self.wanted:
       log.info("steps per compiled call: %d -> %d (%.3f s per step measured; "
                "train.max_call_seconds %g)", self.current, fit, per_step, self.max_seconds)
       self.wanted = fit

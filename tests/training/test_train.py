@@ -204,14 +204,31 @@ def test_call_sizer_fits_calls_under_the_time_limit():
   assert sizer.size_at(0) == 2  # largest divisor of 100 with 3 s x steps <= 10 s
   sizer.observe(2, 30.0)  # first call of this size: includes compilation, ignored
   assert sizer.size_at(2) == 2
-  sizer.observe(2, 0.4)  # 0.2 s per step: 50 steps fit, from the next multiple of 50
-  assert sizer.size_at(4) == 2 and sizer.size_at(50) == 50
-  sizer.observe(50, 100.0)  # first call of 50 steps (compilation)
-  sizer.observe(50, 25.0)  # 0.5 s per step overruns: 20 steps
-  assert sizer.size_at(100) == 20
+  sizer.observe(2, 0.4)  # 0.2 s per step: 50 steps would take 10 s; with the growth margin
+  # (0.25 s per step counted) 25 fit, from the next multiple of 25
+  assert sizer.size_at(4) == 2 and sizer.size_at(25) == 25
+  sizer.observe(25, 100.0)  # first call of 25 steps (compilation)
+  sizer.observe(25, 12.5)  # 0.5 s per step overruns: 20 steps
+  assert sizer.size_at(40) == 20
   assert call_sizer.CallSizer(100, 0.0, 1e9).size_at(0) == 100  # no limit
   assert call_sizer.CallSizer(100, 10.0, 1e-6).size_at(0) == 100
   assert call_sizer.CallSizer(100, 10.0, 60.0).size_at(0) == 1
+
+
+def test_call_sizer_does_not_flip_between_two_sizes_near_the_limit():
+  """0.101 s per step at 100 steps overruns 10 s: 50 steps; 0.099 s per step then must not grow
+  back to 100 (9.9 s, inside the growth margin), as it did in a run under load."""
+  sizer = call_sizer.CallSizer(100, 10.0, guess_seconds_per_step=0.05)
+  assert sizer.size_at(0) == 100
+  sizer.observe(100, 60.0)  # compilation
+  sizer.observe(100, 10.1)
+  assert sizer.size_at(100) == 50
+  sizer.observe(50, 30.0)  # compilation
+  for step in range(150, 1000, 50):
+    sizer.observe(50, 4.95)
+    assert sizer.size_at(step) == 50
+  sizer.observe(50, 2.0)  # 0.04 s per step: 100 steps take 4 s, well inside: grows
+  assert sizer.size_at(1000) == 100
 
 
 def test_adapted_call_sizes_give_bit_identical_results(tiny_config, tmp_path, monkeypatch):
