@@ -7,7 +7,8 @@ whether they fit, their FLOPs and bytes per seed-step, code size, compile time a
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (chips along each axis of the TPU slice), h100,
 h200, a100 (one GPU; h100:N for N). Needs the optional compile-only pieces:
-`pip install -r requirements-accelerators.txt` (libtpu, the jax-cuda12 plugin). Compiles the
+requirements-accelerators.txt (libtpu, the jax-cuda12 plugin), in a separate environment
+(docs/performance.md: the CUDA plugin prints a traceback in every JAX process without a GPU). Compiles the
 training call with the seed mesh the run would use (`model.layer_impl=auto` is compiled as
 `plain`, what it picks on an accelerator) and each evaluation batch program. What the figures
 mean and what a compile does not prove: docs/performance.md ("Compiling for TPU and GPU ahead

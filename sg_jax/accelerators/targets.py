@@ -27,7 +27,9 @@ from jax.experimental import topologies
 GIB = 2 ** 30
 _SPECS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
 
-INSTALL_HINT = "pip install -r requirements-accelerators.txt"
+INSTALL_HINT = (
+    "install requirements-accelerators.txt into a separate environment (docs/performance.md, "
+    "\"Compiling for TPU and GPU ahead of time\")")
 
 
 class MissingInstall(RuntimeError):
