@@ -193,7 +193,8 @@ def _test_cell(row: dict, kind: str) -> str:
     return ""
   detectable, min_p = row[f"{kind}_detectable"], row[f"{kind}_min_p"]
   if min_p > stats.ALPHA or not math.isfinite(detectable):
-    return f"{effect:+.2f}, not testable at n=({row[f'{kind}_n']})"
+    sizes = " / ".join(str(row[f"{kind}_n"]).split())
+    return f"{effect:+.2f}, not testable at n = {sizes} seeds"
   return (f"{effect:+.2f}, p {row[f'{kind}_p']:.2g} (Holm {row[f'{kind}_p_holm']:.2g}; "
           f"detectable {detectable:.2f})")
 

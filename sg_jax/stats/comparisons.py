@@ -76,10 +76,11 @@ class Test:
     return self.min_p <= ALPHA and math.isfinite(self.detectable)
 
   def label(self) -> str:
-    """'effect +0.25, p 0.029 (detectable 0.31)' or '... not testable at n=(2, 2)'."""
+    """'effect +0.25, p 0.029 (detectable 0.31)' or '... not testable at n = 2 vs 2'."""
     effect = f"effect {self.effect:+.3g}" if math.isfinite(self.effect) else "effect n/a"
     if not self.testable:
-      return f"{effect}, not testable at n={self.n} (min p {self.min_p:.2g})"
+      sizes = " vs ".join(map(str, self.n))
+      return f"{effect}, not testable at n = {sizes} (min p {self.min_p:.2g})"
     return f"{effect}, p {self.p:.2g} (detectable {self.detectable:.3g})"
 
 
