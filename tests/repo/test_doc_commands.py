@@ -121,6 +121,8 @@ def test_every_docs_command_parses():
       ("sg_jax.main", ["--config=configs/question.py:quickk", "--workdir=w"]),  # no such preset
       ("sg_jax.analyze", ["--workdir=w", "--num_sentencez=3"]),  # a renamed flag
       ("sg_jax.report", ["--root=r", "--threshold=high"]),  # not a number
+      ("sg_jax.aot", ["--config=configs/tense.py:tiny", "--config.model.dtypo=bfloat16",
+                      "--target=v5e:1x1"]),  # an unknown config field of another command
   ]
   for module, argv in canaries:
     by_module.setdefault(module, []).append(
@@ -141,6 +143,7 @@ def test_every_docs_command_parses():
   assert len(caught) == len(canaries), "\n".join(caught)
   assert "num_stepz" in caught[0] and "learning_rate must be > 0" in caught[1]
   assert "quickk" in caught[2] and "num_sentencez" in caught[3] and "threshold" in caught[4]
+  assert "dtypo" in caught[5]
   stale = [p for p in problems if not p.startswith("canary:")]
   assert not stale, "\n".join(stale)
 
@@ -208,7 +211,16 @@ def _check_module(module_name: str, commands: list[dict]) -> list[str]:
         fresh(config_argv)
         module.dry_run(fresh.config)
       else:
-        flags.FLAGS(argv)
+        # `--config.<field>` overrides of another command with a --config flag (aot): the
+        # config is built with a fresh flag set, as for sg_jax.main, the other flags globally.
+        overrides = [a for a in argv[1:] if a.startswith("--config.")]
+        flags.FLAGS([a for a in argv if a not in overrides])
+        if overrides:
+          config_argv = [module_name] + [a for a in argv[1:] if a.startswith("--config")]
+          fresh = flags.FlagValues()
+          config_flags.DEFINE_config_file("config", None, "", flag_values=fresh,
+                                          lock_config=True, sys_argv=config_argv)
+          fresh(config_argv)
     except SystemExit as e:
       problems.append(f"{where}: {e.code}")
     except (flags.Error, ValueError, KeyError, AttributeError) as e:
