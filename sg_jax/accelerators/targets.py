@@ -27,9 +27,8 @@ from jax.experimental import topologies
 GIB = 2 ** 30
 _SPECS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
 
-INSTALL_HINT = (
-    "install requirements-accelerators.txt into a separate environment (docs/performance.md, "
-    "\"Compiling for TPU and GPU ahead of time\")")
+INSTALL_HINT = ("install requirements-accelerators.txt into a separate environment "
+                '(docs/performance.md, "Compiling for TPU and GPU ahead of time")')
 
 
 class MissingInstall(RuntimeError):

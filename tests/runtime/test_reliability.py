@@ -268,7 +268,9 @@ def test_signal_during_start_up_exits_75_in_one_line(data_dir, env, tmp_path, si
   assert code == exit_codes.EXIT_PREEMPTED, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
-  assert f"stopped by signal {int(sig)}" in last and "rerun the same command" in last, err
+  # "stopped by signal N ..." during start-up; a step-0 evaluation loaded from the compilation
+  # cache may finish before the signal lands: "signal N: checkpoint written at step 0; ...".
+  assert f"signal {int(sig)}" in last and "rerun the same command" in last, err
   assert seconds < 30, seconds
 
 
