@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from sg_jax.accelerators import planning
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 import seed_check  # noqa: E402  (launch/seed_check.py: standard library only)
@@ -76,3 +78,13 @@ def test_an_unknown_accelerator_runs_unchecked():
   done = _launch("tpu_vm.sh", "train", "--name=x", "--accelerator=v3-8", "--dry_run", "--",
                  "--config=configs/question.py")
   assert done.returncode == 0 and "not checked" in done.stderr
+
+
+def test_the_launchers_copy_of_the_plan_equals_the_librarys():
+  """launch/seed_check.py runs before sg_jax is installed (standard library only), so it keeps
+  its own copy of `planning.seeds_to_use`: equal on every count, chip count and cap tried."""
+  for num_seeds in range(1, 41):
+    for chips in (1, 2, 3, 4, 8, 16):
+      for most in (0, 1, 3, 6, 31):
+        assert seed_check.plan(num_seeds, chips, most) == planning.seeds_to_use(
+            num_seeds, chips, most), (num_seeds, chips, most)
