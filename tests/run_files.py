@@ -1,5 +1,6 @@
 """What a finished sg_jax workdir holds, read the same way by the tests that compare runs."""
 import os
+import signal
 
 import jax
 import numpy as np
@@ -18,6 +19,18 @@ def params(workdir):
   """Every seed's parameters of the latest checkpoint as one flat float array."""
   p = checkpointing.restore(workdir).state["params"]
   return np.concatenate([np.asarray(x).ravel() for x in jax.tree_util.tree_leaves(p)])
+
+
+def sigterm_at(stop_step):
+  """A `train_and_evaluate` state hook that sends this process SIGTERM when the call starting at
+  `stop_step` is dispatched (the run then checkpoints after that call: `stop_signal`)."""
+
+  def hook(state, step):
+    if step == stop_step:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return state
+
+  return hook
 
 
 def random_checkpoint_workdir(root, steps, seeds, eval_lines=5, **config_fields):

@@ -2,7 +2,6 @@
 analysis and a resume read, the disk it needs, and a resumed run equal to an uninterrupted one."""
 
 import os
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -128,14 +127,11 @@ def test_resume_under_the_policy_equals_an_uninterrupted_run(tiny_config, tmp_pa
   train.train_and_evaluate(tiny_config(**fields), plain, tensorboard=False)
   kept = str(tmp_path / "kept")
 
-  def stop_at_20(state, step):
-    if step == 20:  # the call 20 -> 30 is the one running when the signal is handled
-      os.kill(os.getpid(), signal.SIGTERM)
-    return state
-
   config = tiny_config(**fields, **{"checkpoint.keep_full": 1})
   with pytest.raises(stop_signal.Preempted, match="step 30"):
-    train.train_and_evaluate(config, kept, tensorboard=False, state_hook=stop_at_20)
+    # the call 20 -> 30 is the one running when the signal is handled
+    train.train_and_evaluate(config, kept, tensorboard=False,
+                             state_hook=run_files.sigterm_at(20))
   assert checkpointing.all_steps(kept, checkpointing.FULL_STATE_DIR) == [30]
   assert checkpointing.all_steps(kept) == [0, 20, 30]
   train.train_and_evaluate(config, kept, tensorboard=False)

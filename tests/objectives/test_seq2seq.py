@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
 
@@ -267,14 +266,10 @@ def test_seq2seq_run_resumed_after_sigterm_equals_the_uninterrupted_run(tiny_con
   reference = str(tmp_path / "reference")
   train.train_and_evaluate(config, reference, tensorboard=False)
 
-  def stop_at_20(state, step):
-    if step == 20:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return state
-
   workdir = str(tmp_path / "run")
   with pytest.raises(stop_signal.Preempted):
-    train.train_and_evaluate(config, workdir, tensorboard=False, state_hook=stop_at_20)
+    train.train_and_evaluate(config, workdir, tensorboard=False,
+                             state_hook=run_files.sigterm_at(20))
   assert checkpointing.all_steps(workdir)[-1] < 40
   train.train_and_evaluate(config, workdir, tensorboard=False)
   assert run_files.rows(workdir) == run_files.rows(reference)
