@@ -10,9 +10,11 @@ h200, a100 (one GPU; h100:N for N). Needs the optional compile-only pieces:
 requirements-accelerators.txt (libtpu, the jax-cuda12 plugin), in a separate environment
 (docs/performance.md: the CUDA plugin prints a traceback in every JAX process without a GPU). Compiles the
 training call with the seed mesh the run would use (`model.layer_impl=auto` is compiled as
-`plain`, what it picks on an accelerator) and each evaluation batch program. What the figures
-mean and what a compile does not prove: docs/performance.md ("Compiling for TPU and GPU ahead
-of time"); the body is `sg_jax.accelerators`.
+`plain`, what it picks on an accelerator), one call of each jitted function of every evaluator
+the config switches on (task metric, attention UAS, minimal-pair preference, ...) and of each
+analysis quantity of `sg_jax.analyze` (`--programs` picks: train, eval, analysis). What the
+figures mean and what a compile does not prove: docs/performance.md ("Compiling for TPU and GPU
+ahead of time"); the body is `sg_jax.accelerators`.
 """
 
 import os
@@ -41,7 +43,9 @@ _TARGET = flags.DEFINE_string("target", None, f"Accelerator: {targets_lib.TARGET
 _WORKDIR = flags.DEFINE_string(
     "workdir", "", "Run directory whose data/ holds (or receives) the generated splits, as "
                    "sg_jax.main's; unset: a temporary folder.")
-_PROGRAMS = flags.DEFINE_list("programs", ["train", "eval"], "Which programs: train, eval.")
+_PROGRAMS = flags.DEFINE_list("programs", list(programs_lib.KINDS),
+                              "Which programs: train, eval (every enabled evaluator's), analysis "
+                              "(sg_jax.analyze's quantities).")
 flags.mark_flags_as_required(["config", "target"])
 
 
@@ -49,9 +53,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   metric_logging.setup_cli_logging()
-  unknown = set(_PROGRAMS.value) - {"train", "eval"}
+  unknown = set(_PROGRAMS.value) - set(programs_lib.KINDS)
   if unknown:
-    sys.exit(f"error: --programs takes train and/or eval, not {','.join(sorted(unknown))}")
+    sys.exit(f"error: --programs takes {', '.join(programs_lib.KINDS)}, not "
+             f"{','.join(sorted(unknown))}")
   try:
     target = targets_lib.parse_target(_TARGET.value)
     the_plan = programs_lib.plan(_CONFIG.value, target, _WORKDIR.value,
@@ -74,6 +79,8 @@ def main(argv):
   print(table.format_table(table.HEADER, rows))
   for note in table.NOTES:
     print(f"  * {note}")
+  for what in the_plan.skipped:
+    print(f"  * not compiled: {what}")
 
 
 

@@ -2,8 +2,11 @@
 
 * `targets`: the accelerators (published memory, peaks, bandwidth) and compile-only JAX devices
   for them (libtpu; the jax-cuda12 plugin with XLA's GPU target descriptions in `gpu_specs/`).
-* `programs`: a run's training and evaluation programs, built as `sg_jax.main` builds them,
-  compiled for a target; memory and cost analyses.
+* `programs`: a run's training call, every enabled evaluator's programs and the analysis
+  programs, built as `sg_jax.main` and `sg_jax.analyze` build them, compiled for a target;
+  memory and cost analyses.
+* `analysis_programs`: the jitted, seed-vmapped functions of `sg_jax.analyze`'s quantities with
+  the batches it would give them.
 * `roofline`: FLOPs and bytes per seed-step, arithmetic intensity, memory- or compute-bound.
 * `hlo_checks`: no f64, no host transfer or callback, no collective in a seed-sharded step.
 * `table`: the table `python -m sg_jax.aot` prints.

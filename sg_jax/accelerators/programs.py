@@ -1,20 +1,28 @@
-"""The programs of a run, built as `sg_jax.main` builds them and compiled for a target.
+"""The programs of a run, built as `sg_jax.main` and `sg_jax.analyze` build them, and compiled
+for a target.
 
 `plan` prepares what a run of `config` would compile on `target` (its data, the seed mesh over
-the target's compile-only devices, the seed-vmapped functions of `step.make_train_fns` and the
-evaluator's per-split functions, `evaluator.split_fns`) without running anything; `compile_all`
-lowers each program on abstract arguments with the run's shardings (the stacked state sharded
-over the seed mesh, data replicated: `sharding.seed_sharding`, `sharding.replicated`), compiles
-it for the target and reads the compiler's memory and cost analyses and the optimised HLO.
+the target's compile-only devices, the seed-vmapped functions of `step.make_train_fns`, every
+enabled evaluator's built evaluation and the analysis quantities' jitted functions) without
+running anything; `compile_all` lowers each program on abstract arguments
+(`jax.ShapeDtypeStruct`s with the run's shardings), compiles it for the target and reads the
+compiler's memory and cost analyses and the optimised HLO.
 
-Programs (one `Program` each):
+Programs (one `Program` each, named as the table's rows):
 * `train`: the training call, `TrainFns.chunk` with `train.steps_per_call` steps (a `lax.scan`
-  of the step under `jax.shard_map`: each chip trains its own seeds);
-* `eval <split>`: one seed-vmapped evaluation batch of the split (`eval.batch_size` lines: the
-  loss and the task's metric; for a task that decodes, the greedy decoder with its key/value
-  cache), partitioned by XLA over the seed mesh as the run's evaluator is. Splits of the same
-  shapes share one program. The other evaluators (attention UAS, minimal-pair preference) and
-  the analysis programs (`sg_jax.analyze`) are not compiled yet.
+  of the step under `jax.shard_map`: each chip trains its own seeds; the stacked state sharded
+  over the seed mesh, `sharding.seed_sharding`, the data replicated, `sharding.replicated`);
+* `eval <evaluator> <what>`: one call of each jitted function of every evaluator the config
+  switches on (`sg_jax.evaluation.registry`: `task`, the loss and the task's metric, for a task
+  that decodes with the greedy decoder and its key/value cache; `uas`, the UAS of attention;
+  `preference`, the minimal-pair preference; any other registered evaluator), as the run
+  builds them (`Evaluator.build` with the run's data; the functions they declare,
+  `Evaluation.programs`), parameters seed-sharded and data replicated as in the run, partitioned
+  by XLA over the seed mesh. An evaluator that declares no programs is listed in
+  `Plan.skipped`;
+* `analysis <quantity>`: one call of the jitted, seed-vmapped function of each analysis
+  quantity of `sg_jax.analyze` (`analysis_programs`), on one chip with every seed, as
+  `sg_jax.analyze` places them.
 """
 
 from __future__ import annotations
@@ -29,15 +37,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from sg_jax import evaluation as evals
 from sg_jax import terms as terms_lib
+from sg_jax.accelerators import analysis_programs
 from sg_jax.accelerators import hlo_checks
 from sg_jax.accelerators import targets as targets_lib
 from sg_jax.config import per_seed
-from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data, prepare_eval_batches
-from sg_jax.evaluation import evaluator
+from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data
 from sg_jax.runtime import sharding
 from sg_jax.step import StepOptions, make_train_fns
+from sg_jax.tasks.io import run_data_dir
 from sg_jax.training.state import seed_keys
+
+KINDS = ("train", "eval", "analysis")
 
 
 @dataclasses.dataclass
@@ -45,10 +57,13 @@ class Program:
   """One program to compile: `lower()` -> `jax.stages.Lowered` on abstract arguments."""
 
   name: str
-  kind: str  # 'train' | 'eval'
+  kind: str  # 'train' | 'eval' | 'analysis'
   lower: Callable[[], jax.stages.Lowered]
-  seeds_per_chip: int
+  seeds_per_chip: int  # seeds whose parameters the chip holds: the cost is divided by it
   note: str = ""  # how its cost is normalised
+  # Bytes the process keeps on the chip besides the program's own arguments while it runs
+  # (None: what a run keeps, `table.resident_peak`).
+  resident: int | None = None
 
 
 @dataclasses.dataclass
@@ -64,10 +79,11 @@ class Plan:
   state_bytes: int  # the training state of one chip's seeds (parameters, AdamW moments, ...)
   params_bytes: int  # the parameters of one chip's seeds
   train_data_bytes: int  # the training data (replicated: every chip holds it whole)
-  eval_data_bytes: int  # every evaluation split's batches (replicated)
+  eval_data_bytes: int  # every evaluator's batches (replicated)
   capacities: tuple | None  # packing buckets (None: padded batches)
   data_shape: tuple  # [num_lines, length] of the training arrays
   programs: list
+  skipped: list = dataclasses.field(default_factory=list)  # 'what: why' not compiled
 
 
 @dataclasses.dataclass
@@ -101,20 +117,21 @@ def target_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config
 
 
-def _abstract(tree, shard):
-  return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype")
-                                     else np.asarray(x).dtype, sharding=shard), tree)
+def abstract(tree, shard):
+  """`tree` with every leaf (an array, a `jax.ShapeDtypeStruct`, a number) as a
+  `jax.ShapeDtypeStruct` of its shape and dtype with sharding `shard`."""
+  def one(x):
+    shape = x.shape if hasattr(x, "shape") else np.shape(x)
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=shard)
+
+  return jax.tree_util.tree_map(one, tree)
 
 
-def _shapes(batches: dict) -> tuple:
-  return tuple((k, tuple(np.shape(v)), str(np.asarray(v).dtype))
-               for k, v in sorted(batches.items()))
-
-
-def _nbytes(tree) -> int:
-  return int(sum(np.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
-                 for x in jax.tree_util.tree_leaves(tree)))
+def nbytes(tree) -> int:
+  """Bytes of every leaf of `tree` (arrays or `jax.ShapeDtypeStruct`s)."""
+  return int(sum(np.prod(np.shape(x) if not hasattr(x, "shape") else x.shape)
+                 * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
 def plan(config: ml_collections.ConfigDict, target: targets_lib.Target, data_workdir: str = "",
@@ -126,11 +143,12 @@ def plan(config: ml_collections.ConfigDict, target: targets_lib.Target, data_wor
     target: from `targets.parse_target`.
     data_workdir: the run directory whose data/ holds (or receives) the generated splits, as
       `sg_jax.main --workdir` (`data.dir` when set); '' = a temporary folder, removed after.
-    kinds: which programs: 'train', 'eval'.
+    kinds: which programs, out of `KINDS`: 'train', 'eval' (every enabled evaluator's),
+      'analysis' (`sg_jax.analyze`'s quantities).
 
   Raises:
     targets.MissingInstall: the target's compiler is not installed.
-    ValueError: a bad config or data (as `sg_jax.main`).
+    ValueError: a bad config or data (as `sg_jax.main`), or an unknown kind.
   """
   config = target_config(config)
   devices = targets_lib.compile_devices(target)
@@ -141,9 +159,11 @@ def plan(config: ml_collections.ConfigDict, target: targets_lib.Target, data_wor
 
 
 def _plan(config, target, devices, workdir: str, kinds) -> Plan:
+  unknown = set(kinds) - set(KINDS)
+  if unknown:
+    raise ValueError(f"unknown program kinds {sorted(unknown)}; choose from {KINDS}")
   data_options = DataOptions.from_config(config)
   task, vocab, splits = load_data(data_options, workdir)
-  eval_data = _eval_data(config, task, splits)
   host_data, capacities, chips, per_chip = _train_data(config, data_options, task, splits,
                                                        workdir, target)
   mesh = jax.sharding.Mesh(np.asarray(devices[:chips]), (sharding.SEED_AXIS,))
@@ -155,41 +175,63 @@ def _plan(config, target, devices, workdir: str, kinds) -> Plan:
   state = jax.eval_shape(fns.init, np.asarray(seed_keys(per_seed.seed_ids(config, "data"))),
                          np.asarray(seed_keys(per_seed.seed_ids(config, "init"))),
                          hparams["init_scale"])
-  state = _abstract(state, seeded)
+  state = abstract(state, seeded)
   train_data = host_data | {"hparams": hparams}
-  abstract_data = _abstract(train_data, rep)
+  abstract_data = abstract(train_data, rep)
   start = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   steps = int(config.train.steps_per_call)
   params_per_seed = sum(int(np.prod(x.shape[1:]))
                         for x in jax.tree_util.tree_leaves(state.params))
-  programs = []
+  programs, skipped = [], []
   if "train" in kinds:
     programs.append(Program(
         f"train ({steps} steps/call)", "train",
         lambda: fns.chunk.lower(state, abstract_data, start, steps), per_chip,
         "lax.scan body counted once: cost / seeds per chip"))
-  if "eval" in kinds:
-    shared = {}
-    for name, batches in eval_data.items():
-      key, one_batch, _ = evaluator.split_fns(task, fns.model, vocab, batches,
-                                              config.eval.kv_cache, fns.objective)
-      shared.setdefault((key, _shapes(batches)), (one_batch, batches, []))[2].append(
-          name)
-    for one_batch, batches, names in shared.values():
-      abstract_batches = _abstract(batches, rep)
-      index = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-      lines = batches["inputs"].shape[1]
-      programs.append(Program(
-          f"eval {'+'.join(names)} ({lines} lines/batch)", "eval",
-          lambda f=one_batch, b=abstract_batches, i=index: f.lower(state.params, b, i),
-          per_chip, "one batch; a decoding loop's body counted once: cost / seeds per chip"))
+  # Every enabled evaluator is built as the run builds it (`train._train_locked`), its data
+  # kept on the host: what `put` receives is what the run keeps on the chips.
+  put_trees = []
+  context = evals.Context(
+      task=task, vocab=vocab, model=fns.model, objective=fns.objective,
+      splits={name: splits[name] for name in ("in_domain", "out_of_domain")},
+      data_dir=run_data_dir(config.data, workdir), options=evals.EvalOptions.from_config(config),
+      put=lambda tree: put_trees.append(tree) or tree)
+  # Built whatever `kinds` says: the training call's row counts their data as resident.
+  for evaluator in evals.enabled_from_config(config):
+    built = evaluator.build(context)
+    if "eval" not in kinds:
+      continue
+    if built is None:
+      skipped.append(f"eval {evaluator.name}: nothing to evaluate for this run")
+    elif built.programs is None:
+      skipped.append(f"eval {evaluator.name}: declares no programs (Evaluation.programs)")
+    else:
+      programs += [_eval_program(f"eval {evaluator.name}", p, state.params, rep, per_chip)
+                   for p in built.programs()]
+  if "analysis" in kinds:
+    built, why = analysis_programs.calls(config, task, vocab, workdir)
+    skipped += [f"analysis {name}: {reason}" for name, reason in why]
+    one_chip = jax.sharding.SingleDeviceSharding(devices[0])
+    params = abstract(state.params, one_chip)
+    programs += [Program(f"analysis {c.name}", "analysis",
+                         lambda c=c: c.lower(params, abstract(c.args, one_chip)),
+                         int(config.num_seeds), c.note, resident=c.resident) for c in built]
   return Plan(config=config, target=target, num_seeds=int(config.num_seeds), chips_used=chips,
               seeds_per_chip=per_chip, num_params=params_per_seed,
-              state_bytes=_nbytes(state) // chips, params_bytes=_nbytes(state.params) // chips,
-              train_data_bytes=_nbytes(train_data),
-              eval_data_bytes=sum(_nbytes(b) for b in eval_data.values()),
+              state_bytes=nbytes(state) // chips, params_bytes=nbytes(state.params) // chips,
+              train_data_bytes=nbytes(train_data), eval_data_bytes=nbytes(put_trees),
               capacities=capacities, data_shape=tuple(host_data["inputs"].shape),
-              programs=programs)
+              programs=programs, skipped=skipped)
+
+
+def _eval_program(prefix: str, p: evals.Program, params, rep, per_chip: int) -> Program:
+  """The `Program` of one evaluator's jitted function: seed-sharded parameters, replicated
+  data, as the run calls it."""
+  args = abstract(p.args, rep)
+  return Program(f"{prefix} {p.name}", "eval",
+                 lambda: p.fn.lower(params, *args, **(p.static or {})), per_chip,
+                 f"one call of {p.calls} per evaluation; a loop's body counted once: cost / "
+                 f"seeds per chip")
 
 
 def _train_data(config, data_options, task, splits, workdir: str, target):
@@ -204,13 +246,6 @@ def _train_data(config, data_options, task, splits, workdir: str, target):
       lambda: data_options.training_examples(workdir), host_data["inputs"].shape[1],
       num_lines=host_data["inputs"].shape[0]))
   return host_data, capacities, chips, per_chip
-
-
-def _eval_data(config, task, splits) -> dict:
-  """{split: batches} of the held-out splits, as the task-metric evaluator makes them."""
-  return {name: prepare_eval_batches(splits[name], config.eval.batch_size, config.eval.max_lines,
-                                     task.eval_fields)
-          for name in ("in_domain", "out_of_domain")}
 
 
 def compile_program(program: Program) -> Compiled:

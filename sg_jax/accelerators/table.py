@@ -16,8 +16,12 @@ HEADER = ("program", "seeds/chip", "compile s", "fits", "peak GB", "args GB", "t
 
 def resident_peak(the_plan: Plan, result: Compiled) -> int:
   """Bytes per chip while `result`'s program runs in a run: its own peak plus what else the run
-  keeps on the chip meanwhile: for a training call the evaluation data, for an evaluation batch
-  the training state besides the parameters, the training data and the other evaluation data."""
+  keeps on the chip meanwhile: for a training call every evaluator's data, for an evaluation
+  call the training state besides the parameters, the training data and the evaluators' data
+  besides the call's own arguments; for an analysis call (its own process, no training state)
+  the quantity's other batches (`Program.resident`)."""
+  if result.program.resident is not None:
+    return result.peak + result.program.resident
   if result.program.kind == "train":
     return result.peak + the_plan.eval_data_bytes
   return (result.peak + the_plan.state_bytes - the_plan.params_bytes + the_plan.train_data_bytes
@@ -47,7 +51,7 @@ def row(the_plan: Plan, result: Compiled, dtype: str, precision: str) -> list[st
               else "compute", rate]
   else:
     cells += ["-", "-", "-", "-", "-"]  # no cost analysis (the GPU compiler gives none)
-  cells.append(hlo_checks.summary(result.checks))
+  cells.append(hlo_checks.summary(result.checks, collectives_are_errors=p.kind == "train"))
   return cells
 
 
@@ -92,11 +96,13 @@ NOTES = (
     "data); fits = peak <= the chip's HBM",
     "GFLOP and GB per seed-step = XLA's cost analysis of one call / seeds per chip: the cost "
     "analysis counts a loop body once, so a training call's cost is one step's (a packed step "
-    "at its largest bucket); an eval row is one batch, a decoding loop counted once",
+    "at its largest bucket); an eval row is one call (one batch) per seed, a decoding loop "
+    "counted once; an analysis row one call (its largest batch) per seed, all seeds on one "
+    "chip as sg_jax.analyze places them",
     "bound: memory-bound when FLOP/B is below the chip's ridge (peak / bandwidth; in "
     "parentheses how many times below); seed-steps/s/chip = the roofline bound at the "
     "published peaks, not a measurement",
-    "HLO checks: f64 values, host transfers or callbacks, collectives (none expected: each "
-    "chip trains its own seeds)",
-    "not compiled yet: the attention-UAS and minimal-pair evaluators, the analysis programs",
+    "HLO checks: f64 values, host transfers or callbacks (none allowed in any program), "
+    "collectives (none allowed in the training call: each chip trains its own seeds; in an "
+    "eval row, partitioned by XLA, listed as '(allowed)': they move results, not the state)",
 )

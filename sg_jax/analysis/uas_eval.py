@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,6 +44,22 @@ def eval_batches(num_lines: int, batch_size: int, task, vocab, data_dir: str
   return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
+def _batch_args(batches: dict, special, i: int) -> tuple:
+  """The arguments of `uas_stats_over_seeds` after the parameters for batch `i` of
+  `eval_batches(...)`: inputs, dep_head, dep_relation [batch, L] and the special ids [3]."""
+  return batches["inputs"][i], batches["dep_head"][i], batches["dep_relation"][i], special
+
+
+def eval_program(model: TransformerLM, vocab, batches: dict) -> tuple[Callable, tuple, dict, int]:
+  """What `make_uas_eval(model, vocab, batches)` compiles, for `sg_jax.aot`: (the jitted
+  function `uas_stats_over_seeds`, one call's arguments after the parameters as
+  `jax.ShapeDtypeStruct`s, its static keyword arguments, calls per evaluation). All batches of
+  `eval_batches` have one shape, so one call stands for all."""
+  special = special_ids_of(vocab)
+  args = jax.eval_shape(lambda b, s: _batch_args(b, s, 0), dict(batches), special)
+  return uas_stats_over_seeds, args, {"config": model.config}, int(batches["inputs"].shape[0])
+
+
 # The positional baselines written beside `uas` at every evaluation (`positional_baselines`).
 EVAL_BASELINES = ("prev_token", "next_token", "best_offset")
 
@@ -67,8 +84,7 @@ def make_uas_eval(model: TransformerLM, vocab, batches: dict) -> Callable[[PyTre
   def evaluate(params):
     total = None
     for i in range(batches["inputs"].shape[0]):
-      stats = uas_stats_over_seeds(params, batches["inputs"][i], batches["dep_head"][i],
-                                   batches["dep_relation"][i], special, config=config)
+      stats = uas_stats_over_seeds(params, *_batch_args(batches, special, i), config=config)
       total = registry.accumulate(total, stats)
     out = finalize(sharding.to_host(total), min_count=1)  # multi-process: all-gathered
     return {"uas": out["uas"], "uas_weight": out["uas_weight"],

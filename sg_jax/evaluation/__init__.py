@@ -9,5 +9,5 @@ from sg_jax.evaluation import task_metric  # noqa: F401  (registers `task`)
 from sg_jax.evaluation import uas  # noqa: F401  (registers `uas`)
 from sg_jax.evaluation import preference  # noqa: F401  (registers `preference`)
 from sg_jax.evaluation.registry import (Context, EvalOptions, Evaluation, Evaluator,  # noqa: F401
-                                        enabled_from_config, from_config, names, register,
-                                        sections, unregister, validate)
+                                        Program, enabled_from_config, from_config, names,
+                                        register, sections, unregister, validate)

@@ -23,7 +23,7 @@ import numpy as np
 
 from sg_jax.evaluation import decoding
 from sg_jax.evaluation import scoring as evaluation
-from sg_jax.evaluation.registry import Evaluation
+from sg_jax.evaluation.registry import Evaluation, Program
 from sg_jax.models.transformer import TransformerLM
 
 # (model, task key, vocab, decode steps, kv cache, constructions) -> (one_batch, summarize).
@@ -143,8 +143,18 @@ def task_evaluation(task, model: TransformerLM, vocab, eval_data: dict, *, kv_ca
       _COMPILED.add(compiled_key + (num_seeds,))
     return results
 
+  def programs() -> tuple[Program, ...]:
+    """One `Program` per distinct compiled function: splits of the same shapes share one."""
+    shared = {}
+    for name, (one_batch, _, lines, compiled_key) in per_split.items():
+      shared.setdefault(compiled_key, (one_batch, name, []))[2].append((name, len(lines)))
+    return tuple(Program(f"{'+'.join(n for n, _ in names)} "
+                         f"({eval_data[first]['inputs'].shape[1]} lines/batch)", one_batch,
+                         (eval_data[first], np.int32(0)), calls=sum(c for _, c in names))
+                 for one_batch, first, names in shared.values())
+
   return Evaluation(evaluate=evaluate, lines=sum(int(v[2].sum()) for v in per_split.values()),
-                    describe=describe)
+                    describe=describe, programs=programs)
 
 
 def run_evaluations(evaluations: list[Evaluation]) -> Callable:

@@ -219,6 +219,24 @@ def _batch_fn(model, objective, kinds: tuple, tags: tuple, num_positions: int) -
   return jax.jit(jax.vmap(one, in_axes=(0, None)))
 
 
+def _split_fn(model, objective, task, batches: dict) -> Callable:
+  """The jitted `_batch_fn` of one split's batches (its static: the longest output)."""
+  lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
+  num_positions = int(max(1, (lengths - task_pos[..., None]).max()))
+  return _batch_fn(model, objective, tuple(task.foil_kinds), tuple(task.constructions),
+                   num_positions)
+
+
+def eval_programs(model, objective, task, splits: dict) -> list[tuple[str, Callable, tuple, int]]:
+  """What `make_preference_eval(model, objective, task, splits)` compiles, for `sg_jax.aot`:
+  per split, (split, its jitted function `(params [S, ...], batch) -> {sum: [S]}`, one call's
+  arguments after the parameters as `jax.ShapeDtypeStruct`s, calls per evaluation)."""
+  first = lambda b: jax.tree_util.tree_map(lambda x: x[0], b)
+  return [(split, _split_fn(model, objective, task, batches),
+           (jax.eval_shape(first, dict(batches)),), int(batches["inputs"].shape[0]))
+          for split, batches in splits.items()]
+
+
 def make_preference_eval(model, objective, task, splits: dict) -> Callable:
   """`params [S, ...] -> {split: {metric: [S]}}` over `splits` ({split: batches}, as
   `eval_batches` returns them); one seed-vmapped call per batch. The sentences are scored by
@@ -228,9 +246,7 @@ def make_preference_eval(model, objective, task, splits: dict) -> Callable:
   def evaluate(params):
     results = {}
     for split, batches in splits.items():
-      lengths, task_pos = np.asarray(batches["lengths"]), np.asarray(batches["task_pos"])
-      num_positions = int(max(1, (lengths - task_pos[..., None]).max()))
-      fn = _batch_fn(model, objective, kinds, tags, num_positions)
+      fn = _split_fn(model, objective, task, batches)
       total = None
       for i in range(batches["inputs"].shape[0]):
         sums = fn(params, jax.tree_util.tree_map(lambda x, i=i: x[i], batches))

@@ -36,11 +36,18 @@ class MinimalPairPreference(registry.Evaluator):
                                       context.vocab, context.data_dir)
     if not batches:
       return None
+    batches = context.put(batches)
     score = minimal_pairs.make_preference_eval(context.model, context.objective, context.task,
-                                            context.put(batches))
+                                            batches)
 
     def evaluate(params, progress):
       progress.note("scoring the minimal pairs of both splits (sg_jax/evaluation/minimal_pairs.py)")
       return score(params)
 
-    return registry.Evaluation(evaluate=evaluate)
+    def programs():
+      return tuple(registry.Program(f"{split} ({args[0]['inputs'].shape[0]} pairs/batch)", fn,
+                                    args, calls=calls)
+                   for split, fn, args, calls in minimal_pairs.eval_programs(
+                       context.model, context.objective, context.task, batches))
+
+    return registry.Evaluation(evaluate=evaluate, programs=programs)

@@ -18,6 +18,8 @@ in without editing the evaluators):
   replicated over the seed mesh).
 * `Evaluation.evaluate(params [S, ...], progress) -> {split: {metric: float [S]}}`: called at
   every evaluation; each metric is logged as `<split>/<metric>` in metrics.csv.
+  `Evaluation.programs` (optional) names the jitted functions it calls (`Program`), so that
+  `sg_jax.aot` compiles them for an accelerator with no edit of its own.
 * Through `Context`, evaluators use the model and the objective only as: `model.apply({'params':
   p}, tokens [B, L], deterministic=True) -> logits [B, L, V]`; `objective.lines` (inputs and
   targets as the objective lays them out), `objective.line_losses` (the objective's own loss, as
@@ -85,6 +87,29 @@ class Context:
   put: Callable[[Any], Any]
 
 
+class Program(NamedTuple):
+  """One jitted function of an evaluation as `evaluate` calls it: what `sg_jax.aot` compiles
+  for an accelerator without running it (docs/performance.md, "Compiling for TPU and GPU ahead
+  of time").
+
+  Attributes:
+    name: what one call evaluates, e.g. 'in_domain (64 lines/batch)' (`sg_jax.aot` names the
+      row 'eval <evaluator> <name>').
+    fn: the jitted function, `fn(params [S, ...], *args, **static)`.
+    args: the arguments after the parameters of one call: a tuple of pytrees whose leaves have
+      `shape` and `dtype` (the arrays `Context.put` made, or `jax.ShapeDtypeStruct`s of a slice
+      of them).
+    static: its static keyword arguments (None: none).
+    calls: calls of `fn` per evaluation (its batches).
+  """
+
+  name: str
+  fn: Callable
+  args: tuple
+  static: dict | None = None
+  calls: int = 1
+
+
 class Evaluation(NamedTuple):
   """A built evaluation (`Evaluator.build`).
 
@@ -95,11 +120,15 @@ class Evaluation(NamedTuple):
     lines: the lines `evaluate` reports to `progress.update` (0: none).
     describe: `(num_seeds, first) -> text` for the line logged before a long or first
       evaluation (`first`: the first evaluation of the run); None: nothing to say.
+    programs: `() -> tuple[Program, ...]`, the jitted functions `evaluate` calls, one per
+      distinct shape (called only by `sg_jax.aot`, so a run pays nothing for it); None: the
+      evaluation declares none, and `sg_jax.aot` says it compiled nothing of it.
   """
 
   evaluate: Callable
   lines: int = 0
   describe: Callable[[int, bool], str] | None = None
+  programs: Callable[[], tuple] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,5 +36,13 @@ class AttentionUAS(registry.Evaluator):
                                     context.vocab, context.data_dir)
     if not batches:
       return None
-    scores = uas_eval.make_uas_eval(context.model, context.vocab, context.put(batches))
-    return registry.Evaluation(evaluate=lambda params, progress: {"in_domain": scores(params)})
+    batches = context.put(batches)
+    scores = uas_eval.make_uas_eval(context.model, context.vocab, batches)
+
+    def programs():
+      fn, args, static, calls = uas_eval.eval_program(context.model, context.vocab, batches)
+      return (registry.Program(f"in_domain ({batches['inputs'].shape[1]} lines/batch)", fn,
+                               args, static, calls),)
+
+    return registry.Evaluation(evaluate=lambda params, progress: {"in_domain": scores(params)},
+                               programs=programs)
