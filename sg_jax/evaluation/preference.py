@@ -44,10 +44,15 @@ class MinimalPairPreference(registry.Evaluator):
       progress.note("scoring the minimal pairs of both splits (sg_jax/evaluation/minimal_pairs.py)")
       return score(params)
 
-    def programs():
-      return tuple(registry.Program(f"{split} ({args[0]['inputs'].shape[0]} pairs/batch)", fn,
-                                    args, calls=calls)
-                   for split, fn, args, calls in minimal_pairs.eval_programs(
-                       context.model, context.objective, context.task, batches))
+    def programs():  # splits of the same function and shapes share one program
+      shared = {}
+      for split, fn, args, calls in minimal_pairs.eval_programs(
+          context.model, context.objective, context.task, batches):
+        key = (fn, tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(args[0].items())))
+        shared.setdefault(key, (fn, args, []))[2].append((split, calls))
+      return tuple(registry.Program(f"{'+'.join(s for s, _ in splits)} "
+                                    f"({args[0]['inputs'].shape[0]} pairs/batch)", fn, args,
+                                    calls=sum(c for _, c in splits))
+                   for fn, args, splits in shared.values())
 
     return registry.Evaluation(evaluate=evaluate, programs=programs)

@@ -54,7 +54,8 @@ def test_plan_lists_every_enabled_evaluator_and_analysis_quantity(tiny_config, t
   assert list(by_name)[:5] == [
       f"eval task in_domain ({batch[0]} lines/batch)",
       f"eval task out_of_domain ({batch[1]} lines/batch)",
-      f"eval uas in_domain ({LINES} lines/batch)", f"eval preference in_domain ({LINES} pairs/batch)",
+      f"eval uas in_domain ({LINES} lines/batch)",
+      f"eval preference in_domain ({LINES} pairs/batch)",
       f"eval preference out_of_domain ({LINES} pairs/batch)"]
   analysis = [p for p in plan.programs if p.kind == "analysis"]
   assert [p.name.split(" ")[1] for p in analysis] == [
@@ -125,9 +126,9 @@ def test_a_registered_evaluator_is_compiled_without_an_aot_edit(tiny_config, tmp
 def test_collectives_of_an_evaluation_are_listed_as_allowed():
   found = {"f64": 0, "host": {}, "collectives": {"all-gather": 2}}
   assert hlo_checks.summary(found) == "all-gather x2"
-  assert hlo_checks.summary(found, collectives_are_errors=False) == "clean; all-gather x2 (allowed)"
+  assert hlo_checks.summary(found, False) == "clean; all-gather x2 (allowed)"
   found["f64"] = 1
-  assert hlo_checks.summary(found, collectives_are_errors=False) == "f64 x1; all-gather x2 (allowed)"
+  assert hlo_checks.summary(found, False) == "f64 x1; all-gather x2 (allowed)"
   assert hlo_checks.summary({"f64": 0, "host": {}, "collectives": {}}, False) == "clean"
 
 
@@ -152,3 +153,18 @@ def test_tiny_evaluators_and_analysis_all_compile(tiny_config, tmp_path):
   # parameter sets of every seed.
   dynamics = next(r for r in results if "training_dynamics" in r.program.name)
   assert dynamics.argument >= 3 * plan.params_bytes
+
+
+def test_splits_of_one_shape_share_a_preference_program(tiny_config, tmp_path, monkeypatch):
+  own = minimal_pairs.eval_batches
+
+  def same_pairs_twice(*args):  # out_of_domain gets the in_domain pairs: one shape
+    pairs = own(*args)
+    return {"in_domain": pairs["in_domain"], "out_of_domain": pairs["in_domain"]}
+
+  monkeypatch.setattr(minimal_pairs, "eval_batches", same_pairs_twice)
+  config = tiny_config(**{"evals.task.enabled": False, "eval.preference_lines": LINES})
+  plan = _cpu_plan(config, tmp_path, ("eval",))
+  [program] = plan.programs
+  assert program.name == f"eval preference in_domain+out_of_domain ({LINES} pairs/batch)"
+  assert "one call of 2 per evaluation" in program.note  # 16 lines: one batch per split
