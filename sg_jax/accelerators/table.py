@@ -92,8 +92,9 @@ def describe(the_plan: Plan) -> list[tuple[str, str]]:
 
 NOTES = (
     "peak = arguments + outputs - donated + temporaries of the program, per chip, plus what "
-    "the run keeps resident meanwhile (evaluation data; for an eval row the training state and "
-    "data); fits = peak <= the chip's HBM",
+    "the run keeps resident meanwhile (every evaluator's data; for an eval row also the "
+    "training state and data; for an analysis row the quantity's other batches); fits = peak "
+    "<= the chip's HBM",
     "GFLOP and GB per seed-step = XLA's cost analysis of one call / seeds per chip: the cost "
     "analysis counts a loop body once, so a training call's cost is one step's (a packed step "
     "at its largest bucket); an eval row is one call (one batch) per seed, a decoding loop "
