@@ -17,6 +17,9 @@ from sg_jax.accelerators import programs
 from sg_jax.accelerators import roofline
 from sg_jax.accelerators import targets
 
+# What the compiled code is, so compiled as a user's run is (tests/conftest.py).
+pytestmark = pytest.mark.optimized
+
 
 def test_roofline_of_a_hand_made_memory_bound_cost():
   # A call of 16 seeds on one chip: 640 GFLOP and 32 GB -> 40 GFLOP and 2 GB per seed-step.

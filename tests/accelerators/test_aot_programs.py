@@ -22,6 +22,9 @@ from sg_jax.analysis import uas_eval
 from sg_jax.data.input_pipeline import DataOptions, load_data, prepare_eval_batches
 from sg_jax.evaluation import minimal_pairs
 
+# What the compiled code is, so compiled as a user's run is (tests/conftest.py).
+pytestmark = pytest.mark.optimized
+
 LINES = 16  # evals.uas.lines and evals.preference.lines of the tests
 
 

@@ -25,10 +25,14 @@ chunk the training loop runs (`step.make_train_fns`), logged as the loop logs: t
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sg_jax import step as step_lib
 from sg_jax.data import input_pipeline
 from sg_jax.training.state import seed_keys
+
+# What the compiled code is, so compiled as a user's run is (tests/conftest.py).
+pytestmark = pytest.mark.optimized
 
 # When a change moves these numbers ON PURPOSE (a new initialiser, a fixed bug in the step, a
 # new data generator), say so in its commit message and record the new values: run this test,
