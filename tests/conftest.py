@@ -103,11 +103,15 @@ def _compile_as_marked(request):
     return
   import jax  # pylint: disable=import-outside-toplevel  (collection stays light)
   before = jax.config.read("jax_disable_most_optimizations")
+  # jit's in-memory caches do not key on the flag: drop the programs compiled so far, so that
+  # the test compiles (or loads from the persistent cache, which does key on it) its own.
+  jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", False)
   try:
     yield
   finally:
     jax.config.update("jax_disable_most_optimizations", before)
+    jax.clear_caches()
 
 
 # XLA:CPU (jaxlib 0.10.2) rarely segfaults while serialising a compiled program into the
