@@ -6,9 +6,6 @@ import pytest
 
 from sg_jax.accelerators import hlo_traffic
 
-# What the compiled code is, so compiled as a user's run is (tests/conftest.py).
-pytestmark = pytest.mark.optimized
-
 HLO = """HloModule jit_step, is_scheduled=true
 
 FileNames

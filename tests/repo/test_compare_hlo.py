@@ -2,11 +2,6 @@
 import importlib.util
 import pathlib
 
-import pytest
-
-# What the compiled code is, so compiled as a user's run is (tests/conftest.py).
-pytestmark = pytest.mark.optimized
-
 _PATH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "compare_hlo.py"
 _spec = importlib.util.spec_from_file_location("compare_hlo", _PATH)
 compare_hlo = importlib.util.module_from_spec(_spec)
