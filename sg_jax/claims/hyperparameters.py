@@ -9,8 +9,6 @@ was seen.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from sg_jax import stats
@@ -18,6 +16,7 @@ from sg_jax.claims import own
 from sg_jax.claims import registry
 from sg_jax.claims import select
 from sg_jax.claims.registry import Item, Outcome
+from sg_jax.report import crossed_seeds
 from sg_jax.report import tables
 from sg_jax.report.reading import GEN_ACC
 from sg_jax.stats import crossed
@@ -104,21 +103,6 @@ def weight_decay_earlier(runs) -> list[Outcome]:
   return registry.family(items, +1)
 
 
-def _crossed_levels(run) -> tuple[list[int], list, list] | None:
-  """(seeds, init level, data level) of a run whose seeds cross `seeds.init` with
-  `seeds.data` (each given per seed, both varying), else None. A level of -1 means "the seed's
-  own id" (the default)."""
-  init, data = (select.per_seed_values(run, f"seeds.{w}") for w in ("init", "data"))
-  if init is None or data is None:
-    return None
-  seeds = sorted(set(init) & set(data))
-  resolve = lambda level, seed: seed if int(level) == -1 else int(level)
-  levels = [[resolve(m[s], s) for s in seeds] for m in (init, data)]
-  if len(set(levels[0])) < 2 or len(set(levels[1])) < 2:
-    return None
-  return seeds, levels[0], levels[1]
-
-
 def _factor_test(result: crossed.CrossedResult, k: int) -> stats.Test:
   f = result.factors[k]
   return stats.Test(f"restricted permutation (SS of {f.name} within {result.factors[1 - k].name})",
@@ -130,29 +114,19 @@ def _crossed_claim(k: int):
   def evaluate(runs) -> list[Outcome]:
     items = []
     for run in runs:
-      found = _crossed_levels(run)
-      if found is None or not run.series.get(GEN_ACC):
+      got = crossed_seeds.run_analysis(run)
+      if got is None:
         continue
-      seeds, init, data = found
-      values = [select.final(run, GEN_ACC, s) for s in seeds]
-      keep = [i for i, v in enumerate(values) if math.isfinite(v)]
-      try:
-        result = crossed.crossed_variance([values[i] for i in keep], [init[i] for i in keep],
-                                          [data[i] for i in keep], ("seeds.init", "seeds.data"))
-      except ValueError as e:
-        items.append(registry.untestable(run.name, (len(keep),), "restricted permutation",
-                                         str(e)))
+      result = got["generalisation"]
+      if isinstance(result, str):
+        items.append(registry.untestable(run.name, (len(got["seeds"]),),
+                                         "restricted permutation", result))
         continue
-      rules = [tables.rules_of_seed(run, seeds[i])[0] or "none" for i in keep]
+      by_rule = got["rule_result"]
       rule_note = ""
-      try:
-        by_rule = crossed.crossed_variance(rules, [init[i] for i in keep],
-                                           [data[i] for i in keep], ("seeds.init", "seeds.data"))
-        if by_rule.total_ss > 0:
-          f = by_rule.factors[k]
-          rule_note = f"; final rule: share {f.share:.2f}, p = {f.p:.3g}"
-      except ValueError:
-        pass
+      if not isinstance(by_rule, str) and by_rule.total_ss > 0:
+        rule_note = (f"; final rule: share {by_rule.factors[k].share:.2f}, "
+                     f"p = {by_rule.factors[k].p:.3g}")
       f = result.factors[k]
       items.append(Item(
           f"{run.name}: {result.factors[0].levels} initialisations x "

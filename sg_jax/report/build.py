@@ -134,7 +134,8 @@ sentences the analysis read (from `analysis.csv.options.json`, written by `sg_ja
 Modules: `reading` (runs and their series), `tables` (summaries, summary.csv / .md), `figures`
 (one depth's seeds over training), `depth_figures` (figures comparing depths), `groups` (seed
 groups) with `group_stats` / `group_markdown` / `group_figures` (their statistics, summary.md
-section and figures), `phase_transitions`, `pruning_tables` / `pruning_figures`, `baselines`
+section and figures), `crossed_seeds` (seeds crossing `seeds.init` with `seeds.data`),
+`phase_transitions`, `pruning_tables` / `pruning_figures`, `baselines`
 (structure measures beside their trivial baselines), and `plotting` (the helpers they share);
 `python -m sg_jax.report` runs `__main__`.
 """
@@ -149,6 +150,7 @@ from typing import Sequence
 from sg_jax import claims as claims_lib
 from sg_jax.analysis import registry
 from sg_jax.report import baselines as baselines_lib
+from sg_jax.report import crossed_seeds
 from sg_jax.report import group_figures
 from sg_jax.report import group_markdown
 from sg_jax.report import group_stats
@@ -283,10 +285,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   group_table, group_tests = [], []
   # with --group_by naming a job axis of a grid sweep (e.g. model.d_model), the jobs of each
   # depth merged into one run whose seeds group by it
-  for run in runs + groups.job_axis_runs(runs, group_by):
-    seed_sets = groups.seed_groups(run, group_by)
-    if not seed_sets:
-      continue
+  for run, seed_sets in groups.runs_with_groups(runs, group_by):
     group_table += group_stats.group_rows(run, seed_sets, threshold=threshold)
     group_tests += group_stats.comparison_rows(run, seed_sets, threshold=threshold, by=group_by)
     optional(f"groups_{run.name}.png",
@@ -353,6 +352,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
                  extra_lines=group_markdown.markdown_lines(group_table, group_tests)
+                 + crossed_seeds.markdown_lines(runs)
                  + phase_transitions.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)

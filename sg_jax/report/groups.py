@@ -158,3 +158,17 @@ def job_axis_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Run]:
     if any(not all(f in per_seed_fields(r.config) for r in members) for f in fields):
       out.append(merged)
   return out
+
+
+def runs_with_groups(runs: Sequence[Run], by: Sequence[str] | None = None
+                     ) -> list[tuple[Run, dict[str, list[int]]]]:
+  """(run, its `seed_groups`) for every run of `runs` with seed groups, then for the merged
+  runs of a job axis `by` names (`job_axis_runs`): the runs the report's "Seed groups" section
+  and figures describe, in that order."""
+  out = []
+  for run in list(runs) + job_axis_runs(runs, by):
+    seed_sets = seed_groups(run, by)
+    if seed_sets:
+      out.append((run, seed_sets))
+  return out
+

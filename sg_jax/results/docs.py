@@ -17,6 +17,20 @@ Tables (`TABLES`), each computed as the report computes it, from every run in th
   depths   per depth: seeds, final generalisation (seed mean, Student-t 95% interval),
            median, seeds above 0.8, early stopping (first best / last best)
   seeds    per seed: run, depth, final in-domain and generalisation accuracy, final rule
+
+and the tables of the report's summary.md sections, computed by the report's own functions:
+
+  groups          "Seed groups": per group of seeds sharing a per-seed config value, final
+                  values with t-intervals, Kaplan-Meier time to generalise, seed counts
+  group-rules     "Seed groups by construction and rule"
+  group-tests     "Seed groups against the first group" (permutation, Fisher, log-rank,
+                  Jonckheere-Terpstra; Holm)
+  crossed         per run crossing seeds.init with seeds.data: the grid of final
+                  generalisation (`report.crossed_seeds`)
+  crossed-shares  the share of variance of each factor with its restricted permutation test
+  objectives      "Objectives"
+  baselines       "Baselines" (every measure's table with its title)
+  pruning         "Pruning" (per sparsity level), pruning-seeds (per seed: effective sizes)
 """
 
 from __future__ import annotations
@@ -32,6 +46,13 @@ import numpy as np
 from sg_jax import claims as claims_lib
 from sg_jax import stats
 from sg_jax.records import fileio
+from sg_jax.report import baselines
+from sg_jax.report import crossed_seeds
+from sg_jax.report import group_markdown
+from sg_jax.report import group_stats
+from sg_jax.report import groups
+from sg_jax.report import objectives
+from sg_jax.report import pruning_tables
 from sg_jax.report import reading
 from sg_jax.report import tables
 
@@ -89,8 +110,69 @@ def seeds_table(runs: Sequence[reading.Run]) -> list[str]:
   return lines
 
 
+def section_table(lines: Sequence[str], heading: str, index: int = 0) -> list[str]:
+  """The `index`-th markdown table (consecutive lines starting with "|") after the line
+  `heading` of a report section and before the next heading; [] when there is none."""
+  try:
+    start = list(lines).index(heading) + 1
+  except ValueError:
+    return []
+  tables_found, current = [], []
+  for line in list(lines)[start:] + [""]:
+    if line.startswith("#"):
+      break
+    if line.startswith("|"):
+      current.append(line)
+    elif current:
+      tables_found.append(current)
+      current = []
+  if current:
+    tables_found.append(current)
+  return tables_found[index] if index < len(tables_found) else []
+
+
+def _group_section(runs: Sequence[reading.Run]) -> list[str]:
+  rows, tests = [], []
+  for run, seed_sets in groups.runs_with_groups(runs):
+    rows += group_stats.group_rows(run, seed_sets, threshold=THRESHOLD)
+    tests += group_stats.comparison_rows(run, seed_sets, threshold=THRESHOLD)
+  return group_markdown.markdown_lines(rows, tests)
+
+
+def _pruning_section(runs: Sequence[reading.Run]) -> list[str]:
+  levels, seeds = [], []
+  for run in runs:
+    data = pruning_tables.load_pruning(run.workdir, run.name)
+    if data is not None:
+      level_rows, seed_rows = pruning_tables.summary_rows(data)
+      levels += level_rows
+      seeds += seed_rows
+  return pruning_tables.markdown_lines(levels, seeds)
+
+
+def baselines_lines(runs: Sequence[reading.Run]) -> list[str]:
+  """The "Baselines" section without its heading and opening paragraph: each measure's title
+  and table."""
+  lines = baselines.markdown_lines(baselines.baseline_rows(runs))
+  first = next((k for k, line in enumerate(lines) if line.startswith("**")), len(lines))
+  return lines[first:]
+
+
 TABLES: dict[str, Callable[[Sequence[reading.Run]], list[str]]] = {
-    "claims": claims_table, "depths": depths_table, "seeds": seeds_table}
+    "claims": claims_table, "depths": depths_table, "seeds": seeds_table,
+    "groups": lambda runs: section_table(_group_section(runs), "## Seed groups"),
+    "group-rules": lambda runs: section_table(_group_section(runs),
+                                              "### Seed groups by construction and rule"),
+    "group-tests": lambda runs: section_table(_group_section(runs),
+                                              "### Seed groups against the first group"),
+    "crossed": crossed_seeds.cells_lines,
+    "crossed-shares": crossed_seeds.shares_lines,
+    "objectives": lambda runs: section_table(
+        objectives.markdown_lines(objectives.objective_rows(runs)), "## Objectives"),
+    "baselines": baselines_lines,
+    "pruning": lambda runs: section_table(_pruning_section(runs), "## Pruning"),
+    "pruning-seeds": lambda runs: section_table(_pruning_section(runs), "## Pruning", 1),
+}
 
 
 def render(results: str, study: str, table: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from sg_jax import claims
 from sg_jax.report import build as report
+from sg_jax.report import crossed_seeds
 from sg_jax.report import reading
 from sg_jax.results import docs as docs_lib
 from sg_jax.results import export
@@ -165,3 +166,71 @@ def test_command_line_export_and_render_docs(tmp_path):
   assert run("render-docs", *args).returncode == 0
   assert run("render-docs", "--check", *args).returncode == 0
   assert "| depth1 | 1 | 0 | 1 | 0.9 |  |" in doc.read_text()
+
+
+def test_section_table_picks_the_table_under_its_heading():
+  lines = ["", "## A", "", "| x |", "|---|", "| 1 |", "", "text", "| y |", "|---|",
+           "### B", "| z |"]
+  assert docs_lib.section_table(lines, "## A") == ["| x |", "|---|", "| 1 |"]
+  assert docs_lib.section_table(lines, "## A", 1) == ["| y |", "|---|"]
+  assert docs_lib.section_table(lines, "## A", 2) == []  # stops at the next heading
+  assert docs_lib.section_table(lines, "### B") == ["| z |"]
+  assert docs_lib.section_table(lines, "## missing") == []
+
+
+def _one_run_study(tmp_path, finals, config_extra, pruning=False):
+  results = tmp_path / "results"
+  work = results_fixtures.make_workdir(str(tmp_path / "runs" / "w"), depth=2, finals=finals,
+                                       config_extra=config_extra, analysis=False,
+                                       pruning=pruning)
+  export.export_run(work, str(results / "study" / "w"))
+  return str(results)
+
+
+def test_groups_tables_render_the_reports_seed_groups(tmp_path):
+  finals = (0.9, 0.7, 0.3, 0.2)
+  results = _one_run_study(tmp_path, finals, {"sas": {"lambdas": [0.0, 0.0, 1.0, 1.0]}})
+  lines = docs_lib.render(results, "study", "groups").splitlines()
+  assert lines[0].startswith("| run | group | seeds |")
+  rows = {l.split(" | ")[1]: l for l in lines[2:]}
+  assert set(rows) == {"lambdas=0.0", "lambdas=1.0"}
+  # the out_of_domain/accuracy column: the group's seed mean with its t-interval
+  assert " 0.8 [" in rows["lambdas=0.0"] and " 0.25 [" in rows["lambdas=1.0"]
+  assert "| 1/2 |" in rows["lambdas=0.0"]  # seeds above 0.8 at the end
+  tests = docs_lib.render(results, "study", "group-tests")
+  assert "lambdas=1.0 | lambdas=0.0 | final generalisation |" in tests
+  assert docs_lib.render(results, "study", "crossed") == "\n"  # no crossed design here
+
+
+def test_crossed_tables_give_the_grid_and_the_variance_shares(tmp_path):
+  # init 0: 0.9, 0.7; init 1: 0.3, 0.1 (data 0, 1): the initialisation explains most
+  finals = (0.9, 0.7, 0.3, 0.1)
+  results = _one_run_study(tmp_path, finals,
+                           {"seeds": {"init": [0, 0, 1, 1], "data": [0, 1, 0, 1]}})
+  grid = docs_lib.render(results, "study", "crossed").splitlines()
+  assert grid[0] == "| w: init \\ data | data 0 | data 1 | mean |"
+  assert grid[2].startswith("| init 0 | 0.900 (") and grid[2].endswith("| 0.800 |")
+  assert grid[3].startswith("| init 1 | 0.300 (") and grid[3].endswith("| 0.200 |")
+  assert grid[4] == "| mean | 0.600 | 0.400 | 0.500 |"
+  shares = docs_lib.render(results, "study", "crossed-shares").splitlines()
+  mean = sum(finals) / 4
+  total = sum((v - mean) ** 2 for v in finals)
+  init_ss = 2 * ((0.8 - mean) ** 2 + (0.2 - mean) ** 2)
+  data_ss = 2 * ((0.6 - mean) ** 2 + (0.4 - mean) ** 2)
+  row = next(l for l in shares if "final generalisation | seeds.init" in l)
+  assert f"| {init_ss / total:.2f} |" in row
+  row = next(l for l in shares if "final generalisation | seeds.data" in l)
+  assert f"| {data_ss / total:.2f} |" in row
+  # the same tables in the report's summary.md section
+  run = reading.load_run(os.path.join(results, "study", "w"))
+  section = crossed_seeds.markdown_lines([run])
+  assert section[1] == "## Initialisation x data order" and grid[0] in section
+
+
+def test_pruning_tables_render_from_an_export(tmp_path):
+  results = _one_run_study(tmp_path, (0.9, 0.3), None, pruning=True)
+  levels = docs_lib.render(results, "study", "pruning").splitlines()
+  assert levels[0].startswith("| run | step | seed | sparsity |")
+  assert len(levels) == 2 + 2  # two seeds at one level, at the last step
+  seeds = docs_lib.render(results, "study", "pruning-seeds").splitlines()
+  assert seeds[0].startswith("| run | step | seed | full in-domain acc. |")
