@@ -15,10 +15,20 @@ against the floor, the bytes a step of one seed must move however well it is fus
                  + 1 read and 1 write of the parameters by the update)
           = 10 P bytes,
 
-P = the bytes of one seed's float32 parameters. Not counted: activations (a batch of 8 lines
-is small beside the weights at the reference size, not at the quick preset's), the data,
-the step's scalars. The GPU compiler gives no cost analysis (its rows say so). The ratio
+P = the bytes of one seed's float32 parameters. Not counted: activations, the data, the step's
+scalars, and the gradient norm that clipping reads before any update (1 P more). The ratio
 bytes / floor is what item 3 brings toward 1.5.
+
+Beside the cost analysis, each target's HBM traffic as the optimised HLO gives it
+(`sg_jax.accelerators.hlo_traffic` over `compiled.as_text()`, per seed-step): on a TPU only the
+arrays in HBM (not those the program places in the on-chip memory space S(1), which the cost
+analysis counts too); on a GPU every array an instruction reads or writes lives in HBM, so the
+whole HLO traffic (the GPU compiler gives no cost analysis: this is its only figure). It is an
+estimate from the compiled program, not a measurement: caches (a GPU's L2) are not modelled,
+and a GPU compiled without a device is not autotuned, so its kernels' tiling may differ on a
+device. Each target also prints how much of that traffic is arrays of a parameter's size (the
+parameters, their gradients and AdamW moments, matched by size), the rest being activations and
+data. A CPU row has no HBM figure.
 """
 
 import os
@@ -92,7 +102,12 @@ def measure(config, name: str, data_dir: str) -> dict:
     with open(f"{_DUMP.value}.{name}.hlo", "w", encoding="utf-8") as f:
       f.write(text)
   out["traffic"] = hlo_traffic.traffic(text)
-  out["hbm"] = hlo_traffic.traffic(text, hbm_only=True)["total"]
+  out["platform"] = "cpu" if name == "cpu" else target.chip.platform
+  # The HBM traffic: a TPU's arrays outside S(1); a GPU's every array (module docstring).
+  in_hbm = out["platform"] == "tpu"
+  out["hbm"] = None if name == "cpu" else hlo_traffic.traffic(text, hbm_only=in_hbm)
+  out["hbm_params"] = None if name == "cpu" else hlo_traffic.traffic(
+      text, hbm_only=in_hbm, sizes=the_plan.param_array_bytes)
   return out
 
 
@@ -107,36 +122,51 @@ def main(argv):
       floor = floor_bytes(got["params_bytes"])
       if got["error"]:
         rows.append([name, str(got["seeds"]), f"{got['compile_s']:.0f}",
-                     f"refused: {got['error'][:80]}", "", "", "", ""])
+                     f"refused: {got['error'][:80]}", "", "", "", "", "", ""])
         continue
-      moved = got["bytes"]
-      rows.append([name, str(got["seeds"]), f"{got['compile_s']:.0f}",
+      moved, seeds = got["bytes"], got["seeds"]
+      hbm = got["hbm"]["total"] / seeds if got["hbm"] else None
+      rows.append([name, str(seeds), f"{got['compile_s']:.0f}",
                    f"{got['params_bytes'] / 1e6:.2f}", f"{floor / 1e6:.1f}",
                    f"{moved / 1e6:.1f}" if moved else "- (no cost analysis)",
                    f"{moved / floor:.2f}" if moved else "-",
+                   f"{hbm / 1e6:.1f}" if hbm else "-", f"{hbm / floor:.2f}" if hbm else "-",
                    f"{got['temp'] / 1e6:.1f}"])
       print(f"  {name}: compiled in {got['compile_s']:.0f} s", flush=True)
-      t, seeds = got["traffic"], got["seeds"]
+      t = got["traffic"]
       parts = ", ".join(f"{k} {v / seeds / 1e6:.1f}" for k, v in sorted(t["by_part"].items()))
       top = sorted(t["by_function"].items(), key=lambda kv: -kv[1])[:8]
       print(f"    HLO traffic by part, MB per seed-step (sg_jax.accelerators.hlo_traffic, total "
             f"{t['total'] / seeds / 1e6:.1f}): {parts}", flush=True)
       print("    by function: " + ", ".join(f"{k} {v / seeds / 1e6:.1f}" for k, v in top),
             flush=True)
-      print(f"    HBM only (arrays outside the on-chip memory space S(1)): "
-            f"{got['hbm'] / seeds / 1e6:.1f} MB per seed-step, "
-            f"{got['hbm'] / seeds / floor:.2f} x the floor", flush=True)
+      if got["hbm"]:
+        what = ("arrays outside the on-chip memory space S(1)" if got["platform"] == "tpu"
+                else "every array: all of a GPU's live in HBM; L2 not modelled")
+        params, p = got["hbm_params"], got["params_bytes"]
+        by_part = ", ".join(f"{k} {v / seeds / p:.2f} P"
+                            for k, v in sorted(params["by_part"].items()))
+        print(f"    HBM traffic ({what}; an estimate from the compiled program): "
+              f"{hbm / 1e6:.1f} MB per seed-step, {hbm / floor:.2f} x the floor; of which "
+              f"arrays of a parameter's size (parameters, gradients, moments) "
+              f"{params['total'] / seeds / 1e6:.1f} MB = {params['total'] / seeds / p:.2f} P "
+              f"({by_part}), the rest (activations, data) "
+              f"{(got['hbm']['total'] - params['total']) / seeds / 1e6:.1f} MB", flush=True)
   print(f"config: {config.task}, {config.model.num_layers} layers, d_model {config.model.d_model},"
         f" {config.num_seeds} seeds, {config.model.dtype}, packing {config.train.packing}, "
         f"{config.train.steps_per_call} steps per call")
   print(table.format_table(("target", "seeds/chip", "compile s", "params MB/seed",
                             "floor MB/seed-step", "moved MB/seed-step", "moved / floor",
-                            "temp MB/chip"), rows))
+                            "HBM MB/seed-step (HLO)", "HBM / floor", "temp MB/chip"), rows))
   print("optimiser floor = 7 x the parameters (gradients read, moments read and written, "
-        "parameters read and written): compare with apply_gradients' HLO traffic above")
+        "parameters read and written): compare with the update's HLO traffic above "
+        "(apply_gradients and the <lambda> of its divergence guard, sg_jax/step.py)")
   print("floor = 10 x the float32 parameters per seed-step: forward and backward reads, the "
         "gradients written and read, both AdamW moments read and written, the parameters read "
-        "and written by the update; activations and data not counted")
+        "and written by the update; activations, data and clipping's norm read not counted")
+  print("moved = XLA's cost analysis (every memory space; none on GPU); HBM (HLO) = "
+        "sg_jax.accelerators.hlo_traffic on the optimised HLO: TPU arrays outside S(1), every "
+        "array on GPU (an estimate: caches not modelled, GPU kernels not autotuned)")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,9 @@ class Plan:
   data_shape: tuple  # [num_lines, length] of the training arrays
   programs: list
   skipped: list = dataclasses.field(default_factory=list)  # 'what: why' not compiled
+  # Bytes of each parameter array on one chip (its seeds' slice), for telling the state's
+  # arrays from activations in a compiled program's traffic (`hlo_traffic.traffic(sizes=...)`).
+  param_array_bytes: tuple = ()
 
 
 @dataclasses.dataclass
@@ -221,7 +224,9 @@ def _plan(config, target, devices, workdir: str, kinds) -> Plan:
               state_bytes=nbytes(state) // chips, params_bytes=nbytes(state.params) // chips,
               train_data_bytes=nbytes(train_data), eval_data_bytes=nbytes(put_trees),
               capacities=capacities, data_shape=tuple(host_data["inputs"].shape),
-              programs=programs, skipped=skipped)
+              programs=programs, skipped=skipped,
+              param_array_bytes=tuple(nbytes(x) // chips
+                                      for x in jax.tree_util.tree_leaves(state.params)))
 
 
 def _eval_program(prefix: str, p: evals.Program, params, rep, per_chip: int) -> Program:

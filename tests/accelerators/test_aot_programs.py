@@ -66,6 +66,7 @@ def test_plan_lists_every_enabled_evaluator_and_analysis_quantity(tiny_config, t
   assert all(p.seeds_per_chip == config.num_seeds for p in analysis)  # one chip, every seed
   assert not plan.skipped
   assert plan.eval_data_bytes == programs.nbytes(expected)
+  assert sum(plan.param_array_bytes) == plan.params_bytes  # one entry per parameter array
 
   uas_program = by_name[f"eval uas in_domain ({LINES} lines/batch)"]
   # Its arguments, as the evaluator calls it: the seeds' parameters [S, ...] and one batch of
