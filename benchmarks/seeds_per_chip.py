@@ -12,11 +12,20 @@ For each target (one chip: `v5e` = `v5e:1x1`, `h100` = one GPU) and depth, compi
 training call and evaluation programs (`sg_jax.accelerators.programs`, as `python -m sg_jax.aot`)
 at each seed count of `--seeds` on that chip, fits peak = constant + per_seed x seeds to each
 program's resident peak (`planning.fit_memory`: the peak grows linearly with the seeds, so two or
-three counts replace compiling every count) and prints the most seeds per chip that fit every
+three counts replace compiling every count; `compiled.memory_analysis()` gives the arguments,
+outputs and temporaries on TPU and GPU alike) and prints the most seeds per chip that fit every
 program, the training call's FLOPs and bytes per seed-step (at the largest count) and its
-roofline bound on seed-steps/s per chip at the chip's published peaks. The GPU compiler gives
-no cost analysis: a GPU's rate is projected from the same program's cost on the TPU targets
-compiled in the same command (said in the row), none when there is none.
+roofline bound on seed-steps/s per chip at the chip's published peaks.
+
+Bytes per seed-step come from two sources, both printed: XLA's cost analysis (every memory
+space; TPU only) and the HBM traffic estimated from the optimised HLO
+(`sg_jax.accelerators.hlo_traffic`: a TPU's arrays outside the on-chip memory space S(1), a
+GPU's every array; no cache modelled). A TPU's rate uses the cost analysis. The GPU compiler
+gives no cost analysis, so a GPU's rate uses its own program's HLO traffic, with the FLOPs of a
+TPU program of the same depth (compiled or loaded in the same command; the model's FLOPs do not
+depend on the chip) or, without one, none (a memory-only bound: the step is memory-bound by far
+on every chip). Each row says which. A GPU loaded from an older --save without HLO traffic
+falls back on the TPU program's cost.
 
 `--grid` adds the paper's grid in chip-hours per target (`planning.grid_chip_hours`: 3 tasks x
 depths 2, 4, 6, 8, 10 x 10 seeds x 300k steps, Dyck 400k), with each depth's rate interpolated
@@ -82,15 +91,18 @@ def _target(name: str) -> targets_lib.Target:
   return targets_lib.parse_target(SINGLE.get(name, name))
 
 
-def _compile(config, target, seeds: int, data_dir: str) -> tuple[dict, dict | None]:
+def _compile(config, target, seeds: int, data_dir: str
+             ) -> tuple[dict, dict | None, float | None]:
   """({'train' | 'eval ...': resident peak bytes}, the training call's {flops, bytes} per
-  seed-step or None) of `seeds` seeds on one chip of `target`."""
+  seed-step by the cost analysis or None, its HBM bytes per seed-step from the optimised HLO
+  or None) of `seeds` seeds on one chip of `target`."""
   run = config.copy_and_resolve_references()
   run.num_seeds, run.num_devices = seeds, 1
   run.data.dir = run.data.dir or data_dir  # generated once, shared by every compile
   the_plan = programs_lib.plan(run, target, run.data.dir)
-  peaks, cost = {}, None
-  for result in programs_lib.compile_all(the_plan):
+  peaks, cost, hbm = {}, None, None
+  for program in the_plan.programs:
+    result = programs_lib.compile_program(program, hbm_traffic=program.kind == "train")
     name = result.program.kind if result.program.kind == "train" else result.program.name
     if result.error:
       print(f"    {name} at {seeds} seeds: refused ({result.error})", flush=True)
@@ -103,7 +115,10 @@ def _compile(config, target, seeds: int, data_dir: str) -> tuple[dict, dict | No
               "bytes": roofline_lib.per_seed_step(result.bytes_accessed, seeds)}
       print(f"    train cost per seed-step: {cost['flops'] / 1e9:.3f} GFLOP, "
             f"{cost['bytes'] / 1e9:.4f} GB", flush=True)
-  return peaks, cost
+    if result.program.kind == "train" and result.hbm_bytes:
+      hbm = roofline_lib.per_seed_step(result.hbm_bytes, seeds)
+      print(f"    train HBM traffic per seed-step (HLO): {hbm / 1e9:.4f} GB", flush=True)
+  return peaks, cost, hbm
 
 
 def _preset_name(config_arg: str) -> str:
@@ -135,18 +150,19 @@ def main(argv):
       fits = {n: planning.fit_memory(list(p), list(p.values()))
               for n, p in by_program.items() if len(p) >= 2}
       most = planning.max_seeds(list(fits.values()), targets_lib.CHIPS[generation].hbm_bytes)
-      results[(generation, int(depth))] = {"fits": fits, "max": most, "cost": entry["cost"]}
+      results[(generation, int(depth))] = {"fits": fits, "max": most, "cost": entry["cost"],
+                                           "hbm": entry.get("hbm")}
     for target in targets:
       first_fits = {}
       for n_depth, depth in enumerate(depths):
         config.model.num_layers = depth
         print(f"{target.name}, depth {depth}:", flush=True)
-        by_program, cost = {}, None
+        by_program, cost, hbm = {}, None, None
         counts = seed_counts if n_depth == 0 or not _DEEP_SEEDS.value else sorted(
             int(s) for s in _DEEP_SEEDS.value)
         for seeds in counts:
-          peaks, got = _compile(config, target, seeds, data_dir)
-          cost = got or cost
+          peaks, got, got_hbm = _compile(config, target, seeds, data_dir)
+          cost, hbm = got or cost, got_hbm or hbm  # the largest count's
           for name, peak in peaks.items():
             by_program.setdefault(name, {})[seeds] = peak
         fits = {name: planning.fit_memory(list(p), list(p.values()))
@@ -160,8 +176,9 @@ def main(argv):
         if n_depth == 0:
           first_fits = fits
         most = planning.max_seeds(list(fits.values()), target.chip.hbm_bytes) if fits else None
-        results[(target.generation, depth)] = {"fits": fits, "max": most, "cost": cost}
-        saved[f"{target.generation}@{depth}"] = {"peaks": by_program, "cost": cost}
+        results[(target.generation, depth)] = {"fits": fits, "max": most, "cost": cost,
+                                               "hbm": hbm}
+        saved[f"{target.generation}@{depth}"] = {"peaks": by_program, "cost": cost, "hbm": hbm}
         if _SAVE.value:
           with open(_SAVE.value, "w", encoding="utf-8") as f:
             json.dump(saved, f, indent=1)
@@ -175,32 +192,34 @@ def main(argv):
         f"{config.model.d_model}, {config.model.dtype}, packing {config.train.packing}, seed "
         f"counts {seed_counts} (deeper: {_DEEP_SEEDS.value or seed_counts})\n")
   header = ("target", "depth", "train MB/seed (+const)", "eval MB/seed (+const)",
-            "max seeds/chip", "GFLOP/seed-step", "GB/seed-step", "seed-steps/s/chip")
+            "max seeds/chip", "GFLOP/seed-step", "GB/seed-step (cost analysis)",
+            "GB/seed-step (HLO, HBM)", "seed-steps/s/chip")
   rates: dict[str, dict[int, float]] = {}
   for (generation, depth), r in results.items():
     chip = targets_lib.CHIPS[generation]
     train = r["fits"].get("train")
     evals = [f for n, f in r["fits"].items() if n != "train"]
     worst_eval = max(evals, key=lambda f: f.per_seed) if evals else None
-    cost, source = r["cost"], ""
-    if cost is None and depth in tpu_costs:
-      cost, source = tpu_costs[depth], " (TPU program's cost)"
+    cost, hbm = r["cost"], r.get("hbm")
+    flops, moved, source = _rate_inputs(cost, hbm, tpu_costs.get(depth))
     rate = "-"
-    if cost is not None:
-      line = roofline_lib.roofline(cost["flops"], cost["bytes"],
+    if moved:
+      line = roofline_lib.roofline(flops or 0.0, moved,
                                    chip.matmul_peak(config.model.dtype,
                                                     config.model.matmul_precision),
                                    chip.hbm_bandwidth)
       rates.setdefault(generation, {})[depth] = line.seed_steps_per_s
-      rate = f"{line.seed_steps_per_s:.0f}{source}"
+      rate = f"{line.seed_steps_per_s:.0f} ({source})"
     fit_text = lambda f: (f"{f.per_seed / 1e6:.1f} (+{f.constant / 1e6:.0f})" if f else "-")
     rows.append([chip.name, str(depth), fit_text(train), fit_text(worst_eval),
                  str(r["max"]) if r["max"] is not None else "-",
-                 f"{cost['flops'] / 1e9:.2f}" if cost else "-",
-                 f"{cost['bytes'] / 1e9:.3f}" if cost else "-", rate])
+                 f"{flops / 1e9:.2f}" if flops else "-",
+                 f"{cost['bytes'] / 1e9:.3f}" if cost else "-",
+                 f"{hbm / 1e9:.3f}" if hbm else "-", rate])
   # The chips not compiled, from a compiled chip of the same platform (the same XLA compiler:
   # issue 53 measured equal peaks on v4, v5e and v6e): its memory fits against their HBM, and
-  # the TPU program's cost per seed-step at their peaks.
+  # its cost per seed-step at their peaks (a TPU's cost analysis; a GPU's HLO traffic, else the
+  # TPU program's cost).
   compiled = {g for g, _ in results}
   for generation, chip in targets_lib.CHIPS.items():
     if generation in compiled:
@@ -210,18 +229,21 @@ def main(argv):
       r = results.get((source, depth)) if source else None
       fits = list(r["fits"].values()) if r else []
       most = planning.max_seeds(fits, chip.hbm_bytes) if fits else None
-      cost = tpu_costs.get(depth)
+      flops, moved, how = _rate_inputs(None, r.get("hbm") if r else None, tpu_costs.get(depth))
       rate = "-"
-      if cost is not None:
-        line = roofline_lib.roofline(cost["flops"], cost["bytes"], chip.matmul_peak(
+      if moved:
+        line = roofline_lib.roofline(flops or 0.0, moved, chip.matmul_peak(
             config.model.dtype, config.model.matmul_precision), chip.hbm_bandwidth)
         rates.setdefault(generation, {})[depth] = line.seed_steps_per_s
-        rate = f"{line.seed_steps_per_s:.0f} (TPU program's cost)"
+        if r and r.get("hbm"):
+          how += f" of {targets_lib.CHIPS[source].name}"
+        rate = f"{line.seed_steps_per_s:.0f} ({how})"
       rows.append([f"{chip.name} (fits of {targets_lib.CHIPS[source].name})" if source
                    else chip.name, str(depth), "-", "-", str(most) if most is not None else "-",
-                   "-", "-", rate])
+                   "-", "-", "-", rate])
       if most is not None:
-        results.setdefault((generation, depth), {"fits": {}, "max": most, "cost": None})
+        results.setdefault((generation, depth), {"fits": {}, "max": most, "cost": None,
+                                                 "hbm": None})
   print(table.format_table(header, rows))
   if _GRID.value:
     print("\nThe paper's grid (3 tasks x depths 2-10 x 10 seeds; 300k steps, Dyck 400k) at the "
@@ -245,6 +267,22 @@ def main(argv):
         (a.partition("=")[2] for a in sys.argv if a.startswith("--config=")), "")), results)
 
 
+def _rate_inputs(cost: dict | None, hbm: float | None, tpu_cost: dict | None
+                 ) -> tuple[float | None, float | None, str]:
+  """(FLOPs, bytes per seed-step, where they come from) for a row's roofline bound: the cost
+  analysis where the chip's compiler gives one (TPU); else the HLO's HBM traffic (GPU) with
+  the FLOPs of the TPU program of the same depth, or none; else the TPU program's cost."""
+  if cost:
+    return cost["flops"], cost["bytes"], "cost analysis"
+  if hbm:
+    if tpu_cost:
+      return tpu_cost["flops"], hbm, "HLO bytes, TPU program's FLOPs"
+    return None, hbm, "HLO bytes only"
+  if tpu_cost:
+    return tpu_cost["flops"], tpu_cost["bytes"], "TPU program's cost"
+  return None, None, ""
+
+
 def _params(config, depth: int, target) -> int:
   """Parameters per seed at `depth` (the run's own shapes: `programs.plan` without programs)."""
   run = config.copy_and_resolve_references()
@@ -253,7 +291,8 @@ def _params(config, depth: int, target) -> int:
 
 
 def _scale(config, results: dict, base: int, depths: list[int]) -> None:
-  """Adds to `results` the depths not compiled, from depth `base` scaled by parameters."""
+  """Adds to `results` the depths not compiled, from depth `base` scaled by parameters (memory
+  per seed, the cost analysis and the HLO traffic alike)."""
   for generation in sorted({g for g, d in results if d == base}):
     target = _target(generation)
     ref = _params(config, base, target)
@@ -264,9 +303,10 @@ def _scale(config, results: dict, base: int, depths: list[int]) -> None:
       fits = {n: planning.MemoryFit(constant=f.constant, per_seed=f.per_seed * ratio,
                                     seeds=f.seeds, peaks=f.peaks) for n, f in r["fits"].items()}
       cost = ({k: v * ratio for k, v in r["cost"].items()} if r["cost"] else None)
+      hbm = r["hbm"] * ratio if r.get("hbm") else None
       most = (planning.max_seeds(list(fits.values()), target.chip.hbm_bytes)
               if fits else None)
-      results[(generation, depth)] = {"fits": fits, "max": most, "cost": cost}
+      results[(generation, depth)] = {"fits": fits, "max": most, "cost": cost, "hbm": hbm}
 
 
 def _write(path: str, preset: str, results: dict) -> None:

@@ -41,6 +41,7 @@ from sg_jax import evaluation as evals
 from sg_jax import terms as terms_lib
 from sg_jax.accelerators import analysis_programs
 from sg_jax.accelerators import hlo_checks
+from sg_jax.accelerators import hlo_traffic
 from sg_jax.accelerators import targets as targets_lib
 from sg_jax.config import per_seed
 from sg_jax.data.input_pipeline import DataOptions, load_data, make_train_data
@@ -104,6 +105,10 @@ class Compiled:
   flops: float | None = None
   bytes_accessed: float | None = None
   checks: dict | None = None
+  # The HBM traffic of one call from the optimised HLO (`hlo_traffic.traffic`, hbm_only: a
+  # TPU's arrays outside the on-chip memory space S(1), a GPU's every array), when asked for:
+  # the GPU compiler gives no cost analysis, so on a GPU this is the only byte count.
+  hbm_bytes: float | None = None
 
   @property
   def peak(self) -> int:
@@ -253,9 +258,10 @@ def _train_data(config, data_options, task, splits, workdir: str, target):
   return host_data, capacities, chips, per_chip
 
 
-def compile_program(program: Program) -> Compiled:
+def compile_program(program: Program, hbm_traffic: bool = False) -> Compiled:
   """Lowers and compiles one program; a compiler refusal (out of memory, ...) is recorded in
-  `Compiled.error`, not raised."""
+  `Compiled.error`, not raised. `hbm_traffic`: also estimate its HBM traffic from the optimised
+  HLO (`Compiled.hbm_bytes`; seconds of parsing for a large program)."""
   started = time.perf_counter()
   try:
     compiled = program.lower().compile()
@@ -268,11 +274,14 @@ def compile_program(program: Program) -> Compiled:
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per partition
     cost = cost[0] if cost else {}
+  text = compiled.as_text()
   return Compiled(program, seconds, argument=memory.argument_size_in_bytes,
                   output=memory.output_size_in_bytes, alias=memory.alias_size_in_bytes,
                   temp=memory.temp_size_in_bytes, code=memory.generated_code_size_in_bytes,
                   flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
-                  checks=hlo_checks.check(compiled.as_text()))
+                  checks=hlo_checks.check(text),
+                  hbm_bytes=(float(hlo_traffic.traffic(text, hbm_only=True)["total"])
+                             if hbm_traffic else None))
 
 
 def compile_all(the_plan: Plan, on_done: Callable[[Compiled], None] | None = None
