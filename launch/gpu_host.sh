@@ -25,6 +25,9 @@
 #   --fill_chips     train/sweep: use the seed count that fills every GPU of --gpus (the next
 #                    multiple of the GPUs); without it such a count is only named in a one-line
 #                    warning (launch/seed_check.py)
+#   --gpu_type=T     h100, h200 or a100: the row of launch/seeds_per_chip.json that caps the
+#                    seeds per GPU (default: read from `nvidia-smi --query-gpu=name` of the first
+#                    GPU of --gpus; a GPU the table does not know is checked for idle GPUs only)
 #   --dry_run        print the exact commands instead of running them
 #
 # A job stopped with SIGTERM/SIGINT checkpoints and exits with code 75; rerunning the same
@@ -44,7 +47,7 @@ case "$COMMAND" in -h|--help|help) usage "${BASH_SOURCE[0]}"; exit 0 ;; esac
 USAGE="launch/gpu_host.sh COMMAND [options] [-- ARGS]"
 [[ -n "$COMMAND" && "$COMMAND" != -* ]] || die "usage: $USAGE (--help: commands and options)"
 shift
-GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900 FILL=0
+GPUS="" LOG="sg_jax_job.log" BUCKET="" SYNC_EVERY=900 FILL=0 GPU_TYPE=""
 JOB_ARGS=()
 while (($#)); do
   case "$1" in
@@ -53,6 +56,7 @@ while (($#)); do
     --bucket=*) BUCKET=${1#*=} ;;
     --sync_every=*) SYNC_EVERY=${1#*=} ;;
     --fill_chips) FILL=1 ;;
+    --gpu_type=*) GPU_TYPE=${1#*=} ;;
     --dry_run) DRY_RUN=1 ;;
     -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; JOB_ARGS=("$@"); break ;;
@@ -63,6 +67,7 @@ done
 if [[ -n "$GPUS" && ! "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
   die "--gpus must be comma-separated GPU indices, got $GPUS"
 fi
+[[ -z "$GPU_TYPE" || "$GPU_TYPE" =~ ^(h100|h200|a100)$ ]] || die "--gpu_type must be h100, h200 or a100, got $GPU_TYPE"
 [[ "$SYNC_EVERY" =~ ^[0-9]+$ ]] || die "--sync_every must be a number of seconds, got $SYNC_EVERY"
 SYNC_LOG="${LOG%.log}_sync.log"
 
@@ -87,7 +92,12 @@ start_job() {  # $1 = main | sweep
   if [[ -n "$GPUS" ]]; then
     local gpu_list
     IFS=, read -r -a gpu_list <<< "$GPUS"
-    check_seeds "$1" --chips="${#gpu_list[@]}" --generation=gpu
+    local gpu_name=""
+    if [[ -z "$GPU_TYPE" ]] && command -v nvidia-smi > /dev/null; then
+      gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader --id="${gpu_list[0]}" \
+                   2> /dev/null | head -n 1 || true)
+    fi
+    check_seeds "$1" --chips="${#gpu_list[@]}" --generation="$GPU_TYPE" --gpu_name="${gpu_name:-gpu}"
   fi
   local env=(env)
   [[ -n "$GPUS" ]] && env+=(CUDA_VISIBLE_DEVICES="$GPUS")

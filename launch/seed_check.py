@@ -49,6 +49,17 @@ def chips_of(accelerator: str) -> tuple[str, int]:
   return GENERATION.get(name, name), max(1, cores // CORES_PER_CHIP[name])
 
 
+GPU_GENERATIONS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
+
+
+def gpu_generation(name: str) -> str:
+  """The table's generation of a GPU named as `nvidia-smi --query-gpu=name` prints it ('h100'
+  for 'NVIDIA H100 80GB HBM3'), or 'gpu' for a GPU the table does not know (checked for idle
+  chips only)."""
+  upper = name.upper()
+  return next((gen for key, gen in GPU_GENERATIONS if key in upper), "gpu")
+
+
 def read_job(args: list[str]) -> dict:
   """{'seeds': N or None, 'where': how given, 'preset': name, 'depth': N} from job ARGS."""
   job = {"seeds": None, "where": None, "preset": "default", "depth": None}
@@ -106,10 +117,14 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--accelerator", default="")
   parser.add_argument("--chips", type=int, default=0)
   parser.add_argument("--generation", default="")
+  parser.add_argument("--gpu_name", default="", help="a GPU's name as nvidia-smi prints it: "
+                      "sets --generation (gpu_generation)")
   parser.add_argument("--fill", action="store_true")
   parser.add_argument("--job", choices=("main", "sweep"), default="main")
   parser.add_argument("--table", default=TABLE)
   opts = parser.parse_args(own)
+  if opts.gpu_name and not opts.generation:
+    opts.generation = gpu_generation(opts.gpu_name)
   try:
     generation, chips = (chips_of(opts.accelerator) if opts.accelerator
                          else (opts.generation, opts.chips))

@@ -88,3 +88,24 @@ def test_the_launchers_copy_of_the_plan_equals_the_librarys():
       for most in (0, 1, 3, 6, 31):
         assert seed_check.plan(num_seeds, chips, most) == planning.seeds_to_use(
             num_seeds, chips, most), (num_seeds, chips, most)
+
+
+@pytest.mark.parametrize("name, generation", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("Tesla V100-SXM2-16GB", "gpu"), ("gpu", "gpu")])
+def test_gpu_names_map_to_the_tables_generations(name, generation):
+  assert seed_check.gpu_generation(name) == generation
+
+
+def test_gpu_host_caps_seeds_per_gpu_by_its_type():
+  with open(seed_check.TABLE) as f:
+    most = seed_check.max_per_chip(json.load(f), "h100", "default", 10)
+  assert most > 0  # the table has the H100 (benchmarks/seeds_per_chip.py --write)
+  too_many = str(2 * (most + 1))  # 2 GPUs, one seed more per GPU than fit at depth 10
+  done = _launch("gpu_host.sh", "train", "--gpus=0,1", "--gpu_type=h100", "--dry_run", "--",
+                 "--config=configs/tense.py:depth=10", f"--config.num_seeds={too_many}")
+  assert done.returncode == 0, done.stderr
+  assert f"more than the {most} that fit" in done.stderr and "(h100, default, depth 10)" in done.stderr
+  bad = _launch("gpu_host.sh", "train", "--gpus=0", "--gpu_type=v100", "--dry_run", "--",
+                "--config=configs/tense.py")
+  assert bad.returncode != 0 and "--gpu_type must be h100, h200 or a100" in bad.stderr
