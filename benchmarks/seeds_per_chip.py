@@ -229,13 +229,14 @@ def main(argv):
       r = results.get((source, depth)) if source else None
       fits = list(r["fits"].values()) if r else []
       most = planning.max_seeds(fits, chip.hbm_bytes) if fits else None
-      flops, moved, how = _rate_inputs(None, r.get("hbm") if r else None, tpu_costs.get(depth))
+      flops, moved, how = _rate_inputs(r["cost"] if r else None, r.get("hbm") if r else None,
+                                       tpu_costs.get(depth))
       rate = "-"
       if moved:
         line = roofline_lib.roofline(flops or 0.0, moved, chip.matmul_peak(
             config.model.dtype, config.model.matmul_precision), chip.hbm_bandwidth)
         rates.setdefault(generation, {})[depth] = line.seed_steps_per_s
-        if r and r.get("hbm"):
+        if r and (r["cost"] or r.get("hbm")):
           how += f" of {targets_lib.CHIPS[source].name}"
         rate = f"{line.seed_steps_per_s:.0f} ({how})"
       rows.append([f"{chip.name} (fits of {targets_lib.CHIPS[source].name})" if source
