@@ -32,8 +32,9 @@ depths 2, 4, 6, 8, 10 x 10 seeds x 300k steps, Dyck 400k), with each depth's rat
 linearly in depth between the compiled depths and every task at this config's per-step cost
 (the tasks differ in vocabulary and line length; compile each task's config to refine it).
 `--scale_depths` sizes depths not compiled from the first compiled one in proportion to the
-parameters per seed; `--save` / `--load` keep the compiled peaks and costs in a JSON file (the
-peaks of several sessions can be merged by hand) and read them back without compiling.
+parameters per seed; `--save` / `--load` keep the compiled peaks and costs in a JSON file and read them back
+without compiling (`--load=a.json,b.json`: the saves of several sessions, e.g. one per target,
+merged in order).
 `--write=FILE` merges the most seeds per chip into the launchers' table (launch/seed_check.py).
 Needs the optional compilers (requirements-accelerators.txt); compiles are CPU-heavy and take
 minutes each at the reference size.
@@ -79,7 +80,9 @@ _GRID = flags.DEFINE_bool("grid", False, "Print the paper's grid in chip-hours p
 _WRITE = flags.DEFINE_string("write", "", "JSON table of the most seeds per chip to merge into "
                              "(launch/seeds_per_chip.json).")
 _SAVE = flags.DEFINE_string("save", "", "JSON file to write the compiled peaks and costs into.")
-_LOAD = flags.DEFINE_string("load", "", "JSON file of an earlier --save: no compile.")
+_LOAD = flags.DEFINE_list("load", [], "JSON files of earlier --save runs (e.g. one per target), "
+                         "merged in order (a later file's target and depth replace an "
+                         "earlier's): no compile.")
 _PRESET = flags.DEFINE_string("preset", "", "Name of the config's preset in the written table "
                               "(default: the config string's preset, else 'default').")
 flags.mark_flags_as_required(["config"])
@@ -141,8 +144,9 @@ def main(argv):
     config.data.dir = config.data.dir or data_dir
     saved = {}
     if _LOAD.value:
-      with open(_LOAD.value, encoding="utf-8") as f:
-        saved = json.load(f)
+      for path in _LOAD.value:
+        with open(path, encoding="utf-8") as f:
+          saved.update(json.load(f))
       targets = []
     for key, entry in saved.items():
       generation, depth = key.split("@")
@@ -187,7 +191,7 @@ def main(argv):
     depths = sorted(set(depths) | {int(d) for d in _SCALE_DEPTHS.value})
   tpu_costs = {d: r["cost"] for (g, d), r in results.items()
                if r["cost"] and targets_lib.CHIPS[g].platform == "tpu"}
-  how = f"loaded from {_LOAD.value}" if _LOAD.value else f"{time.time() - started:.0f} s of compiles"
+  how = f"loaded from {', '.join(_LOAD.value)}" if _LOAD.value else f"{time.time() - started:.0f} s of compiles"
   print(f"\n{how}; config {config.task}, d_model "
         f"{config.model.d_model}, {config.model.dtype}, packing {config.train.packing}, seed "
         f"counts {seed_counts} (deeper: {_DEEP_SEEDS.value or seed_counts})\n")
