@@ -171,4 +171,3 @@ def runs_with_groups(runs: Sequence[Run], by: Sequence[str] | None = None
     if seed_sets:
       out.append((run, seed_sets))
   return out
-
