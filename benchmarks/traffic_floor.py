@@ -103,11 +103,11 @@ def measure(config, name: str, data_dir: str) -> dict:
       f.write(text)
   out["traffic"] = hlo_traffic.traffic(text)
   out["platform"] = "cpu" if name == "cpu" else target.chip.platform
-  # The HBM traffic: a TPU's arrays outside S(1); a GPU's every array (module docstring).
-  in_hbm = out["platform"] == "tpu"
-  out["hbm"] = None if name == "cpu" else hlo_traffic.traffic(text, hbm_only=in_hbm)
+  # The HBM traffic: a TPU's arrays outside S(1); a GPU's every array, none being in S(1)
+  # (module docstring).
+  out["hbm"] = None if name == "cpu" else hlo_traffic.traffic(text, hbm_only=True)
   out["hbm_params"] = None if name == "cpu" else hlo_traffic.traffic(
-      text, hbm_only=in_hbm, sizes=the_plan.param_array_bytes)
+      text, hbm_only=True, sizes=the_plan.param_array_bytes)
   return out
 
 

@@ -168,8 +168,9 @@ def _parse(lines: list[str]) -> tuple[dict[str, _Computation], str]:
   return computations, entry
 
 
-def _reads(body: _Computation, users: dict, name: str, whole: int) -> int:
-  """Bytes that `body` reads of its instruction `name` (a parameter), `whole` its size."""
+def _reads(users: dict, name: str, whole: int) -> int:
+  """Bytes that a fusion body reads of its instruction `name` (a parameter), `whole` its size;
+  `users`: the body's `_Computation.users()`."""
   total, read_whole, pending, seen = 0, False, [name], set()
   while pending:
     current = pending.pop()
@@ -240,7 +241,7 @@ def _moved(instruction: _Instruction, operands: list[list[tuple[int, bool]]],
       for i, operand in enumerate(operands):
         if len(operand) == 1 and i in parameters:
           whole, in_hbm = operand[0]
-          arrays.append((_reads(body, users, parameters[i], whole), in_hbm))
+          arrays.append((_reads(users, parameters[i], whole), in_hbm))
         else:
           arrays += operand
   return sum(b for b, flagged in arrays if flagged or not flagged_only)

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sg_jax.report import group_stats
 from sg_jax.report import groups as groups_lib
 from sg_jax.report import tables
 from sg_jax.report.reading import GEN_ACC, Run
@@ -49,7 +50,7 @@ def run_analysis(run: Run) -> dict | None:
   if found is None or not run.series.get(GEN_ACC):
     return None
   seeds, init, data = found
-  finals = [_final(run, s) for s in seeds]
+  finals = [group_stats.seed_final(run, GEN_ACC, s) for s in seeds]
   keep = [i for i, v in enumerate(finals) if math.isfinite(v)]
   pick = lambda xs: [xs[i] for i in keep]
   rules = [tables.rules_of_seed(run, s)[0] or "none" for s in pick(seeds)]
@@ -63,19 +64,19 @@ def run_analysis(run: Run) -> dict | None:
   return out
 
 
-def _final(run: Run, seed: int) -> float:
-  curve = run.series.get(GEN_ACC, {}).get(seed)
-  return math.nan if curve is None else tables.final_value(*curve)[1]
+def _analyses(runs: Sequence[Run]) -> list[tuple[Run, dict]]:
+  return [(run, got) for run in runs if (got := run_analysis(run)) is not None]
 
 
 def cells_lines(runs: Sequence[Run]) -> list[str]:
   """A markdown table per crossed run: final generalisation of each seed at (initialisation
   row, data-order column) with its final rule's initial, row and column means."""
+  return _cells(_analyses(runs))
+
+
+def _cells(analyses: Sequence[tuple[Run, dict]]) -> list[str]:
   lines = []
-  for run in runs:
-    got = run_analysis(run)
-    if got is None:
-      continue
+  for run, got in analyses:
     inits, datas = sorted(set(got["init"])), sorted(set(got["data"]))
     cell = {}
     for i, d, v, r in zip(got["init"], got["data"], got["final"], got["rule"]):
@@ -97,11 +98,12 @@ def shares_lines(runs: Sequence[Run]) -> list[str]:
   the share of the seeds' variance (sum of squares over the total), the partial eta squared,
   the restricted permutation test's one-sided p (exact or drawn), its smallest possible p and
   the partial eta squared the design detects (power 0.8, alpha 0.05)."""
+  return _shares(_analyses(runs))
+
+
+def _shares(analyses: Sequence[tuple[Run, dict]]) -> list[str]:
   rows = []
-  for run in runs:
-    got = run_analysis(run)
-    if got is None:
-      continue
+  for run, got in analyses:
     for outcome, key in (("final generalisation", "generalisation"), ("final rule", "rule_result")):
       result = got[key]
       if isinstance(result, str):
@@ -129,17 +131,17 @@ def _fmt_detectable(v: float) -> str:
 
 def markdown_lines(runs: Sequence[Run]) -> list[str]:
   """The "Initialisation x data order" section of summary.md ([] without a crossed run)."""
-  cells = cells_lines(runs)
-  if not cells:
+  analyses = _analyses(runs)
+  if not analyses:
     return []
-  return (["", "## Initialisation x data order", "", *cells, "",
+  return (["", "## Initialisation x data order", "", *_cells(analyses), "",
            "Final out-of-domain accuracy of each seed, at its initialisation seed (row) and data "
            "order (column), with the first letter of its final rule "
            "(`tables.rules_of_seed`). Below: the share of the seeds' variance each factor's "
            "level means explain (balanced two-way sums of squares; the final rule coded as "
            "one indicator per rule), tested by permuting the outcomes within the other "
            "factor's levels (`sg_jax.stats.crossed`, docs/analysis.md).", "",
-           *shares_lines(runs)])
+           *_shares(analyses)])
 
 
 __all__ = ["FACTORS", "cells_lines", "crossed_levels", "markdown_lines", "run_analysis",
