@@ -63,6 +63,14 @@ one's own runs):
                              docs/sweeps_and_launch.md); a named field that differs between
                              the runs of one depth (a job axis) groups their seeds merged
                              into one run, `depth<D>_jobs` (`groups.job_axis_runs`).
+  time_to_generalise_<run>.png (j') the same runs: per group the Kaplan-Meier fraction of
+                             seeds whose generalisation has exceeded --threshold by each step
+                             (seeds that never do censored), with the median first crossing.
+  crossed_<run>.png          (j'') runs whose seeds cross `seeds.init` with `seeds.data`: final
+                             generalisation per (initialisation, data order) cell with each
+                             seed's final rule and the row and column means; the title gives
+                             each factor's share of variance and permutation p (the section
+                             "Initialisation x data order" of summary.md, `crossed_seeds`).
   pruning_accuracy_<run>.png (l) where the workdir has pruning.csv (`sg_jax.prune`): in-domain
                              vs out-of-domain accuracy of every subnetwork of the last pruned
                              step, one panel per sparsity level, colour = training seed, star =
@@ -290,12 +298,17 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
     group_tests += group_stats.comparison_rows(run, seed_sets, threshold=threshold, by=group_by)
     optional(f"groups_{run.name}.png",
              lambda p: group_figures.plot_groups(run, seed_sets, p, prefix))
+    optional(f"time_to_generalise_{run.name}.png",
+             lambda p: group_figures.plot_time_to_generalise(run, seed_sets, p, prefix, threshold))
     optional(f"dose_response_{run.name}.png",
              lambda p: group_figures.plot_dose_response(run, p, prefix, group_by))
   if group_table:
     write_csv(os.path.join(out_dir, "summary_groups.csv"), group_table)
   if group_tests:
     write_csv(os.path.join(out_dir, "summary_group_tests.csv"), group_tests)
+
+  for run in runs:
+    optional(f"crossed_{run.name}.png", lambda p: crossed_seeds.plot_cells(run, p, prefix))
 
   phase_results = [(run, found) for run in runs
                    if (found := phase_transitions.draw(run, optional, prefix)) is not None]

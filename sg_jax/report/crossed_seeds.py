@@ -4,7 +4,7 @@ with `seeds.data` (issue 52; the PolyPythias design, van der Wal et al., ICLR 20
 For each such run: the grid of final generalisation (rows: initialisation, columns: data order;
 `cells_lines`), and the share of the seeds' variance each factor explains with its restricted
 permutation test (`sg_jax.stats.crossed`), for final generalisation and for the final rule
-(`shares_lines`). The claims `grokking.init_seed_decides` / `grokking.data_seed_decides` turn
+(`shares_lines`); `plot_cells` draws the grid as a heat map (`crossed_<run>.png`). The claims `grokking.init_seed_decides` / `grokking.data_seed_decides` turn
 the same numbers into verdicts.
 """
 
@@ -125,6 +125,64 @@ def _shares(analyses: Sequence[tuple[Run, dict]]) -> list[str]:
           "|" + "---|" * 9, *rows]
 
 
+def cell_grid(got: dict) -> tuple[list[int], list[int], np.ndarray]:
+  """(initialisation levels, data-order levels, [I, D] grid) of a `run_analysis` result: the
+  mean final generalisation (0-1) of the seeds in each cell, NaN where a cell has none."""
+  inits, datas = sorted(set(got["init"])), sorted(set(got["data"]))
+  grid = np.full((len(inits), len(datas)), np.nan)
+  for i, row in enumerate(inits):
+    for j, col in enumerate(datas):
+      cell = [v for a, b, v in zip(got["init"], got["data"], got["final"]) if a == row and b == col]
+      if cell:
+        grid[i, j] = float(np.mean(cell))
+  return inits, datas, grid
+
+
+def plot_cells(run: Run, path: str, title_prefix: str):
+  """Heat map of a crossed run's final generalisation accuracy (0-1): rows the initialisation
+  seeds (`seeds.init`), columns the data orders (`seeds.data`), each cell the seed's value
+  (the cell mean where several seeds share it) and the first letter of its final rule, with
+  the row and column means beside the grid; the title gives each factor's share of variance
+  and restricted-permutation p (`run_analysis`).
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when `run` is
+    not a crossed run with generalisation rows.
+  """
+  got = run_analysis(run)
+  if got is None:
+    return None
+  from sg_jax.report.plotting import pyplot  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
+  inits, datas, grid = cell_grid(got)
+  letters = {}
+  for a, b, r in zip(got["init"], got["data"], got["rule"]):
+    letters.setdefault((a, b), []).append(r[0] if r != "none" else "-")
+  fig, ax = plt.subplots(figsize=(1.0 * len(datas) + 3.5, 0.8 * len(inits) + 2))
+  image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+  for i, a in enumerate(inits):
+    for j, b in enumerate(datas):
+      if np.isfinite(grid[i, j]):
+        ax.text(j, i, f"{grid[i, j]:.2f}\n{''.join(letters[(a, b)])}", ha="center", va="center",
+                fontsize=8, color="white" if grid[i, j] < 0.6 else "black")
+  ax.set_xticks(range(len(datas)),
+                [f"data {b}\n{np.nanmean(grid[:, j]):.2f}" for j, b in enumerate(datas)])
+  ax.set_yticks(range(len(inits)),
+                [f"init {a}  {np.nanmean(grid[i]):.2f}" for i, a in enumerate(inits)])
+  ax.set_xlabel("data order (seeds.data), column mean")
+  ax.set_ylabel("initialisation (seeds.init), row mean")
+  fig.colorbar(image, ax=ax, label="final generalisation accuracy")
+  result = got["generalisation"]
+  said = ("; ".join(f"{f.name}: share {f.share:.2f}, p {f.p:.2g}" for f in result.factors)
+          if not isinstance(result, str) else result)
+  ax.set_title(f"{title_prefix}{run.name}: final generalisation (letter: final rule)\n{said} "
+               f"(restricted permutation, n={len(got['final'])})", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
 def _fmt_detectable(v: float) -> str:
   return "none at this n" if not math.isfinite(v) else f"{v:.2f}"
 
@@ -144,5 +202,5 @@ def markdown_lines(runs: Sequence[Run]) -> list[str]:
            *_shares(analyses)])
 
 
-__all__ = ["FACTORS", "cells_lines", "crossed_levels", "markdown_lines", "run_analysis",
-           "shares_lines"]
+__all__ = ["FACTORS", "cell_grid", "cells_lines", "crossed_levels", "markdown_lines",
+           "plot_cells", "run_analysis", "shares_lines"]

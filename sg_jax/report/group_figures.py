@@ -1,9 +1,11 @@
-"""Seed-group figures of one run: `groups_<run>.png` and `dose_response_<run>.png`.
+"""Seed-group figures of one run: `groups_<run>.png`, `time_to_generalise_<run>.png` and
+`dose_response_<run>.png`.
 
 `plot_groups` draws, per group of `groups.seed_groups`, the seed mean of each compared metric
 (`group_stats.COMPARED`) with its 95% t-interval over seeds (`seed_stats.seed_mean`) and marks
-each seed's onset (`sg_jax.analysis.onsets`); `plot_dose_response` draws the final
-generalisation against each numeric per-seed field.
+each seed's onset (`sg_jax.analysis.onsets`); `plot_time_to_generalise` draws each group's
+Kaplan-Meier curve of the first step above the generalisation threshold (`sg_jax.stats.survival`);
+`plot_dose_response` draws the final generalisation against each numeric per-seed field.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from sg_jax import stats
 from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.report import seed_stats
-from sg_jax.report.group_stats import COMPARED, seed_final
+from sg_jax.report.group_stats import COMPARED, crossings, seed_final
 from sg_jax.report.groups import grouping_fields
 from sg_jax.report.plotting import CONSTRUCTION_COLORS, legend_outside, mean_band, pyplot
-from sg_jax.report.reading import Run
+from sg_jax.report.reading import GEN_ACC, Run
 
 # Panel titles of a run whose accuracy series are borrowed (`Run.accuracy_from`, a masked LM).
 BORROWED_TITLES = {"in_domain/accuracy": "in-domain {0} (minimal pairs)",
@@ -74,6 +77,55 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   legend_outside(axes[0][cols - 1]).set_title("band: 95% t-interval over seeds;\n"
                                          "ticks: onsets of each seed", prop={"size": 8})
   fig.suptitle(f"{title_prefix}seed groups of {run.name}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return fig
+
+
+def plot_time_to_generalise(run: Run, groups: Mapping[str, Sequence[int]], path: str,
+                             title_prefix: str, threshold: float):
+  """Per group: the Kaplan-Meier estimate of the fraction of seeds whose generalisation accuracy
+  (`out_of_domain/accuracy`, 0-1) has exceeded `threshold` by each training step (one minus the
+  survival curve of `stats.kaplan_meier`; the time to generalise of issue 49 item 1), a step
+  curve from 0 at step 0, seeds that never cross censored at their last evaluated step (a
+  cross on the curve). The legend gives each group's n, the seeds that cross and the median
+  first crossing with its Brookmeyer-Crowley 95% interval ('not reached' below half).
+
+  Returns:
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when the run has
+    fewer than two groups or no generalisation rows.
+  """
+  if len(groups) < 2 or not run.series.get(GEN_ACC):
+    return None
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(8, 4))
+  cmap = plt.get_cmap("tab10")
+  last = 0.0
+  for g, (label, seeds) in enumerate(groups.items()):
+    times, reached = crossings(run, seeds, threshold)
+    if not times:
+      continue
+    color = cmap(g % cmap.N)
+    curve = stats.kaplan_meier(times, reached)
+    last = max(last, max(times))
+    xs = np.concatenate([[0.0], curve.steps])
+    ys = np.concatenate([[0.0], 1.0 - curve.survival])
+    median = curve.median
+    said = (f"median {median.estimate:g} [{median.low:g}, {median.high:g}]"
+            if math.isfinite(median.estimate) else "median not reached")
+    ax.step(xs, ys, where="post", color=color, lw=2,
+            label=f"{label}: {curve.events}/{curve.n} cross; {said}")
+    censored = [t for t, r in zip(times, reached) if not r]
+    ax.plot(censored, [1.0 - curve.at(t) for t in censored], "x", color=color, ms=8, mew=2)
+  ax.set_xlim(0, last * 1.03 if last else 1)
+  ax.set_ylim(-0.02, 1.02)
+  ax.set_xlabel("training step")
+  ax.set_ylabel(f"fraction of seeds with generalisation > {threshold:g}")
+  ax.grid(alpha=0.3)
+  legend_outside(ax).set_title("Kaplan-Meier (x: censored, never crossed);\n"
+                               "median first crossing, 95% Brookmeyer-Crowley", prop={"size": 8})
+  fig.suptitle(f"{title_prefix}time to generalise in {run.name}")
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)

@@ -62,7 +62,7 @@ def construction_metrics(run: Run) -> list[str]:
   return sorted(n for n in run.series if n.startswith(CONSTRUCTION_PREFIX))
 
 
-def _crossings(run: Run, seeds: Sequence[int], threshold: float) -> tuple[list, list]:
+def crossings(run: Run, seeds: Sequence[int], threshold: float) -> tuple[list, list]:
   """(times, reached) of the seeds' first step above `threshold` (`first_above`), a seed that
   never crosses censored at its last evaluated step; seeds without rows left out."""
   times, reached = [], []
@@ -119,7 +119,7 @@ def group_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: float =
       finite = [x for x in steps if math.isfinite(x)]
       row[f"{signal}_onset_median"] = float(np.median(finite)) if finite else math.nan
     if run.series.get(GEN_ACC):
-      times, reached = _crossings(run, seeds, threshold)
+      times, reached = crossings(run, seeds, threshold)
       crossed = [t for t, r in zip(times, reached) if r]
       curve = stats.kaplan_meier(times, reached) if times else None
       finals = [seed_final(run, GEN_ACC, s) for s in seeds]
@@ -201,8 +201,8 @@ def comparison_rows(run: Run, groups: Mapping[str, Sequence[int]], threshold: fl
     if ref_above and grp_above:
       tests.append((f"seeds gen. > {threshold:g} at the end", stats.compare_proportions(
           sum(ref_above), len(ref_above), sum(grp_above), len(grp_above))))
-    ref_times, grp_times = (_crossings(run, reference, threshold),
-                            _crossings(run, seeds, threshold))
+    ref_times, grp_times = (crossings(run, reference, threshold),
+                            crossings(run, seeds, threshold))
     if ref_times[0] and grp_times[0]:
       tests.append((f"first step gen. > {threshold:g}",
                     stats.logrank(*ref_times, *grp_times)))

@@ -9,7 +9,7 @@ are merged so that a job axis groups like a per-seed field (`job_axis_runs`).
 What the report does with the groups lives beside this module: `group_stats` (per group final
 values with intervals, onsets, time to generalise, rules; each group against the first),
 `group_markdown` (the "Seed groups" section of summary.md) and `group_figures`
-(`groups_<run>.png`, `dose_response_<run>.png`).
+(`groups_<run>.png`, `time_to_generalise_<run>.png`, `dose_response_<run>.png`).
 """
 
 from __future__ import annotations

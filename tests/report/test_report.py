@@ -495,6 +495,32 @@ def test_objectives_side_by_side(tmp_path):
   assert not any(t.endswith("accuracy") for t in titles)
 
 
+def test_time_to_generalise_figure_draws_each_groups_kaplan_meier_curve(tmp_path):
+  """Group a: seeds first above 0.8 at steps 100 and 200; group b: one seed at 300, one never
+  (censored at its last step, 400): the curves are the fractions crossed, 0 -> 1/2 -> 1 and
+  0 -> 1/2, with the censored seed's cross at (400, 1/2)."""
+  steps = np.array([0, 100, 200, 300, 400])
+  crossing = {0: 100, 1: 200, 2: 300, 3: None}
+  gen = {s: (steps, np.where(steps >= (c if c is not None else 10**9), 0.9, 0.1))
+         for s, c in crossing.items()}
+  run = report.Run(workdir="/nonexistent", name="wd", depth=2, task="question", num_steps=400,
+                   series={"out_of_domain/accuracy": gen})
+  fig = group_figures.plot_time_to_generalise(run, {"a": [0, 1], "b": [2, 3]},
+                                              str(tmp_path / "km.png"), "", 0.8)
+  assert os.path.exists(tmp_path / "km.png")
+  lines = fig.axes[0].get_lines()
+  curves = [l for l in lines if l.get_drawstyle().startswith("steps")]
+  assert [list(l.get_xdata()) for l in curves] == [[0, 100, 200], [0, 300]]
+  np.testing.assert_allclose(curves[0].get_ydata(), [0, 0.5, 1.0])
+  np.testing.assert_allclose(curves[1].get_ydata(), [0, 0.5])
+  censored = [l for l in lines if l.get_marker() == "x" and len(l.get_xdata())]
+  assert [(list(l.get_xdata()), list(l.get_ydata())) for l in censored] == [([400.0], [0.5])]
+  labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+  assert labels[0].startswith("a: 2/2 cross; median 100") and labels[1].startswith("b: 1/2 cross")
+  assert group_figures.plot_time_to_generalise(run, {"a": [0, 1, 2, 3]}, str(tmp_path / "x.png"),
+                                               "", 0.8) is None  # one group: nothing to compare
+
+
 def _four_evaluation_run(num_seeds=2):
   steps = np.array([0, 100, 200, 300])
   gen = {s: (steps, np.array([0.1, 0.3, 0.2, 0.4]) + 0.1 * s) for s in range(num_seeds)}
