@@ -4,8 +4,8 @@ with `seeds.data` (issue 52; the PolyPythias design, van der Wal et al., ICLR 20
 For each such run: the grid of final generalisation (rows: initialisation, columns: data order;
 `cells_lines`), and the share of the seeds' variance each factor explains with its restricted
 permutation test (`sg_jax.stats.crossed`), for final generalisation and for the final rule
-(`shares_lines`); `plot_cells` draws the grid as a heat map (`crossed_<run>.png`). The claims `grokking.init_seed_decides` / `grokking.data_seed_decides` turn
-the same numbers into verdicts.
+(`shares_lines`); `plot_cells` draws the grid as a heat map (`crossed_<run>.png`). The claims
+`grokking.init_seed_decides` / `grokking.data_seed_decides` turn the same numbers into verdicts.
 """
 
 from __future__ import annotations
