@@ -228,19 +228,23 @@ def tscore_best_depth(runs) -> list[Outcome]:
       data = (gen[runner_up], gen[best])
       test = stats.compare_means(*data)
       confounded = best in (depths[0], depths[-1])
+      note += f"; runner-up depth {runner_up}"
       if confounded:  # more seeds do not help: only a depth range with an interior best does
         verdict = registry.NOT_TESTABLE
         note += " (an end of the depth range: confounded with depth)"
       else:
         verdict = registry.decide(test, +1)
         verdict = registry.SUPPORTED if verdict == registry.SUPPORTED else registry.NOT_TESTABLE
-        note += f"; runner-up depth {runner_up}"
+    compared = (pick if pick != best else runner_up, best)
     out.append(Outcome(
-        setting=setting, arms=tuple(len(a) for a in data), test=test.name,
+        setting=f"{setting}: depth {compared[0]} vs {compared[1]}",
+        arms=tuple(len(a) for a in data), test=test.name,
         statistic=test.statistic, p=test.p, p_adjusted=test.p, verdict=verdict,
         effect=test.effect, detectable=test.detectable, note=note,
         seeds_needed=(registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
-                      if verdict == registry.NOT_TESTABLE and not confounded else None)))
+                      if verdict == registry.NOT_TESTABLE and not confounded else None),
+        reason=(f"best depth {best} is an end of the range, confounded with depth: more seeds "
+                "cannot help" if confounded else "")))
   return out
 
 
@@ -301,5 +305,5 @@ def early_stopping(runs) -> list[Outcome]:
       o = dataclasses.replace(o, verdict=registry.NOT_TESTABLE,
                               note=o.note + f"; the end's interval is not above {bound:g}: "
                                    "vacuous")
-    out[k] = dataclasses.replace(o, interval=f"{registry.p_text(o.p, o.p_adjusted)}; {label}")
+    out[k] = dataclasses.replace(o, interval=label)
   return out

@@ -48,8 +48,9 @@ class Outcome:
     test: the test's name (`stats.Test.name`).
     statistic: its statistic (units in `note` or the claim's `rule`).
     p: two-sided p-value (NaN for an interval rule).
-    interval: the interval a rule decides on, e.g. "0.62 [0.41, 0.80] (Clopper-Pearson, n=8)";
-      '' when the rule decides on `p`.
+    interval: an interval the rule also reads or reports, e.g. "0.62 [0.41, 0.80]
+      (Clopper-Pearson, n=8)"; '' when the rule decides on `p` alone. The Claims table shows
+      the p and this interval side by side.
     effect: the observed effect (the units of `detectable`).
     detectable: minimum detectable effect at alpha 0.05, power 0.8, at these arms (inf: this n
       can never reach alpha).
@@ -58,6 +59,8 @@ class Outcome:
       claim's effect of interest (None: not computed or not needed; -1: more than searched).
     note: what the verdict rests on, in a few words.
     p_adjusted: `p` after Holm over the claim's settings (= p for one setting).
+    reason: for a "not testable" verdict that more seeds cannot change, why (e.g. "the best
+      depth is an end of the range"); shown beside the verdict in the Claims table.
   """
 
   setting: str
@@ -72,6 +75,7 @@ class Outcome:
   seeds_needed: int | None = None
   note: str = ""
   p_adjusted: float = math.nan
+  reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +199,7 @@ class Item:
   """One setting's test, before the family's Holm adjustment and the verdict (`family`).
 
   Attributes:
-    setting, arms, note, interval: as `Outcome`.
+    setting, arms, note, interval, reason: as `Outcome`.
     test: the test.
     detectable_at: seeds per arm n -> the test's minimum detectable effect with n seeds per arm
       (`claims.detect`), for the seeds-needed column; None: not computed.
@@ -207,13 +211,16 @@ class Item:
   detectable_at: Callable[[int], float] | None = None
   note: str = ""
   interval: str = ""
+  reason: str = ""
 
 
-def untestable(setting: str, arms: tuple[int, ...], test_name: str, note: str) -> Item:
+def untestable(setting: str, arms: tuple[int, ...], test_name: str, note: str,
+               reason: str = "") -> Item:
   """An item for a setting whose runs are there but lack what the test reads (e.g. no seed
-  saturates): "not testable at this n" with the reason in `note`, never "no runs"."""
+  saturates): "not testable at this n" with the reason in `note` (and in `reason`, shown in
+  the Claims table, when more seeds would not help), never "no runs"."""
   return Item(setting, arms, stats.Test(test_name, math.nan, math.nan, arms, math.nan,
-                                        math.inf, min_p=1.0), note=note)
+                                        math.inf, min_p=1.0), note=note, reason=reason)
 
 
 def family(items: Sequence[Item], direction: int | Sequence[int],
@@ -247,7 +254,7 @@ def family(items: Sequence[Item], direction: int | Sequence[int],
                        statistic=item.test.statistic, p=item.test.p, p_adjusted=p,
                        verdict=verdict, effect=item.test.effect,
                        detectable=item.test.detectable, interval=item.interval,
-                       seeds_needed=needed, note=item.note))
+                       seeds_needed=needed, note=item.note, reason=item.reason))
   return out
 
 
@@ -259,8 +266,8 @@ def evaluate(runs: Sequence, ids: Sequence[str] | None = None) -> list[dict]:
 
   Returns:
     [{'claim', 'setting', 'seeds per arm', 'test', 'statistic', 'p or interval',
-      'detectable effect', 'verdict', 'seeds needed', 'source', 'statement', 'note', 'rule'}]
-    (the Claims table's columns first, in its order: `COLUMNS`).
+      'detectable effect', 'verdict', 'seeds needed', 'source', 'statement', 'note', 'rule',
+      'reason'}] (the Claims table's columns first, in its order: `COLUMNS`).
 
   Raises:
     KeyError: an id in `ids` is not registered.
@@ -302,7 +309,8 @@ def p_text(p: float, p_adjusted: float = math.nan) -> str:
 
 
 def _p_cell(o: Outcome) -> str:
-  return o.interval or p_text(o.p, o.p_adjusted)
+  """The p (with Holm's) and the interval the rule reads, whichever the outcome has."""
+  return "; ".join(t for t in (p_text(o.p, o.p_adjusted), o.interval) if t)
 
 
 def _row(c: Claim, o: Outcome) -> dict:
@@ -312,7 +320,7 @@ def _row(c: Claim, o: Outcome) -> dict:
           "test": o.test, "statistic": _num(o.statistic), "p or interval": _p_cell(o),
           "detectable effect": _num(o.detectable), "verdict": o.verdict,
           "seeds needed": needed, "source": c.source, "statement": c.statement,
-          "note": o.note, "rule": c.rule}
+          "note": o.note, "rule": c.rule, "reason": o.reason}
 
 
 COLUMNS = ("claim", "setting", "seeds per arm", "test", "statistic", "p or interval",
@@ -320,12 +328,14 @@ COLUMNS = ("claim", "setting", "seeds per arm", "test", "statistic", "p or inter
 
 
 def markdown_table(rows: Sequence[dict]) -> list[str]:
-  """The Claims table as markdown lines (`COLUMNS`; "seeds needed" folded into the verdict of a
-  "not testable" row), no heading."""
+  """The Claims table as markdown lines (`COLUMNS`; the reason, else the seeds needed, folded
+  into the verdict of a "not testable" row), no heading."""
   lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   for r in rows:
     cells = [str(r[k]).replace("|", "/") for k in COLUMNS]
-    if r["verdict"] == NOT_TESTABLE and r["seeds needed"]:
+    if r["verdict"] == NOT_TESTABLE and r.get("reason"):
+      cells[-1] += f" ({r['reason']})"
+    elif r["verdict"] == NOT_TESTABLE and r["seeds needed"]:
       cells[-1] += f" (seeds per arm to test: {r['seeds needed']})"
     lines.append("| " + " | ".join(cells) + " |")
   return lines

@@ -118,6 +118,10 @@ def test_tscore_best_depth_rule():
   row, = claims.evaluate(monotone, ids=["murty.tscore_best_depth"])
   assert row["verdict"] == claims.NOT_TESTABLE and "confounded with depth" in row["note"]
   assert row["seeds needed"] == ""  # more seeds cannot separate tscore from depth
+  assert row["setting"].endswith(": depth 6 vs 8")  # the two depths compared
+  table = claims.markdown_table([row])[2]
+  assert table.endswith("| not testable at this n (best depth 8 is an end of the range, "
+                        "confounded with depth: more seeds cannot help) |")
 
 
 def _regime_run(uas, gen, lambdas, ends):
@@ -260,28 +264,49 @@ def test_proportion_detectable_is_exact():
   assert result.p == pytest.approx(2 / 256) and result.effect == 0.5
 
 
-def _onset_run(num_seeds, structure_at, drop_at):
+def _two_drop_run(num_seeds, structure_at, later_at, initial_at=750):
+  """Loss: an initial descent at `initial_at`, a plateau, a later drop at `later_at` (None:
+  none); UAS rises at `structure_at`."""
   steps = np.arange(0, 10001, 250)
-  sigmoid = lambda t, at: 1 / (1 + np.exp(-(t - at) / 150))
+  sigmoid = lambda t, at, w=150: 1 / (1 + np.exp(-(t - at) / w))
   run = _run(4, [0.5] * num_seeds, config={"num_seeds": num_seeds})
   run.series["in_domain/uas"] = {s: (steps, 0.1 + 0.3 * sigmoid(steps, structure_at))
                                  for s in range(num_seeds)}
-  run.series["train/loss"] = {s: (steps, 3.0 - 2.0 * sigmoid(steps, drop_at))
-                              for s in range(num_seeds)}
+  loss = 4.0 - 2.0 * sigmoid(steps, initial_at)
+  if later_at is not None:
+    loss = loss - 1.0 * sigmoid(steps, later_at)
+  run.series["train/loss"] = {s: (steps, loss.copy()) for s in range(num_seeds)}
   return run
 
 
 def test_structure_onset_with_loss_drop():
-  row, = claims.evaluate([_onset_run(8, 5000, 5000)], ids=["chen.structure_with_loss_drop"])
+  # structure with the later drop (after a plateau), in every seed: supported, p = 2/2^8
+  row, = claims.evaluate([_two_drop_run(8, 6000, 6000)], ids=["chen.structure_with_loss_drop"])
   assert row["verdict"] == claims.SUPPORTED
-  assert row["p or interval"] == "1.000 [0.631, 1.000] (Clopper-Pearson, n=8)"
-  assert _verdicts("chen.structure_with_loss_drop", [_onset_run(8, 8000, 2000)]) == [
+  assert row["p or interval"] == "p = 0.00781; 1.000 [0.631, 1.000] (Clopper-Pearson, n=8)"
+  # structure long after the initial descent and long before the later drop: contradicted
+  assert _verdicts("chen.structure_with_loss_drop", [_two_drop_run(8, 3500, 8000)]) == [
       claims.CONTRADICTED]
-  row, = claims.evaluate([_onset_run(4, 5000, 5000)], ids=["chen.structure_with_loss_drop"])
+  # structure with the initial descent, resolved (onset 2000 steps after the start): counts
+  assert _verdicts("chen.structure_with_loss_drop",
+                   [_two_drop_run(8, 2000, 8000, initial_at=2000)]) == [claims.SUPPORTED]
+  # structure at the start of training (within one resolution of step 0): the tie with the
+  # initial descent cannot fail, so these seeds are left out: nothing left to test
+  row, = claims.evaluate([_two_drop_run(8, 250, 8000, initial_at=250)],
+                         ids=["chen.structure_with_loss_drop"])
+  assert row["verdict"] == claims.NOT_TESTABLE and row["seeds needed"] == ""
+  assert "within one resolution of the start of training" in claims.markdown_table([row])[2]
+  assert row["note"].startswith("8 of 8 seeds have a structure onset; 8 of them within one "
+                                "resolution of the start")
+  row, = claims.evaluate([_two_drop_run(4, 6000, 6000)], ids=["chen.structure_with_loss_drop"])
   assert row["verdict"] == claims.NOT_TESTABLE and row["detectable effect"] == "none at this n"
   # seeds at which the exact binomial test detects 0.85 against 0.5 with power 0.8
   needed = int(row["seeds needed"])
   assert onesample.proportion_detectable(needed) <= 0.35 < onesample.proportion_detectable(8)
+  # two runs: Holm over them
+  rows = claims.evaluate([_two_drop_run(8, 6000, 6000), _two_drop_run(8, 6000, 6000)],
+                         ids=["chen.structure_with_loss_drop"])
+  assert [r["p or interval"].split(";")[0] for r in rows] == ["p = 0.00781 (Holm 0.0156)"] * 2
 
 
 def test_lm_generalises_best_over_objectives():
