@@ -205,8 +205,10 @@ def _sweep_command(workdir: str) -> str:
 def export(workdir: str, out: str, command: str = "", commit: str = "") -> list[dict]:
   """Exports a run, or every run below a sweep root, into `out`.
 
-  A workdir holding metrics.csv is written to `out` itself; a root of several runs
-  (`reading.find_runs`) writes each to `out/<its path below the root>`.
+  A workdir holding metrics.csv is written to `out` itself (and, when it is a job of the
+  sweep.json in its parent folder, that sweep.json to `out`'s parent: the study's design); a
+  root of several runs (`reading.find_runs`) writes each to `out/<its path below the root>`
+  and its sweep.json to `out`.
 
   Returns:
     the manifests written, one per run.
@@ -222,15 +224,26 @@ def export(workdir: str, out: str, command: str = "", commit: str = "") -> list[
   if not found:
     raise ExportError(f"{workdir} holds only exported runs")
   if len(found) == 1 and os.path.abspath(found[0]) == os.path.abspath(workdir):
-    return [export_run(workdir, out, command, commit)]
+    manifest = export_run(workdir, out, command, commit)
+    if _sweep_command(workdir):  # one job of a sweep: its design beside the exported run
+      _export_sweep(os.path.dirname(os.path.abspath(workdir)),
+                    os.path.dirname(os.path.abspath(out)))
+    return [manifest]
   manifests = [export_run(w, os.path.join(out, os.path.relpath(w, workdir)), command, commit)
                for w in found]
-  sweep = os.path.join(workdir, "sweep.json")
-  if os.path.isfile(sweep):  # the study's design (depths, seeds, analysis flags), scrubbed
-    with open(sweep) as f:
-      data = _scrub_json(json.load(f), workdir)
-    fileio.write_atomic(os.path.join(out, "sweep.json"), json.dumps(data, indent=1) + "\n")
+  _export_sweep(workdir, out)
   return manifests
+
+
+def _export_sweep(root: str, out: str) -> None:
+  """Copies `root`'s sweep.json (the study's design: depths, seeds, analysis flags, each job's
+  command and status), scrubbed of this machine's paths, to `out`/sweep.json; nothing when
+  `root` has none."""
+  sweep = os.path.join(root, "sweep.json")
+  if os.path.isfile(sweep):
+    with open(sweep) as f:
+      data = _scrub_json(json.load(f), root)
+    fileio.write_atomic(os.path.join(out, "sweep.json"), json.dumps(data, indent=1) + "\n")
 
 
 def folder_bytes(folder: str) -> int:

@@ -86,6 +86,21 @@ def test_report_tables_same_from_workdir_and_export(tmp_path):
                                                                         0.95])
 
 
+def test_export_of_one_sweep_job_keeps_the_sweeps_design(tmp_path):
+  root = tmp_path / "runs"
+  work = results_fixtures.make_workdir(str(root / "depth2"), depth=2, pruning=False)
+  (root / "sweep.json").write_text(json.dumps({
+      "depths": [2, 4], "seeds": 2,
+      "jobs": {"2": {"workdir": "depth2", "command": f"python -m sg_jax.main --workdir={work}"}}}))
+  export.export(work, str(tmp_path / "results" / "study" / "depth2"))
+  design = json.loads((tmp_path / "results" / "study" / "sweep.json").read_text())
+  assert design["depths"] == [2, 4]
+  assert design["jobs"]["2"]["command"] == "python -m sg_jax.main --workdir=WORKDIR/depth2"
+  lone = results_fixtures.make_workdir(str(tmp_path / "alone" / "w"), pruning=False)
+  export.export(lone, str(tmp_path / "results" / "other" / "w"))
+  assert not (tmp_path / "results" / "other" / "sweep.json").exists()  # not a sweep's job
+
+
 def test_export_is_deterministic_and_replaces_stale_files(tmp_path):
   work = results_fixtures.make_workdir(str(tmp_path / "w"), pruning=False,
                                        config_extra={"train": {"num_steps": 2000}})
