@@ -194,8 +194,10 @@ def plot_seed_spread(seed_rows: Sequence[dict], path: str, threshold: float, tit
       shown.add(rule)
     mean, low, high = seed_stats.seed_mean([r["final_generalisation"] for r in rows])
     if math.isfinite(mean):
+      label = f"mean, 95% t-interval (n={len(rows)})"
       ax.errorbar(d + 0.3, mean, yerr=[[mean - low], [high - mean]], fmt="D", color="#c51b8a",
-                  capsize=4, label=f"mean, 95% t-interval (n={len(rows)})")
+                  capsize=4, label=label if label not in shown else None)
+      shown.add(label)  # one legend entry per seed count
       b = seed_stats.shown_bimodality([r["final_generalisation"] for r in rows])
       counts = seed_stats.rule_counts([r.get("final_rule") for r in rows])
       note = (f"b={b:.2f}" if math.isfinite(b) else
