@@ -474,6 +474,7 @@ def test_objectives_side_by_side(tmp_path):
   assert table["lm"]["preference_onset_median"] == pytest.approx(800, abs=100)
   assert table["mlm"]["structure_onset_median"] == pytest.approx(900, abs=100)
   assert table["mlm"]["structure_with_loss_drop"] == 1.0  # UAS and loss move together
+  assert (table["mlm"]["structure_past_start"], table["mlm"]["structure_at_start"]) == (2, 0)
   lines = objectives.markdown_lines(list(table.values()))
   assert lines[1] == "## Objectives" and any(l.startswith("| mlm | 2 | 0.950") for l in lines)
   result = report.build_report(str(tmp_path / "root"))
