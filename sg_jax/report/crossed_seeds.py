@@ -18,6 +18,7 @@ import numpy as np
 from sg_jax.report import group_stats
 from sg_jax.report import groups as groups_lib
 from sg_jax.report import tables
+from sg_jax.report.plotting import pyplot, save_figure
 from sg_jax.report.reading import GEN_ACC, Run
 from sg_jax.stats import crossed
 
@@ -152,7 +153,6 @@ def plot_cells(run: Run, path: str, title_prefix: str):
   got = run_analysis(run)
   if got is None:
     return None
-  from sg_jax.report.plotting import pyplot  # pylint: disable=import-outside-toplevel
   plt = pyplot()
   inits, datas, grid = cell_grid(got)
   letters = {}
@@ -177,10 +177,7 @@ def plot_cells(run: Run, path: str, title_prefix: str):
           if not isinstance(result, str) else result)
   ax.set_title(f"{title_prefix}{run.name}: final generalisation (letter: final rule)\n{said} "
                f"(restricted permutation, n={len(got['final'])})", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
-  return fig
+  return save_figure(fig, path)
 
 
 def _fmt_detectable(v: float) -> str:

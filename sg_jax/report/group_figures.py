@@ -21,7 +21,8 @@ from sg_jax.analysis import onsets as onsets_lib
 from sg_jax.report import seed_stats
 from sg_jax.report.group_stats import COMPARED, crossings, seed_final
 from sg_jax.report.groups import grouping_fields
-from sg_jax.report.plotting import CONSTRUCTION_COLORS, legend_outside, mean_band, pyplot
+from sg_jax.report.plotting import (CONSTRUCTION_COLORS, legend_outside, mean_band, pyplot,
+                                    save_figure)
 from sg_jax.report.reading import GEN_ACC, Run
 
 # Panel titles of a run whose accuracy series are borrowed (`Run.accuracy_from`, a masked LM).
@@ -77,10 +78,7 @@ def plot_groups(run: Run, groups: Mapping[str, Sequence[int]], path: str, title_
   legend_outside(axes[0][cols - 1]).set_title("band: 95% t-interval over seeds;\n"
                                          "ticks: onsets of each seed", prop={"size": 8})
   fig.suptitle(f"{title_prefix}seed groups of {run.name}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
-  return fig
+  return save_figure(fig, path)
 
 
 def plot_time_to_generalise(run: Run, groups: Mapping[str, Sequence[int]], path: str,
@@ -126,10 +124,7 @@ def plot_time_to_generalise(run: Run, groups: Mapping[str, Sequence[int]], path:
   legend_outside(ax).set_title("Kaplan-Meier (x: censored, never crossed);\n"
                                "median first crossing, 95% Brookmeyer-Crowley", prop={"size": 8})
   fig.suptitle(f"{title_prefix}time to generalise in {run.name}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
-  return fig
+  return save_figure(fig, path)
 
 
 def plot_dose_response(run: Run, path: str, title_prefix: str,
@@ -175,7 +170,4 @@ def plot_dose_response(run: Run, path: str, title_prefix: str,
       f"seed mean, 95% t-interval (n={'/'.join(map(str, sizes))} seeds per value)",
       prop={"size": 8})
   fig.suptitle(f"{title_prefix}dose response of {run.name}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
-  return fig
+  return save_figure(fig, path)

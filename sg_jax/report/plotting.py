@@ -1,6 +1,6 @@
 """Plotting helpers shared by the report's figures (`figures`, `depth_figures`, `groups`,
 `pruning_figures`): matplotlib on the Agg backend, legends outside the axes, seed-mean bands,
-title pieces and the colour of each construction tag.
+title pieces, the colour of each construction tag, and writing a figure (`save_figure`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ def pyplot():
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   return plt
+
+
+def save_figure(fig, path: str, dpi: int = 100):
+  """Lays out `fig`, writes it to `path` (PNG, tight bounding box) and closes it; returns it."""
+  plt = pyplot()
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  plt.close(fig)
+  return fig
 
 
 def depth_label(depth) -> str:
