@@ -58,6 +58,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with a co
 _TARGETS = flags.DEFINE_list("targets", ["v5e", "cpu"], "Chips (one each): cpu, v4, v5e, v5p, "
                              "v6e, h100, h200, a100.")
 _DUMP = flags.DEFINE_string("dump_hlo", "", "Write each target's optimised HLO to PREFIX.<target>.hlo.")
+_OPTIONS = flags.DEFINE_multi_string(
+    "compiler_option", [], "An XLA option for the compile, KEY=VALUE (repeatable), e.g. "
+    "xla_disable_hlo_passes=dot-merger: what a compiler setting would change, not the step's "
+    "own programs (which compile with the defaults).")
 flags.mark_flags_as_required(["config"])
 
 SINGLE = {"v4": "v4:1x1x1", "v5e": "v5e:1x1", "v5p": "v5p:1x1x1", "v6e": "v6e:1x1"}
@@ -67,6 +71,21 @@ FLOOR_COPIES = 10  # see the module docstring
 def floor_bytes(params_bytes_per_seed: int) -> int:
   """The traffic floor of one seed-step (module docstring): 10 x the parameters' bytes."""
   return FLOOR_COPIES * int(params_bytes_per_seed)
+
+
+def compiler_options() -> dict | None:
+  """--compiler_option KEY=VALUE pairs as a dict (None: none given).
+
+  Raises:
+    app.UsageError: an option without '='.
+  """
+  options = {}
+  for item in _OPTIONS.value:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      raise app.UsageError(f"--compiler_option needs KEY=VALUE, got {item!r}")
+    options[key.strip()] = value.strip()
+  return options or None
 
 
 def measure(config, name: str, data_dir: str) -> dict:
@@ -84,7 +103,7 @@ def measure(config, name: str, data_dir: str) -> dict:
   seeds = the_plan.seeds_per_chip
   started = time.perf_counter()
   try:
-    compiled = the_plan.programs[0].lower().compile()
+    compiled = the_plan.programs[0].lower().compile(compiler_options=compiler_options())
   except Exception as e:  # pylint: disable=broad-except  (the compiler's refusal)
     return {"seeds": seeds, "compile_s": time.perf_counter() - started, "error": str(e)[:200],
             "params_bytes": the_plan.params_bytes // seeds}
@@ -114,6 +133,7 @@ def measure(config, name: str, data_dir: str) -> dict:
 def main(argv):
   del argv
   config = _CONFIG.value
+  compiler_options()  # a malformed option fails here, before any compile
   rows = []
   with tempfile.TemporaryDirectory(prefix="sg_jax_floor_") as data_dir:
     config.data.dir = config.data.dir or data_dir
@@ -154,7 +174,8 @@ def main(argv):
               f"{(got['hbm']['total'] - params['total']) / seeds / 1e6:.1f} MB", flush=True)
   print(f"config: {config.task}, {config.model.num_layers} layers, d_model {config.model.d_model},"
         f" {config.num_seeds} seeds, {config.model.dtype}, packing {config.train.packing}, "
-        f"{config.train.steps_per_call} steps per call")
+        f"{config.train.steps_per_call} steps per call"
+        + (f"; compiler options {compiler_options()}" if compiler_options() else ""))
   print(table.format_table(("target", "seeds/chip", "compile s", "params MB/seed",
                             "floor MB/seed-step", "moved MB/seed-step", "moved / floor",
                             "HBM MB/seed-step (HLO)", "HBM / floor", "temp MB/chip"), rows))
