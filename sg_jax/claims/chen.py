@@ -86,7 +86,7 @@ def regulariser_moves_uas(runs) -> list[Outcome]:
     rule="onsets by sg_jax.analysis.onsets: structure = the sharpest UAS rise; loss drops = the "
          "initial descent (loss_drop) and the largest drop after it (later_loss_drop); a seed "
          "coincides when `onset_detection.compare` ties its structure onset with either drop "
-         "(closer than the coarser resolution). A seed whose structure onset lies within its "
+         "(closer than the coarser resolution). A seed whose structure onset lies within that "
          "resolution of the first evaluation is left out: every run starts with the initial "
          "descent, so such an onset ties with it whatever happens and the tie cannot fail; seeds "
          "without a structure onset are left out too. Supported if the fraction is above 0.5 "
@@ -110,7 +110,9 @@ def structure_with_loss_drop(runs) -> list[Outcome]:
         continue
       with_onset += 1
       first = float(np.min(run.series[UAS][s][0]))
-      if structure.step - first <= np.nan_to_num(structure.resolution):
+      resolution = max(np.nan_to_num(structure.resolution),
+                       np.nan_to_num(onsets[s]["loss_drop"].resolution))
+      if structure.step - first <= resolution:
         at_start += 1
         continue
       n += 1
@@ -118,9 +120,12 @@ def structure_with_loss_drop(runs) -> list[Outcome]:
               for d in ("loss_drop", "later_loss_drop")]
       hits += any(ties)
       later += ties[1]
-    if with_onset == 0:
-      continue
     setting = f"{run.name} ({objectives_lib.objective_of(run)}, unregularised seeds)"
+    if with_onset == 0:  # the runs are there, the structure is not
+      items.append(registry.untestable(
+          setting, (0,), "exact binomial", f"none of {len(seeds)} seeds has a structure onset",
+          reason="no seed has a structure onset"))
+      continue
     note = (f"{with_onset} of {len(seeds)} seeds have a structure onset; {at_start} of them "
             f"within one resolution of the start (left out); {hits} of the other {n} tied with "
             f"a loss drop ({later} with the later drop)")

@@ -50,30 +50,37 @@ def _finals(members) -> np.ndarray:
     rule=f"per task and depth: gain = final generalisation - generalisation at the first "
          f"evaluation with in-domain accuracy >= {select.SATURATION} (seeds that never saturate "
          f"are left out); supported if the mean gain exceeds {GROKKING_GAIN} (p < 0.05, Holm "
-         "over depths), contradicted if it falls short of it, else not testable",
+         "over every task and depth), contradicted if it falls short of it, else not testable",
     effect_of_interest=0.2)
 def grokking(runs) -> list[Outcome]:
   items = []
   for task, by_depth in select.depth_arms(runs).items():
     for depth, members in by_depth.items():
-      final, at_sat, left_out = [], [], 0
+      final, at_sat, left_out, unlogged = [], [], 0, 0
       for run, seed in members:
         step = select.saturation(run, seed)
         if step is None:
           left_out += 1
           continue
-        final.append(select.final(run, GEN_ACC, seed))
-        at_sat.append(select.value_at(run, GEN_ACC, seed, step))
+        pair = (select.final(run, GEN_ACC, seed), select.value_at(run, GEN_ACC, seed, step))
+        if not all(math.isfinite(v) for v in pair):
+          unlogged += 1  # no generalisation logged at the end or at/after saturation
+          continue
+        final.append(pair[0])
+        at_sat.append(pair[1])
+      dropped = (f"{left_out} of {len(members)} seeds never reach in-domain accuracy "
+                 f"{select.SATURATION}" if left_out else "")
+      dropped += (("; " if dropped else "") + f"{unlogged} without generalisation logged at "
+                  "saturation and at the end" if unlogged else "")
       if len(final) < 2:  # the runs are there, the quantity is not: say so
         items.append(registry.untestable(
             select.depth_setting(task, [depth]), (len(final),),
             "sign-flip permutation (paired mean)",
-            f"{left_out} of {len(members)} seeds never reach in-domain accuracy "
-            f"{select.SATURATION}: no saturation to grok after"))
+            f"{dropped}: fewer than 2 seeds to grok after saturation"))
         continue
       test = onesample.paired_test(final, at_sat, GROKKING_GAIN)
-      note = (f"mean gain {np.nanmean(np.subtract(final, at_sat)):.3f}"
-              + (f"; {left_out} seeds never saturate in-domain" if left_out else ""))
+      note = (f"mean gain {np.mean(np.subtract(final, at_sat)):.3f}"
+              + (f"; left out: {dropped}" if dropped else ""))
       items.append(Item(select.depth_setting(task, [depth]), (len(final),), test,
                         detect.paired(final, at_sat), note))
   return registry.family(items, +1, 0.2)
@@ -193,10 +200,12 @@ def tscore_within_depth(runs) -> list[Outcome]:
     test="permutation test of the difference of means (generalisation, two depths)",
     rule="pick = the depth with the highest mean final tscore, best = the depth with the "
          "highest mean final generalisation. Pick != best: contradicted if best generalises "
-         "better than pick (p < 0.05), else not testable. Pick == best at an interior depth: "
-         "supported if it generalises better than the runner-up depth (p < 0.05), else not "
-         "testable. Pick == best at the shallowest or deepest depth: not testable (confounded "
-         "with depth: any quantity monotone in depth picks it too)",
+         "better than pick (p < 0.05), else not testable. Pick == best: not testable, with the "
+         "reason: at an interior depth a measure unrelated to generalisation matches the best "
+         "of k depths 1 time in k (p >= 1/k whatever the seeds; tightened on 2026-12-07 after "
+         "a review, it was 'supported' when the best beat the runner-up), at the shallowest or "
+         "deepest depth it is confounded with depth (any quantity monotone in depth picks it "
+         "too)",
     effect_of_interest=ACCURACY_OF_INTEREST)
 def tscore_best_depth(runs) -> list[Outcome]:
   out = []
@@ -232,9 +241,8 @@ def tscore_best_depth(runs) -> list[Outcome]:
       if confounded:  # more seeds do not help: only a depth range with an interior best does
         verdict = registry.NOT_TESTABLE
         note += " (an end of the depth range: confounded with depth)"
-      else:
-        verdict = registry.decide(test, +1)
-        verdict = registry.SUPPORTED if verdict == registry.SUPPORTED else registry.NOT_TESTABLE
+      else:  # an unrelated measure picks the best of k depths 1 time in k: never p < 0.05
+        verdict = registry.NOT_TESTABLE
     compared = (pick if pick != best else runner_up, best)
     out.append(Outcome(
         setting=f"{setting}: depth {compared[0]} vs {compared[1]}",
@@ -242,9 +250,11 @@ def tscore_best_depth(runs) -> list[Outcome]:
         statistic=test.statistic, p=test.p, p_adjusted=test.p, verdict=verdict,
         effect=test.effect, detectable=test.detectable, note=note,
         seeds_needed=(registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
-                      if verdict == registry.NOT_TESTABLE and not confounded else None),
+                      if verdict == registry.NOT_TESTABLE and pick != best else None),
         reason=(f"best depth {best} is an end of the range, confounded with depth: more seeds "
-                "cannot help" if confounded else "")))
+                "cannot help" if confounded else
+                f"tscore picks the best depth, which a measure unrelated to generalisation does "
+                f"1 time in {len(depths)}: more depths, not seeds" if pick == best else "")))
   return out
 
 
@@ -276,7 +286,7 @@ for _column, _name in (("weight_norm_per_layer", "weight_norm"),
     test="sign-flip permutation of final minus early-stop generalisation (paired by seed), and "
          "the final mean's Student-t interval",
     rule="per task and depth, early stop = the first evaluation with the best in-domain "
-         "accuracy. Supported if final > early stop (p < 0.05, Holm over depths) AND the final "
+         "accuracy. Supported if final > early stop (p < 0.05, Holm over every task and depth) AND the final "
          "mean's 95% t-interval lies above the paper's early-stopping bound (0.40 question "
          "formation, 0.50 tense): the end is where the paper says early stopping does not get. "
          "Contradicted if final < early stop (p < 0.05). Otherwise not testable (an end below "

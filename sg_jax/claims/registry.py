@@ -226,7 +226,9 @@ def untestable(setting: str, arms: tuple[int, ...], test_name: str, note: str,
 def family(items: Sequence[Item], direction: int | Sequence[int],
            effect_of_interest: float | None = None) -> list[Outcome]:
   """Outcomes of a claim tested in several settings: p-values Holm-adjusted over `items`
-  (`stats.holm`), each verdict from `decide` on its adjusted p, and for a "not testable"
+  (`stats.holm`), each verdict from `decide` on its adjusted p (a claim of no effect, direction
+  0, is contradicted on the adjusted p but supported only where the unadjusted p is >= alpha,
+  as its detectable effect is computed at alpha), and for a "not testable"
   verdict the seeds per arm that would detect `effect_of_interest` (`seeds_needed`; for a
   claim of no effect, the seeds at which its detectable effect falls to it).
 
@@ -247,6 +249,11 @@ def family(items: Sequence[Item], direction: int | Sequence[int],
   out = []
   for item, p, sign in zip(items, adjusted, directions):
     verdict = decide(item.test, sign, p=p, effect_of_interest=effect_of_interest)
+    if sign == 0 and verdict == SUPPORTED and not item.test.p >= ALPHA:
+      # Holm raises p-values, which would make "no effect" easier to support: a claim of no
+      # effect is supported only where its own test does not reject at alpha, and its
+      # detectable effect is computed at alpha too (`decide`)
+      verdict = NOT_TESTABLE
     needed = None
     if verdict == NOT_TESTABLE and effect_of_interest is not None and item.detectable_at:
       needed = seeds_needed(item.detectable_at, effect_of_interest)

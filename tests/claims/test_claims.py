@@ -109,7 +109,10 @@ def test_tscore_best_depth_rule():
   gen = {4: 0.3, 6: 0.9, 8: 0.5}
   score = {4: 0.5, 6: 0.8, 8: 0.6}  # tscore picks the best depth, an interior one
   runs = [_run(d, gen[d] + _noise(8, 0.02, d), extra={"tscore": [score[d]] * 8}) for d in gen]
-  assert _verdicts("murty.tscore_best_depth", runs) == [claims.SUPPORTED]
+  # an unrelated measure would pick the best of 3 depths 1 time in 3: no evidence, whatever n
+  row, = claims.evaluate(runs, ids=["murty.tscore_best_depth"])
+  assert row["verdict"] == claims.NOT_TESTABLE and row["seeds needed"] == ""
+  assert "1 time in 3: more depths, not seeds" in claims.markdown_table([row])[2]
   wrong = {4: 0.9, 6: 0.8, 8: 0.5}  # tscore picks depth 6, depth 4 generalises best
   runs = [_run(d, wrong[d] + _noise(8, 0.02, d), extra={"tscore": [score[d]] * 8})
           for d in wrong]
@@ -264,6 +267,20 @@ def test_proportion_detectable_is_exact():
   assert result.p == pytest.approx(2 / 256) and result.effect == 0.5
 
 
+def test_no_effect_claims_are_not_supported_by_holm_alone():
+  """Holm raises p-values; a claim of no effect must not become "supported" because of it: two
+  settings rejecting at p = 0.03 and 0.04 (Holm 0.06 each) are not testable, not supported."""
+  def item(p):
+    return claims.Item("s", (8,), stats.Test("t", 0.5, p, (8,), 0.5, 0.3), None)
+  outcomes = claims.family([item(0.03), item(0.04)], 0, effect_of_interest=0.4)
+  assert [o.p_adjusted for o in outcomes] == pytest.approx([0.06, 0.06])
+  assert [o.verdict for o in outcomes] == [claims.NOT_TESTABLE] * 2
+  outcomes = claims.family([item(0.3), item(0.5)], 0, effect_of_interest=0.4)
+  assert [o.verdict for o in outcomes] == [claims.SUPPORTED] * 2  # detectable 0.3 <= 0.4
+  outcomes = claims.family([item(0.01), item(0.02)], 0, effect_of_interest=0.4)
+  assert [o.verdict for o in outcomes] == [claims.CONTRADICTED] * 2  # Holm 0.02, 0.02
+
+
 def _two_drop_run(num_seeds, structure_at, later_at, initial_at=750):
   """Loss: an initial descent at `initial_at`, a plateau, a later drop at `later_at` (None:
   none); UAS rises at `structure_at`."""
@@ -303,6 +320,13 @@ def test_structure_onset_with_loss_drop():
   # seeds at which the exact binomial test detects 0.85 against 0.5 with power 0.8
   needed = int(row["seeds needed"])
   assert onesample.proportion_detectable(needed) <= 0.35 < onesample.proportion_detectable(8)
+  # no seed with a structure onset (UAS flat): the run is there, so "not testable", not "no runs"
+  flat = _two_drop_run(8, 6000, 6000)
+  flat.series["in_domain/uas"] = {s: (c[0], np.full(c[0].size, 0.1))
+                                  for s, c in flat.series["in_domain/uas"].items()}
+  row, = claims.evaluate([flat], ids=["chen.structure_with_loss_drop"])
+  assert row["verdict"] == claims.NOT_TESTABLE and "no seed has a structure onset" in \
+      claims.markdown_table([row])[2]
   # two runs: Holm over them
   rows = claims.evaluate([_two_drop_run(8, 6000, 6000), _two_drop_run(8, 6000, 6000)],
                          ids=["chen.structure_with_loss_drop"])
