@@ -103,6 +103,10 @@ def test_predictors_within_depth():
            for d in (4, 6)]
   assert _verdicts("murty.tscore_within_depth", noise) == [claims.NOT_TESTABLE]
   assert _verdicts("murty.sparsity_does_not_predict", noise) == [claims.NO_RUNS]
+  # a depth with 2 seeds cannot enter the within-depth test: the row says so
+  short = runs[:2] + [_run(8, [0.3, 0.6], extra={"tscore": [0.1, 0.2]})]
+  row, = claims.evaluate(short, ids=["murty.tscore_within_depth"])
+  assert row["seeds per arm"] == "8 / 8" and "depths 8 left out" in row["note"]
 
 
 def test_tscore_best_depth_rule():
