@@ -32,7 +32,9 @@ PROPORTION_OF_INTEREST = 0.35
 
 def _regimes(run) -> dict[str, list[int]] | None:
   """{'control' | 'suppressed' | 'promoted' | 'brief': seeds} of a run whose seeds carry SAS
-  strengths (None: not such a run). brief = suppressed with a window end (`sas.ends` > 0)."""
+  strengths (None: not such a run, or no control). brief = suppressed with a window end
+  (`sas.ends` > 0); control = SAS strength 0 and every other loss term off too
+  (`select.unregularised`)."""
   lambdas = select.per_seed_values(run, "sas.lambdas")
   if lambdas is None:
     return None
@@ -43,7 +45,9 @@ def _regimes(run) -> dict[str, list[int]] | None:
     kind = ("control" if lam == 0 else "brief" if lam > 0 and end > 0 else
             "suppressed" if lam > 0 else "promoted" if end == 0 else "promoted_brief")
     out.setdefault(kind, []).append(seed)
-  return out if "control" in out else None
+  if "control" in out:
+    out["control"] = select.unregularised(run, out["control"])
+  return out if out.get("control") else None
 
 
 @registry.claim(

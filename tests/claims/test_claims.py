@@ -163,6 +163,10 @@ def test_chen_regulariser_and_brief_suppression():
   small = _regime_run(uas[four], gen[four], [lambdas[i] for i in four], [0] * 12)
   assert [r["verdict"] for r in claims.evaluate([small], ids=["chen.regulariser_moves_uas"])
           ] == [claims.NOT_TESTABLE] * 2
+  # SAS-free seeds with the tree regulariser on are not controls: without a control, no test
+  treed = _regime_run(uas, gen, lambdas, ends)
+  treed.config["tree"] = {"lambdas": [0.5] * k + [0.0] * 3 * k}
+  assert _verdicts("chen.regulariser_moves_uas", [treed]) == [claims.NO_RUNS]
 
 
 def test_own_dose_responses():
