@@ -80,11 +80,20 @@ def disambiguating_lines(runs) -> list[Outcome]:
               "prefix_lm and mlm",
     needs="runs of >= 2 objectives logging out_of_domain/preference (unregularised seeds)",
     test="permutation test of the difference of means (lm minus the other objective)",
-    rule="per other objective (and depth): supported if lm is higher (p < 0.05, Holm over the "
-         "comparisons), contradicted if lower, else not testable. The objectives may be read at "
+    rule="per task and other objective (and depth; tasks never pooled): supported if lm is "
+         "higher (p < 0.05, Holm over the comparisons), contradicted if lower, else not testable. The objectives may be read at "
          "different steps (each run's last evaluation), which the note gives",
     effect_of_interest=PREFERENCE_OF_INTEREST)
 def lm_generalises_best(runs) -> list[Outcome]:
+  items = []
+  tasks = sorted({r.task or "" for r in runs})
+  for task in tasks:  # never pool seeds of different tasks
+    items += _lm_items([r for r in runs if (r.task or "") == task],
+                       f"{task}: " if len(tasks) > 1 else "")
+  return registry.family(items, +1, PREFERENCE_OF_INTEREST)
+
+
+def _lm_items(runs, prefix: str) -> list[Item]:
   grouped = objectives_lib.by_objective(runs)
   items = []
   for (objective, depth), members in grouped.items():
@@ -101,8 +110,8 @@ def lm_generalises_best(runs) -> list[Outcome]:
     if not select.comparable(*arms):
       continue
     label = objectives_lib.group_label((objective, depth))
-    items.append(Item(f"lm vs {label}", tuple(a.size for a in arms),
+    items.append(Item(f"{prefix}lm vs {label}", tuple(a.size for a in arms),
                       stats.compare_means(*arms), detect.mean_difference(*arms),
                       note=f"final preference {np.nanmean(arms[1]):.3f} (lm, step {steps[1]}) "
                            f"vs {np.nanmean(arms[0]):.3f} ({objective}, step {steps[0]})"))
-  return registry.family(items, +1, PREFERENCE_OF_INTEREST)
+  return items

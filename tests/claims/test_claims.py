@@ -355,6 +355,12 @@ def test_lm_generalises_best_over_objectives():
   better = objective_run("prefix_lm", 0.95 + _noise(6, 0.01, 3))
   assert _verdicts("sg_jax.lm_generalises_best", [lm, better]) == [claims.CONTRADICTED]
   assert _verdicts("sg_jax.lm_generalises_best", [lm]) == [claims.NO_RUNS]
+  # an lm run of another task is never pooled with this task's lm seeds
+  tense_lm = objective_run("lm", 0.05 + _noise(6, 0.01, 4))
+  tense_lm.task = tense_lm.config["task"] = "tense"
+  rows = claims.evaluate([lm, prefix, tense_lm], ids=["sg_jax.lm_generalises_best"])
+  assert [(r["setting"], r["seeds per arm"]) for r in rows] == [("question: lm vs prefix_lm",
+                                                                 "6 / 6")]
 
 
 def test_no_prediction_is_supported_only_with_power():
