@@ -172,11 +172,8 @@ def _association_items(runs, column: str) -> list[Item]:
   for task, (x, y, strata) in _predictor_rows(runs, column).items():
     depths = sorted(set(strata.tolist()))
     test = stats.stratified_association(x, y, strata)
-    # the test uses a depth with >= 3 seeds and neither side constant (`test.n`, in order of
-    # first appearance): the arms, the detectable effect and the note say which were used
-    used = [d for d in dict.fromkeys(strata.tolist())
-            if (strata == d).sum() >= 3 and np.ptp(x[strata == d]) > 0
-            and np.ptp(y[strata == d]) > 0]
+    # the arms, the detectable effect and the note count the depths the test uses
+    used = list(stats.usable_strata(x, y, strata))
     unused = [d for d in depths if d not in used]
     arms = tuple(int((strata == d).sum()) for d in sorted(used))
     items.append(Item(select.depth_setting(task, depths) + " (within depth)", arms, test,

@@ -156,7 +156,8 @@ def decide(test: stats.Test, direction: int, *, p: float | None = None,
   Args:
     test: the test (its effect and detectable in the same units).
     direction: +1 / -1: the claim predicts a positive / negative effect; 0: no effect.
-    p: the p-value to decide on (default `test.p`; a Holm-adjusted one for a family).
+    p: the p-value to decide on (default `test.p`; a Holm-adjusted one for a family). For
+      direction 0 it decides "contradicted"; "supported" also needs `test.p` >= alpha.
     effect_of_interest: for direction 0, the largest effect that would not matter.
     alpha: the level.
 
@@ -172,7 +173,11 @@ def decide(test: stats.Test, direction: int, *, p: float | None = None,
       raise ValueError("a claim of no effect needs its effect_of_interest")
     if significant:
       return CONTRADICTED
-    return SUPPORTED if test.detectable <= effect_of_interest else NOT_TESTABLE
+    # supported only where the test's own p does not reject either: an adjusted (Holm) p is
+    # larger, and would make "no effect" easier to support than its detectable effect, computed
+    # at alpha, allows
+    return (SUPPORTED if test.p >= alpha and test.detectable <= effect_of_interest
+            else NOT_TESTABLE)
   if not significant or test.effect == 0:
     return NOT_TESTABLE
   return SUPPORTED if math.copysign(1, test.effect) == direction else CONTRADICTED
@@ -249,11 +254,6 @@ def family(items: Sequence[Item], direction: int | Sequence[int],
   out = []
   for item, p, sign in zip(items, adjusted, directions):
     verdict = decide(item.test, sign, p=p, effect_of_interest=effect_of_interest)
-    if sign == 0 and verdict == SUPPORTED and not item.test.p >= ALPHA:
-      # Holm raises p-values, which would make "no effect" easier to support: a claim of no
-      # effect is supported only where its own test does not reject at alpha, and its
-      # detectable effect is computed at alpha too (`decide`)
-      verdict = NOT_TESTABLE
     needed = None
     if verdict == NOT_TESTABLE and effect_of_interest is not None and item.detectable_at:
       needed = seeds_needed(item.detectable_at, effect_of_interest)

@@ -307,8 +307,11 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   if group_tests:
     write_csv(os.path.join(out_dir, "summary_group_tests.csv"), group_tests)
 
+  crossed_found = crossed_seeds.analyses(runs)  # once: the figures and the summary section
+  crossed = {id(run): got for run, got in crossed_found}
   for run in runs:
-    optional(f"crossed_{run.name}.png", lambda p: crossed_seeds.plot_cells(run, p, prefix))
+    optional(f"crossed_{run.name}.png",
+             lambda p: crossed_seeds.plot_cells(run, crossed.get(id(run)), p, prefix))
 
   phase_results = [(run, found) for run in runs
                    if (found := phase_transitions.draw(run, optional, prefix)) is not None]
@@ -365,7 +368,7 @@ def build_report(root: str, out_dir: str | None = None, *, threshold: float = 0.
   write_markdown(os.path.join(out_dir, "summary.md"), root, runs, depth_rows, figures, skipped,
                  threshold, saturation, tie_tolerance, seed_rows=seed_rows,
                  extra_lines=group_markdown.markdown_lines(group_table, group_tests)
-                 + crossed_seeds.markdown_lines(runs)
+                 + crossed_seeds.markdown_lines(runs, crossed_found)
                  + phase_transitions.markdown_lines(phase_results)
                  + objectives_lib.markdown_lines(objective_table)
                  + predictors.markdown_lines(correlation_table)

@@ -65,14 +65,16 @@ def run_analysis(run: Run) -> dict | None:
   return out
 
 
-def _analyses(runs: Sequence[Run]) -> list[tuple[Run, dict]]:
+def analyses(runs: Sequence[Run]) -> list[tuple[Run, dict]]:
+  """[(run, `run_analysis(run)`)] of the crossed runs among `runs`: computed once, for the
+  section, its tables and figures."""
   return [(run, got) for run in runs if (got := run_analysis(run)) is not None]
 
 
 def cells_lines(runs: Sequence[Run]) -> list[str]:
   """A markdown table per crossed run: final generalisation of each seed at (initialisation
   row, data-order column) with its final rule's initial, row and column means."""
-  return _cells(_analyses(runs))
+  return _cells(analyses(runs))
 
 
 def _cells(analyses: Sequence[tuple[Run, dict]]) -> list[str]:
@@ -99,7 +101,7 @@ def shares_lines(runs: Sequence[Run]) -> list[str]:
   the share of the seeds' variance (sum of squares over the total), the partial eta squared,
   the restricted permutation test's one-sided p (exact or drawn), its smallest possible p and
   the partial eta squared the design detects (power 0.8, alpha 0.05)."""
-  return _shares(_analyses(runs))
+  return _shares(analyses(runs))
 
 
 def _shares(analyses: Sequence[tuple[Run, dict]]) -> list[str]:
@@ -139,18 +141,17 @@ def cell_grid(got: dict) -> tuple[list[int], list[int], np.ndarray]:
   return inits, datas, grid
 
 
-def plot_cells(run: Run, path: str, title_prefix: str):
+def plot_cells(run: Run, got: dict | None, path: str, title_prefix: str):
   """Heat map of a crossed run's final generalisation accuracy (0-1): rows the initialisation
   seeds (`seeds.init`), columns the data orders (`seeds.data`), each cell the seed's value
   (the cell mean where several seeds share it) and the first letter of its final rule, with
   the row and column means beside the grid; the title gives each factor's share of variance
-  and restricted-permutation p (`run_analysis`).
+  and restricted-permutation p. `got`: `run_analysis(run)`.
 
   Returns:
-    the (closed) matplotlib Figure written to `path`, or None (nothing written) when `run` is
-    not a crossed run with generalisation rows.
+    the (closed) matplotlib Figure written to `path`, or None (nothing written) when `got` is
+    None (`run` is not a crossed run with generalisation rows).
   """
-  got = run_analysis(run)
   if got is None:
     return None
   plt = pyplot()
@@ -184,20 +185,22 @@ def _fmt_detectable(v: float) -> str:
   return "none at this n" if not math.isfinite(v) else f"{v:.2f}"
 
 
-def markdown_lines(runs: Sequence[Run]) -> list[str]:
-  """The "Initialisation x data order" section of summary.md ([] without a crossed run)."""
-  analyses = _analyses(runs)
-  if not analyses:
+def markdown_lines(runs: Sequence[Run],
+                   found: Sequence[tuple[Run, dict]] | None = None) -> list[str]:
+  """The "Initialisation x data order" section of summary.md ([] without a crossed run);
+  `found`: `analyses(runs)` when already computed."""
+  found = analyses(runs) if found is None else found
+  if not found:
     return []
-  return (["", "## Initialisation x data order", "", *_cells(analyses), "",
+  return (["", "## Initialisation x data order", "", *_cells(found), "",
            "Final out-of-domain accuracy of each seed, at its initialisation seed (row) and data "
            "order (column), with the first letter of its final rule "
            "(`tables.rules_of_seed`). Below: the share of the seeds' variance each factor's "
            "level means explain (balanced two-way sums of squares; the final rule coded as "
            "one indicator per rule), tested by permuting the outcomes within the other "
            "factor's levels (`sg_jax.stats.crossed`, docs/analysis.md).", "",
-           *_shares(analyses)])
+           *_shares(found)])
 
 
-__all__ = ["FACTORS", "cell_grid", "cells_lines", "crossed_levels", "markdown_lines",
-           "plot_cells", "run_analysis", "shares_lines"]
+__all__ = ["FACTORS", "analyses", "cell_grid", "cells_lines", "crossed_levels",
+           "markdown_lines", "plot_cells", "run_analysis", "shares_lines"]

@@ -14,7 +14,8 @@ at n = 4, 8, 16 are in docs/analysis.md ("Statistics").
 """
 
 from sg_jax.stats.comparisons import (EXACT_LIMIT, NUM_RESAMPLES, Test, compare_means,
-                                      compare_proportions, ordered_trend, stratified_association)
+                                      compare_proportions, ordered_trend, stratified_association,
+                                      usable_strata)
 from sg_jax.stats.crossed import CrossedResult, FactorShare, crossed_variance
 from sg_jax.stats.intervals import (Interval, finite, mean_interval, mean_intervals,
                                     proportion_interval)
@@ -33,4 +34,4 @@ __all__ = ["ALPHA", "compare_means", "compare_proportions", "crossed_variance", 
            "kaplan_meier", "KaplanMeier", "logrank", "mean_interval", "mean_intervals",
            "NUM_RESAMPLES", "ordered_trend", "POWER", "proportion_interval", "sarle_bimodality",
            "sarle_max", "sarle_signals", "SARLE_THRESHOLD", "seeds_per_arm",
-           "stratified_association", "sustained", "Test"]
+           "stratified_association", "sustained", "Test", "usable_strata"]

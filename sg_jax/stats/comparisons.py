@@ -295,6 +295,20 @@ def _ranks_centred(v: np.ndarray) -> np.ndarray:
   return r / np.sqrt(np.sum(r * r))
 
 
+def usable_strata(x: Sequence[float], y: Sequence[float], strata: Sequence) -> dict:
+  """{stratum: [S] bool mask of its finite (x, y) pairs} of the strata `stratified_association`
+  uses (>= 3 finite pairs, neither side constant), in order of first appearance; x, y, strata:
+  [S] per seed."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  ok = np.isfinite(x) & np.isfinite(y)
+  out = {}
+  for key in dict.fromkeys(s for s, good in zip(strata, ok) if good):
+    mask = ok & np.array([s == key for s in strata])
+    if mask.sum() >= 3 and np.ptp(x[mask]) > 0 and np.ptp(y[mask]) > 0:
+      out[key] = mask
+  return out
+
+
 def stratified_association(x: Sequence[float], y: Sequence[float], strata: Sequence,
                            alternative: str = "two-sided", num_resamples: int = NUM_RESAMPLES,
                            seed: int = 0) -> Test:
@@ -328,12 +342,9 @@ def stratified_association(x: Sequence[float], y: Sequence[float], strata: Seque
     raise ValueError(f"x, y and strata must have one entry per seed, got lengths {len(x)}, "
                      f"{len(y)}, {len(strata)}")
   name = "stratified permutation (Spearman within strata)"
-  ok = np.isfinite(x) & np.isfinite(y)
   parts = []  # (n, centred ranks of x, centred ranks of y)
-  for key in dict.fromkeys(s for s, good in zip(strata, ok) if good):
-    mask = ok & np.array([s == key for s in strata])
-    if mask.sum() >= 3 and np.ptp(x[mask]) > 0 and np.ptp(y[mask]) > 0:
-      parts.append((int(mask.sum()), _ranks_centred(x[mask]), _ranks_centred(y[mask])))
+  for mask in usable_strata(x, y, strata).values():
+    parts.append((int(mask.sum()), _ranks_centred(x[mask]), _ranks_centred(y[mask])))
   sizes = tuple(n for n, _, _ in parts)
   if not parts:
     return Test(name, math.nan, math.nan, sizes, math.nan, math.inf, alternative, 1.0)

@@ -227,15 +227,17 @@ def test_crossed_tables_give_the_grid_and_the_variance_shares(tmp_path):
   section = crossed_seeds.markdown_lines([run])
   assert section[1] == "## Initialisation x data order" and grid[0] in section
   # ... and its figure: the grid as a heat map, rows init, columns data order
-  fig = crossed_seeds.plot_cells(run, str(tmp_path / "crossed.png"), "")
+  fig = crossed_seeds.plot_cells(run, crossed_seeds.run_analysis(run),
+                                 str(tmp_path / "crossed.png"), "")
   assert os.path.exists(tmp_path / "crossed.png")
   np.testing.assert_allclose(np.asarray(fig.axes[0].images[0].get_array()),
                              [[0.9, 0.7], [0.3, 0.1]], atol=1e-6)
   assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["init 0  0.80",
                                                                     "init 1  0.20"]
-  assert crossed_seeds.plot_cells(reading.load_run(os.path.join(
-      _one_run_study(tmp_path / "plain", finals, None), "study", "w")), str(tmp_path / "n.png"),
-      "") is None  # no crossed design: no figure
+  plain = reading.load_run(os.path.join(_one_run_study(tmp_path / "plain", finals, None),
+                                        "study", "w"))
+  assert crossed_seeds.plot_cells(plain, crossed_seeds.run_analysis(plain),
+                                  str(tmp_path / "n.png"), "") is None  # no crossed design
 
 
 def test_pruning_tables_render_from_an_export(tmp_path):
