@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 import scipy.stats
@@ -39,7 +41,15 @@ def _pruned(runs):
 
 
 def _lines(run) -> int:
-  """Out-of-domain lines behind one accuracy (the run's `eval.max_lines`; 2000 when absent)."""
+  """Out-of-domain lines behind one accuracy of `pruning.csv`: the `--eval_lines` that
+  `sg_jax.prune` recorded in `pruning.csv.options.json`, or (0, or a table from before it was
+  recorded) the run's `eval.max_lines` (2000 when absent)."""
+  path = os.path.join(run.workdir, pruning_tables.PRUNING_CSV + ".options.json")
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      recorded = int(json.load(f).get("eval_lines", 0) or 0)
+    if recorded > 0:
+      return recorded
   return int(run.config.get("eval", {}).get("max_lines", 2000) or 2000)
 
 
@@ -51,7 +61,8 @@ def _lines(run) -> int:
          "subnetworks of one training seed and level",
     rule=f"subnetworks within {IN_DOMAIN_TOLERANCE} of the full model's in-domain accuracy, last "
          "pruned step, per (training seed, level) with >= 2 of them; the unit is the evaluation "
-         f"line (eval.max_lines lines per accuracy). Supported if the out-of-domain range is >= "
+         "line (the pruning's --eval_lines, else eval.max_lines, lines per accuracy). "
+         f"Supported if the out-of-domain range is >= "
          f"{RANGE_OF_INTEREST} and homogeneity is rejected (p < 0.05, Holm over groups) in a "
          "majority of groups; contradicted if no group rejects and every group's detectable "
          f"difference is < {RANGE_OF_INTEREST}; else not testable",

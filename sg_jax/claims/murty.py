@@ -86,6 +86,33 @@ def grokking(runs) -> list[Outcome]:
   return registry.family(items, +1, 0.2)
 
 
+@dataclasses.dataclass
+class _PerTask:
+  """One task's outcome before the Holm adjustment over tasks (`_over_tasks`)."""
+  fields: dict  # Outcome fields other than p_adjusted, verdict and seeds_needed
+  p: float  # the task's decision p (nan: no test of the claim, kept out of the family)
+  significant_verdict: str  # the verdict when the adjusted p < alpha in the claim's direction
+  direction_ok: bool
+  seeds_needed: int | None  # reported when the verdict is "not testable"
+
+
+def _over_tasks(pending: list[_PerTask]) -> list[Outcome]:
+  """Outcomes with each task's decision p Holm-adjusted over the tasks of the claim (one family
+  per claim, as the rule texts say); a task without a finite decision p stays out of the
+  family and is not testable."""
+  ps = [t.p for t in pending]
+  adjusted = stats.holm(ps) if ps else []
+  out = []
+  for task, q in zip(pending, adjusted):
+    # no decision p: the outcome shows its own test's p (e.g. a comparison shown, not decisive)
+    q = float(q) if math.isfinite(task.p) else task.fields["p"]
+    significant = math.isfinite(task.p) and q < registry.ALPHA and task.direction_ok
+    verdict = task.significant_verdict if significant else registry.NOT_TESTABLE
+    out.append(Outcome(**task.fields, p_adjusted=q, verdict=verdict,
+                       seeds_needed=None if significant else task.seeds_needed))
+  return out
+
+
 def _trend(groups) -> stats.Test:
   return stats.ordered_trend([np.asarray(g, np.float64) for g in groups])
 
@@ -97,14 +124,14 @@ def _trend(groups) -> stats.Test:
     test="Jonckheere-Terpstra on each side of the best depth",
     rule="best depth = the depth with the highest seed mean of final generalisation. Interior "
          "best depth: supported if generalisation rises up to it and falls after it (one "
-         "Jonckheere-Terpstra test per side, Holm over the two, both p < 0.05), else not "
-         "testable (the best depth is chosen from the data, so this is lenient towards the "
+         "Jonckheere-Terpstra test per side, Holm over the two, both p < 0.05; the larger "
+         "adjusted p then Holm-adjusted over tasks), else not testable (the best depth is chosen from the data, so this is lenient towards the "
          "claim). Best depth at an end of the range: contradicted if the trend over all "
-         "depths is significant (p < 0.05) towards that end (a monotone curve, no U within "
-         "the range), else not testable",
+         "depths is significant (p < 0.05, Holm over tasks) towards that end (a monotone "
+         "curve, no U within the range), else not testable",
     effect_of_interest=TAU_OF_INTEREST)
 def inverted_u(runs) -> list[Outcome]:
-  out = []
+  pending = []
   for task, by_depth in select.depth_arms(runs).items():
     depths = list(by_depth)
     if len(depths) < 3:
@@ -118,35 +145,32 @@ def inverted_u(runs) -> list[Outcome]:
     if 0 < best < len(depths) - 1:
       rise, fall = _trend(arms[:best + 1]), _trend(arms[best:])
       p_rise, p_fall = (float(q) for q in stats.holm([rise.p, fall.p]))
-      ok = p_rise < registry.ALPHA and p_fall < registry.ALPHA and rise.effect > 0 > fall.effect
-      verdict = registry.SUPPORTED if ok else registry.NOT_TESTABLE
-      needed = None
-      if not ok:
-        sides = [registry.seeds_needed(detect.trend(k), TAU_OF_INTEREST)
-                 for k in (best + 1, len(depths) - best)]
-        needed = -1 if -1 in sides else max(sides)
-      out.append(Outcome(
-          setting=setting, arms=sizes, test=rise.name, statistic=min(rise.effect, -fall.effect),
-          p=max(rise.p, fall.p), p_adjusted=max(p_rise, p_fall), verdict=verdict,
-          effect=min(rise.effect, -fall.effect), detectable=max(rise.detectable,
-                                                                fall.detectable),
-          seeds_needed=needed,
-          note=f"best depth {depths[best]}; rise tau {rise.effect:.2f} (p {rise.p:.3g}), fall "
-               f"tau {fall.effect:.2f} (p {fall.p:.3g}); seed means "
-               + " / ".join(f"{m:.3f}" for m in means)))
+      sides = [registry.seeds_needed(detect.trend(k), TAU_OF_INTEREST)
+               for k in (best + 1, len(depths) - best)]
+      pending.append(_PerTask(
+          fields=dict(setting=setting, arms=sizes, test=rise.name,
+                      statistic=min(rise.effect, -fall.effect), p=max(rise.p, fall.p),
+                      effect=min(rise.effect, -fall.effect),
+                      detectable=max(rise.detectable, fall.detectable),
+                      note=f"best depth {depths[best]}; rise tau {rise.effect:.2f} (p "
+                           f"{rise.p:.3g}), fall tau {fall.effect:.2f} (p {fall.p:.3g}); seed "
+                           "means " + " / ".join(f"{m:.3f}" for m in means)),
+          p=max(p_rise, p_fall), significant_verdict=registry.SUPPORTED,
+          direction_ok=rise.effect > 0 > fall.effect,
+          seeds_needed=-1 if -1 in sides else max(sides)))
       continue
     whole = _trend(arms)
     towards_end = 1 if best == len(depths) - 1 else -1
-    significant = whole.p < registry.ALPHA and math.copysign(1, whole.effect) == towards_end
-    out.append(Outcome(
-        setting=setting, arms=sizes, test=whole.name, statistic=whole.statistic, p=whole.p,
-        p_adjusted=whole.p, verdict=registry.CONTRADICTED if significant else
-        registry.NOT_TESTABLE, effect=whole.effect, detectable=whole.detectable,
-        seeds_needed=None if significant else registry.seeds_needed(detect.trend(len(arms)),
-                                                                    TAU_OF_INTEREST),
-        note=f"best depth {depths[best]} is at the {'deep' if towards_end > 0 else 'shallow'} "
-             "end of the range; seed means " + " / ".join(f"{m:.3f}" for m in means)))
-  return out
+    pending.append(_PerTask(
+        fields=dict(setting=setting, arms=sizes, test=whole.name, statistic=whole.statistic,
+                    p=whole.p, effect=whole.effect, detectable=whole.detectable,
+                    note=f"best depth {depths[best]} is at the "
+                         f"{'deep' if towards_end > 0 else 'shallow'} end of the range; seed "
+                         "means " + " / ".join(f"{m:.3f}" for m in means)),
+        p=whole.p, significant_verdict=registry.CONTRADICTED,
+        direction_ok=math.copysign(1, whole.effect) == towards_end,
+        seeds_needed=registry.seeds_needed(detect.trend(len(arms)), TAU_OF_INTEREST)))
+  return _over_tasks(pending)
 
 
 def _predictor_rows(runs, column: str):
@@ -205,7 +229,8 @@ def tscore_within_depth(runs) -> list[Outcome]:
     test="permutation test of the difference of means (generalisation, two depths)",
     rule="pick = the depth with the highest mean final tscore, best = the depth with the "
          "highest mean final generalisation. Pick != best: contradicted if best generalises "
-         "better than pick (p < 0.05), else not testable. Pick == best: not testable, with the "
+         "better than pick (p < 0.05, Holm over tasks), else not testable. Pick == best: not "
+         "testable, with the "
          "reason: at an interior depth a measure unrelated to generalisation matches the best "
          "of k depths 1 time in k (p >= 1/k whatever the seeds; tightened on 2026-12-07 after "
          "a review, it was 'supported' when the best beat the runner-up), at the shallowest or "
@@ -213,7 +238,7 @@ def tscore_within_depth(runs) -> list[Outcome]:
          "too)",
     effect_of_interest=ACCURACY_OF_INTEREST)
 def tscore_best_depth(runs) -> list[Outcome]:
-  out = []
+  pending = []
   for task, by_depth in select.depth_arms(runs).items():
     depths = list(by_depth)
     if len(depths) < 2:
@@ -232,35 +257,35 @@ def tscore_best_depth(runs) -> list[Outcome]:
     if not select.comparable(*gen.values()):
       continue
     confounded = False
-    if pick != best:
+    if pick != best:  # the one comparison that can decide: contradicted if best beats pick
       data = (gen[pick], gen[best])
       test = stats.compare_means(*data)
-      verdict = registry.decide(test, +1)
-      verdict = registry.CONTRADICTED if verdict == registry.SUPPORTED else registry.NOT_TESTABLE
-    else:
+      needed = registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
+      decision_p, reason = test.p, ""
+    else:  # shown, never decisive: kept out of the Holm family over tasks
       runner_up = max((d for d in depths if d != best), key=gen_mean.get)
       data = (gen[runner_up], gen[best])
       test = stats.compare_means(*data)
       confounded = best in (depths[0], depths[-1])
       note += f"; runner-up depth {runner_up}"
       if confounded:  # more seeds do not help: only a depth range with an interior best does
-        verdict = registry.NOT_TESTABLE
         note += " (an end of the depth range: confounded with depth)"
+        reason = (f"best depth {best} is an end of the range, confounded with depth: more "
+                  "seeds cannot help")
       else:  # an unrelated measure picks the best of k depths 1 time in k: never p < 0.05
-        verdict = registry.NOT_TESTABLE
+        reason = (f"tscore picks the best depth, which a measure unrelated to generalisation "
+                  f"does 1 time in {len(depths)}: more depths, not seeds")
+      needed, decision_p = None, math.nan
     compared = (pick if pick != best else runner_up, best)
-    out.append(Outcome(
-        setting=f"{setting}: depth {compared[0]} vs {compared[1]}",
-        arms=tuple(len(a) for a in data), test=test.name,
-        statistic=test.statistic, p=test.p, p_adjusted=test.p, verdict=verdict,
-        effect=test.effect, detectable=test.detectable, note=note,
-        seeds_needed=(registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
-                      if verdict == registry.NOT_TESTABLE and pick != best else None),
-        reason=(f"best depth {best} is an end of the range, confounded with depth: more seeds "
-                "cannot help" if confounded else
-                f"tscore picks the best depth, which a measure unrelated to generalisation does "
-                f"1 time in {len(depths)}: more depths, not seeds" if pick == best else "")))
-  return out
+    pending.append(_PerTask(
+        fields=dict(setting=f"{setting}: depth {compared[0]} vs {compared[1]}",
+                    arms=tuple(len(a) for a in data), test=test.name,
+                    statistic=test.statistic, p=test.p, effect=test.effect,
+                    detectable=test.detectable, note=note, reason=reason),
+        p=decision_p, significant_verdict=registry.CONTRADICTED,
+        direction_ok=test.effect > 0,
+        seeds_needed=needed))
+  return _over_tasks(pending)
 
 
 def _no_prediction(column: str):

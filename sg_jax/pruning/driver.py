@@ -90,7 +90,7 @@ def _evaluate(mesh, task, model_config, vocab, eval_data, data, ablation, params
 
 
 # Options files written before an option existed read as the value used then.
-LEGACY_OPTIONS = {"lr_warmup_steps": 200}
+LEGACY_OPTIONS = {"lr_warmup_steps": 200, "eval_lines": 0}
 
 
 # A table's schedule is set by the highest level of the command that created it: adding levels
@@ -178,7 +178,7 @@ def _prune(workdir, todo_steps, *, sparsities, seeds, pruning_seeds, goal, setti
              "sparsity_warmup_steps": settings.sparsity_warmup_steps, "warmup_type": warmup_type,
              "lr_warmup_steps": lr_warmup_steps, "sparsity_from": sparsity_from,
              "weight_by_params": weight_by_params, "binarise": binarise, "num_lines": num_lines,
-             "batch_size": batch_size}
+             "batch_size": batch_size, "eval_lines": eval_lines}
   # Refuse other options before any work, but write nothing until the first rows: a command
   # that fails (an unknown seed or split) leaves no table behind to block the next one.
   check_options(path, options, LEGACY_OPTIONS, record=False, hints=SCHEDULE_HINTS)

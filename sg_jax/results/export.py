@@ -8,7 +8,8 @@ An exported run holds what the report and the claims read, and nothing that cann
                                     byte for byte (deterministic: no name, mtime 0)
   analysis.csv.options.json         copied
   pruning*.csv.gz                   every pruning / core table of the workdir (`sg_jax.prune`,
-                                    `sg_jax.prune_core`), compressed
+                                    `sg_jax.prune_core`), compressed, and its options file
+                                    (`pruning*.csv.options.json`, copied)
   pruning/**/masks_step<N>.npz      the subnetwork masks, re-saved with `np.savez_compressed`
   run.json                          the manifest: the command that made the run, its last logged
                                     step against train.num_steps (`complete`), the commit of
@@ -137,7 +138,7 @@ def export_run(workdir: str, out: str, command: str = "", commit: str = "") -> d
     raise ExportError(f"--out {out} is inside the workdir {workdir}")
   command = command or _sweep_command(workdir)
   files: dict[str, bytes] = {}
-  for name in COPIED:
+  for name in COPIED + tuple(n + ".options.json" for n in _pruning_tables(workdir)):
     path = os.path.join(workdir, name)
     if os.path.isfile(path):
       with open(path) as f:

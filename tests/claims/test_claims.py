@@ -1,7 +1,9 @@
 """`sg_jax.claims`: each decision rule on hand-made runs whose answer is known, the registry
 (a claim registered from outside shows in the table) and the Claims table's columns."""
 
+import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -57,6 +59,27 @@ def test_inverted_u_supported_contradicted_or_not_testable():
   assert row["verdict"] == claims.NOT_TESTABLE
   assert row["seeds per arm"] == "4 / 4 / 4 / 4" and row["detectable effect"]
   assert _verdicts("murty.inverted_u", rising[:2]) == [claims.NO_RUNS]  # 2 depths: no U to test
+
+
+def test_depth_claims_are_holm_adjusted_over_tasks():
+  """inverted_u and tscore_best_depth: one family over tasks; a task's adjusted p together with
+  another task is Holm over the tasks' own (alone) adjusted p-values."""
+  from sg_jax.claims import murty  # pylint: disable=import-outside-toplevel
+  u = {4: 0.4, 6: 0.6, 8: 0.8, 10: 0.55}
+  score = {4: 0.2, 6: 0.9, 8: 0.5, 10: 0.1}  # tscore picks 6, depth 8 generalises best
+  def sweep(task, spread, seed):
+    return [_run(d, np.clip(m + _noise(6, spread, seed + d), 0, 1), task=task,
+                 name=f"{task}{d}", extra={"tscore": [score[d]] * 6}) for d, m in u.items()]
+  question, tense = sweep("question", 0.05, 0), sweep("tense", 0.2, 100)
+  for claim in (murty.inverted_u, murty.tscore_best_depth):
+    alone = [claim(question)[0], claim(tense)[0]]
+    both = claim(question + tense)
+    assert len(both) == 2
+    expected = stats.holm([o.p_adjusted for o in alone])
+    np.testing.assert_allclose([o.p_adjusted for o in both], expected)
+    for o in both:  # the verdict reads the adjusted p
+      assert (o.verdict != claims.NOT_TESTABLE) == (o.p_adjusted < 0.05), (claim, o)
+  assert both[0].p_adjusted > alone[0].p_adjusted  # the family made a difference
 
 
 def test_grokking_rule():
@@ -200,6 +223,14 @@ def test_bhaskar_claims_on_hand_made_pruning_tables(tmp_path):
   # random heads removed 0.55 + 0.01 s against the core removed 0.30 + 0.01 s
   assert rows["bhaskar.core_ablation"]["verdict"] == claims.SUPPORTED
   assert _verdicts("bhaskar.shared_core", [_run(4, [0.5] * 2)]) == [claims.NO_RUNS]
+  # the line count is the pruning's own --eval_lines when it recorded one, not eval.max_lines
+  assert rows["bhaskar.equal_in_domain_differ"]["note"].endswith("; 400 lines per accuracy")
+  with open(os.path.join(work, "pruning.csv.options.json"), "w") as f:
+    json.dump({"eval_lines": 20}, f)
+  row, = claims.evaluate([reading.load_run(work)], ids=["bhaskar.equal_in_domain_differ"])
+  assert row["note"].endswith("; 20 lines per accuracy")
+  # 0.5 vs 0.7 on 20 lines each: chi-square p ~ 0.2, no group differs
+  assert row["verdict"] == claims.NOT_TESTABLE
 
 
 def test_a_claim_registered_from_outside_shows_in_the_table():

@@ -175,6 +175,7 @@ def test_lr_warmup_is_an_option_and_old_tables_read_as_200(workdir, caplog):
   with open(opt_path) as f:
     options = json.load(f)
   assert options["lr_warmup_steps"] == 200
+  assert options["eval_lines"] == FAST["eval_lines"]  # the claims read the line count from it
   del options["lr_warmup_steps"]  # as a table from before the option
   with open(opt_path, "w") as f:
     json.dump(options, f)

@@ -28,6 +28,8 @@ def _same_series(a, b):
 
 def test_export_then_load_run_gives_identical_series(tmp_path):
   work = results_fixtures.make_workdir(str(tmp_path / "runs" / "tiny"))
+  with open(os.path.join(work, "pruning.csv.options.json"), "w") as f:
+    f.write('{"eval_lines": 300}')  # what sg_jax.prune recorded: copied as it is
   out = str(tmp_path / "results" / "study" / "tiny")
   manifest = export.export_run(work, out, command=f"python -m sg_jax.main --workdir={work}")
   original, exported = reading.load_run(work), reading.load_run(out)
@@ -37,8 +39,10 @@ def test_export_then_load_run_gives_identical_series(tmp_path):
   assert exported.analysis_options == original.analysis_options
   assert sorted(os.listdir(out)) == ["analysis.csv.gz", "analysis.csv.options.json",
                                      "config.json", "metrics.csv.gz", "pruning",
-                                     "pruning.csv.gz", "pruning_core.csv.gz", "run.json",
-                                     "vocab.json"]
+                                     "pruning.csv.gz", "pruning.csv.options.json",
+                                     "pruning_core.csv.gz", "run.json", "vocab.json"]
+  with open(os.path.join(out, "pruning.csv.options.json")) as f:
+    assert json.load(f) == {"eval_lines": 300}
   with gzip.open(os.path.join(out, "metrics.csv.gz"), "rb") as f, \
       open(os.path.join(work, "metrics.csv"), "rb") as g:
     assert f.read() == g.read()
@@ -48,7 +52,8 @@ def test_export_then_load_run_gives_identical_series(tmp_path):
   assert set(manifest["versions"]) == set(environment.PACKAGES)
   assert set(manifest["files"]) == {"analysis.csv.gz", "analysis.csv.options.json",
                                     "config.json", "metrics.csv.gz", "pruning.csv.gz",
-                                    "pruning_core.csv.gz", "vocab.json",
+                                    "pruning.csv.options.json", "pruning_core.csv.gz",
+                                    "vocab.json",
                                     "pruning/masks_step500.npz", "pruning/masks_step1000.npz"}
   assert len(manifest["exported_at_commit"]["commit"]) in (40, 7)  # a sha, or 'unknown'
   assert (manifest["last_step"], manifest["num_steps"], manifest["complete"]) == (1000, 1000,
