@@ -125,10 +125,11 @@ def _trend(groups) -> stats.Test:
     rule="best depth = the depth with the highest seed mean of final generalisation. Interior "
          "best depth: supported if generalisation rises up to it and falls after it (one "
          "Jonckheere-Terpstra test per side, Holm over the two, both p < 0.05; the larger "
-         "adjusted p then Holm-adjusted over tasks), else not testable (the best depth is chosen from the data, so this is lenient towards the "
-         "claim). Best depth at an end of the range: contradicted if the trend over all "
-         "depths is significant (p < 0.05, Holm over tasks) towards that end (a monotone "
-         "curve, no U within the range), else not testable",
+         "adjusted p then Holm-adjusted over tasks), else not testable (the best depth is "
+         "chosen from the data, so this is lenient towards the claim). Best depth at an end "
+         "of the range: contradicted if the trend over all depths is significant (p < 0.05, "
+         "Holm over tasks) towards that end (a monotone curve, no U within the range), else "
+         "not testable",
     effect_of_interest=TAU_OF_INTEREST)
 def inverted_u(runs) -> list[Outcome]:
   pending = []
