@@ -1,6 +1,7 @@
 """Minimum detectable effect as a function of the seeds per arm, for the seeds-needed column:
-each returns `n -> effect` for `stats.seeds_per_arm` (the spread taken from the observed runs,
-the test's own power formula from `sg_jax.stats.power` or `onesample`).
+each returns `(n, alpha=ALPHA) -> effect` for `stats.seeds_per_arm` (the spread taken from the
+observed runs, the test's own power formula from `sg_jax.stats.power` or `onesample`, power 0.8
+at level `alpha`; `registry.seeds_needed` lowers `alpha` for a comparison in a Holm family).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from sg_jax import stats
 from sg_jax.claims import onesample
 
-Detectable = Callable[[int], float]
+Detectable = Callable[..., float]  # (n, alpha=stats.ALPHA) -> effect
 
 
 def _sd(values: Sequence[float]) -> float:
@@ -26,7 +27,7 @@ def paired(x: Sequence[float], y: Sequence[float]) -> Detectable:
   """`onesample.paired_test` with n pairs whose differences spread as `x - y` do (value
   units; inf where the sign-flip test cannot reach alpha)."""
   sd = _sd(np.asarray(x, np.float64) - np.asarray(y, np.float64))
-  return lambda n: onesample.paired_detectable(n, sd)
+  return lambda n, alpha=stats.ALPHA: onesample.paired_detectable(n, sd, alpha)
 
 
 def mean_difference(x: Sequence[float], y: Sequence[float]) -> Detectable:
@@ -38,20 +39,21 @@ def mean_difference(x: Sequence[float], y: Sequence[float]) -> Detectable:
   sd = (math.sqrt(((a.size - 1) * _sd(a) ** 2 if a.size > 1 else 0.0)
                   + ((b.size - 1) * _sd(b) ** 2 if b.size > 1 else 0.0)) / math.sqrt(dof)
         if dof > 0 else math.nan)
-  return lambda n: (math.inf if 2.0 / math.comb(2 * n, n) >= stats.ALPHA
-                    else stats.detectable_mean_difference(n, n, sd))
+  return lambda n, alpha=stats.ALPHA: (
+      math.inf if 2.0 / math.comb(2 * n, n) >= alpha
+      else stats.detectable_mean_difference(n, n, sd, alpha))
 
 
 def trend(num_groups: int) -> Detectable:
   """`stats.ordered_trend` over `num_groups` groups of n seeds (Kendall-type tau)."""
-  return lambda n: stats.detectable_trend_tau([n] * num_groups)
+  return lambda n, alpha=stats.ALPHA: stats.detectable_trend_tau([n] * num_groups, alpha)
 
 
 def stratified(num_strata: int) -> Detectable:
   """`stats.stratified_association` over `num_strata` strata of n seeds (Spearman rho)."""
-  return lambda n: stats.detectable_stratified_rho([n] * num_strata)
+  return lambda n, alpha=stats.ALPHA: stats.detectable_stratified_rho([n] * num_strata, alpha)
 
 
 def proportion(p0: float = 0.5) -> Detectable:
   """`onesample.proportion_test` against `p0` with n seeds (proportion units)."""
-  return lambda n: onesample.proportion_detectable(n, p0)
+  return lambda n, alpha=stats.ALPHA: onesample.proportion_detectable(n, p0, alpha)

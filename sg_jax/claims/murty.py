@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -93,7 +95,9 @@ class _PerTask:
   p: float  # the task's decision p (nan: no test of the claim, kept out of the family)
   significant_verdict: str  # the verdict when the adjusted p < alpha in the claim's direction
   direction_ok: bool
-  seeds_needed: int | None  # reported when the verdict is "not testable"
+  # tasks in the Holm family -> seeds per arm to test (`registry.seeds_needed`), reported when
+  # the verdict is "not testable"; None: not computed
+  seeds_needed: Callable[[int], int] | None
 
 
 def _over_tasks(pending: list[_PerTask]) -> list[Outcome]:
@@ -102,15 +106,28 @@ def _over_tasks(pending: list[_PerTask]) -> list[Outcome]:
   family and is not testable."""
   ps = [t.p for t in pending]
   adjusted = stats.holm(ps) if ps else []
+  family_size = max(1, sum(math.isfinite(p) for p in ps))
   out = []
   for task, q in zip(pending, adjusted):
     # no decision p: the outcome shows its own test's p (e.g. a comparison shown, not decisive)
     q = float(q) if math.isfinite(task.p) else task.fields["p"]
     significant = math.isfinite(task.p) and q < registry.ALPHA and task.direction_ok
     verdict = task.significant_verdict if significant else registry.NOT_TESTABLE
-    out.append(Outcome(**task.fields, p_adjusted=q, verdict=verdict,
-                       seeds_needed=None if significant else task.seeds_needed))
+    needed = (None if significant or task.seeds_needed is None
+              else task.seeds_needed(family_size))
+    out.append(Outcome(**task.fields, p_adjusted=q, verdict=verdict, seeds_needed=needed))
   return out
+
+
+def _needed(detectable_at, target: float, per_task: int, tasks: int) -> int:
+  """`registry.seeds_needed` in a family of `tasks` tasks of `per_task` comparisons each."""
+  return registry.seeds_needed(detectable_at, target, family_size=per_task * tasks)
+
+
+def _worst(sides, tasks: int) -> int:
+  """The seeds both sides of an inverted U need (-1: more than `registry.MAX_SEEDS`)."""
+  needed = [side(tasks) for side in sides]
+  return -1 if -1 in needed else max(needed)
 
 
 def _trend(groups) -> stats.Test:
@@ -146,7 +163,8 @@ def inverted_u(runs) -> list[Outcome]:
     if 0 < best < len(depths) - 1:
       rise, fall = _trend(arms[:best + 1]), _trend(arms[best:])
       p_rise, p_fall = (float(q) for q in stats.holm([rise.p, fall.p]))
-      sides = [registry.seeds_needed(detect.trend(k), TAU_OF_INTEREST)
+      # each side is one of 2 comparisons (Holm over the sides) in each task of the family
+      sides = [functools.partial(_needed, detect.trend(k), TAU_OF_INTEREST, 2)
                for k in (best + 1, len(depths) - best)]
       pending.append(_PerTask(
           fields=dict(setting=setting, arms=sizes, test=rise.name,
@@ -158,7 +176,7 @@ def inverted_u(runs) -> list[Outcome]:
                            "means " + " / ".join(f"{m:.3f}" for m in means)),
           p=max(p_rise, p_fall), significant_verdict=registry.SUPPORTED,
           direction_ok=rise.effect > 0 > fall.effect,
-          seeds_needed=-1 if -1 in sides else max(sides)))
+          seeds_needed=functools.partial(_worst, sides)))
       continue
     whole = _trend(arms)
     towards_end = 1 if best == len(depths) - 1 else -1
@@ -170,7 +188,7 @@ def inverted_u(runs) -> list[Outcome]:
                          "means " + " / ".join(f"{m:.3f}" for m in means)),
         p=whole.p, significant_verdict=registry.CONTRADICTED,
         direction_ok=math.copysign(1, whole.effect) == towards_end,
-        seeds_needed=registry.seeds_needed(detect.trend(len(arms)), TAU_OF_INTEREST)))
+        seeds_needed=functools.partial(_needed, detect.trend(len(arms)), TAU_OF_INTEREST, 1)))
   return _over_tasks(pending)
 
 
@@ -261,7 +279,8 @@ def tscore_best_depth(runs) -> list[Outcome]:
     if pick != best:  # the one comparison that can decide: contradicted if best beats pick
       data = (gen[pick], gen[best])
       test = stats.compare_means(*data)
-      needed = registry.seeds_needed(detect.mean_difference(*data), ACCURACY_OF_INTEREST)
+      needed = functools.partial(_needed, detect.mean_difference(*data), ACCURACY_OF_INTEREST,
+                                 1)
       decision_p, reason = test.p, ""
     else:  # shown, never decisive: kept out of the Holm family over tasks
       runner_up = max((d for d in depths if d != best), key=gen_mean.get)

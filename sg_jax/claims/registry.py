@@ -187,15 +187,34 @@ def decide(test: stats.Test, direction: int, *, p: float | None = None,
 MAX_SEEDS = 256
 
 
-def seeds_needed(detectable_at: Callable[[int], float], target: float) -> int:
+def seeds_needed(detectable_at: Callable[..., float], target: float,
+                 family_size: int = 1) -> int:
   """Seeds per arm at which a test would detect an effect of size `target`
-  (`stats.seeds_per_arm` over `detectable_at`, n -> minimum detectable effect, from
-  `claims.detect`: the observed spread with the test's power formula, so a projection).
+  (`stats.seeds_per_arm` over `detectable_at`, (n, alpha) -> minimum detectable effect with
+  power 0.8, from `claims.detect`: the observed spread with the test's power formula, so a
+  projection).
+
+  In a Holm family of m comparisons a comparison is sure to be rejected, whatever the others
+  give, only when its own p is below alpha / m (Holm's first step, Holm 1979), so the power is
+  computed at alpha / `family_size`: the seeds that make the comparison testable as the claim
+  tests it, not as it would be tested alone.
+
+  Args:
+    detectable_at: (n, alpha) -> minimum detectable effect with n seeds per arm.
+    target: the effect to detect (the claim's effect of interest), in the same unit.
+    family_size: comparisons in the claim's Holm family (1: none).
 
   Returns:
     n, or -1 when more than `MAX_SEEDS` would be needed.
+
+  Raises:
+    ValueError: `family_size` < 1.
   """
-  needed = stats.seeds_per_arm(target, detectable_at, max_n=MAX_SEEDS)
+  if family_size < 1:
+    raise ValueError(f"family_size must be >= 1, got {family_size}")
+  alpha = ALPHA / family_size
+  needed = stats.seeds_per_arm(target, lambda n: detectable_at(n, alpha=alpha),
+                               max_n=MAX_SEEDS)
   return -1 if needed is None else int(needed)
 
 
@@ -206,14 +225,15 @@ class Item:
   Attributes:
     setting, arms, note, interval, reason: as `Outcome`.
     test: the test.
-    detectable_at: seeds per arm n -> the test's minimum detectable effect with n seeds per arm
-      (`claims.detect`), for the seeds-needed column; None: not computed.
+    detectable_at: (seeds per arm n, alpha) -> the test's minimum detectable effect with n
+      seeds per arm at level alpha (`claims.detect`), for the seeds-needed column; None: not
+      computed.
   """
 
   setting: str
   arms: tuple[int, ...]
   test: stats.Test
-  detectable_at: Callable[[int], float] | None = None
+  detectable_at: Callable[..., float] | None = None
   note: str = ""
   interval: str = ""
   reason: str = ""
@@ -234,8 +254,9 @@ def family(items: Sequence[Item], direction: int | Sequence[int],
   (`stats.holm`), each verdict from `decide` on its adjusted p (a claim of no effect, direction
   0, is contradicted on the adjusted p but supported only where the unadjusted p is >= alpha,
   as its detectable effect is computed at alpha), and for a "not testable"
-  verdict the seeds per arm that would detect `effect_of_interest` (`seeds_needed`; for a
-  claim of no effect, the seeds at which its detectable effect falls to it).
+  verdict the seeds per arm that would detect `effect_of_interest` (`seeds_needed`, at alpha
+  over the family's size for a directional claim, as Holm tests it; for a claim of no effect,
+  the seeds at which its detectable effect, at alpha, falls to it).
 
   Args:
     items: one per setting.
@@ -256,7 +277,8 @@ def family(items: Sequence[Item], direction: int | Sequence[int],
     verdict = decide(item.test, sign, p=p, effect_of_interest=effect_of_interest)
     needed = None
     if verdict == NOT_TESTABLE and effect_of_interest is not None and item.detectable_at:
-      needed = seeds_needed(item.detectable_at, effect_of_interest)
+      needed = seeds_needed(item.detectable_at, effect_of_interest,
+                            family_size=max(1, len(finite)) if sign else 1)
     out.append(Outcome(setting=item.setting, arms=item.arms, test=item.test.name,
                        statistic=item.test.statistic, p=item.test.p, p_adjusted=p,
                        verdict=verdict, effect=item.test.effect,

@@ -306,6 +306,35 @@ def test_proportion_detectable_is_exact():
   assert result.p == pytest.approx(2 / 256) and result.effect == 0.5
 
 
+def test_seeds_needed_in_a_holm_family_is_computed_at_alpha_over_its_size():
+  """A comparison in a Holm family of m is sure to pass only at p < alpha / m, so its seeds
+  needed are those of the test at alpha / m: checked against a naive search, and on a claim
+  tested in one run and in two."""
+  from sg_jax.claims import detect, registry  # pylint: disable=import-outside-toplevel
+  detectable = detect.proportion(0.5)
+  def naive(alpha):
+    return next(n for n in range(2, 200) if detectable(n, alpha=alpha) <= 0.35)
+  assert registry.seeds_needed(detectable, 0.35) == naive(0.05)
+  assert registry.seeds_needed(detectable, 0.35, family_size=2) == naive(0.025)
+  assert registry.seeds_needed(detectable, 0.35, family_size=3) == naive(0.05 / 3)
+  assert naive(0.05 / 3) > naive(0.05)  # the family costs seeds here
+  with pytest.raises(ValueError, match="family_size"):
+    registry.seeds_needed(detectable, 0.35, family_size=0)
+  alone, = claims.evaluate([_two_drop_run(4, 6000, 6000)], ids=["chen.structure_with_loss_drop"])
+  pair = claims.evaluate([_two_drop_run(4, 6000, 6000)] * 2, ids=["chen.structure_with_loss_drop"])
+  assert int(alone["seeds needed"]) == naive(0.05)
+  assert [int(r["seeds needed"]) for r in pair] == [naive(0.025)] * 2
+  # over tasks (murty's family): the same rule, alpha over the number of tasks tested
+  mean_difference = detect.mean_difference([0.1, 0.3, 0.2, 0.5], [0.4, 0.6, 0.5, 0.9])
+  assert murty_needed(mean_difference, 2) == next(
+      n for n in range(2, 300) if mean_difference(n, alpha=0.025) <= 0.1)
+
+
+def murty_needed(detectable_at, tasks):
+  from sg_jax.claims import murty  # pylint: disable=import-outside-toplevel
+  return murty._needed(detectable_at, 0.1, 1, tasks)  # pylint: disable=protected-access
+
+
 def test_no_effect_claims_are_not_supported_by_holm_alone():
   """Holm raises p-values; a claim of no effect must not become "supported" because of it: two
   settings rejecting at p = 0.03 and 0.04 (Holm 0.06 each) are not testable, not supported."""

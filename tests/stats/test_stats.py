@@ -349,3 +349,7 @@ def test_sustained_and_seeds_per_arm():
   n = stats.seeds_per_arm(0.75, detectable)
   assert detectable(n) <= 0.75 < detectable(n - 1)
   assert stats.seeds_per_arm(0.0, detectable) is None
+  # a saw-tooth (an exact test's discreteness): the fewest n, not where bisection lands
+  tooth = lambda n: 0.3 if n in (15, 17) or n >= 19 else 0.5
+  assert stats.seeds_per_arm(0.35, tooth) == 15
+  assert stats.seeds_per_arm(0.35, tooth, max_n=8) is None
