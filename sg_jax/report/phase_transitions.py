@@ -349,6 +349,14 @@ def plot_onset_order(run: Run, found: Onsets, path: str, title_prefix: str = "")
   return fig
 
 
+def onsets(run: Run) -> Onsets | None:
+  """The run's onsets ({seed: {signal: Onset}}, `phases_lib.phase_onsets`), or None when it has
+  none of `DYNAMICS_COLUMNS`."""
+  if not any(run.series.get(c) for c in DYNAMICS_COLUMNS):
+    return None
+  return phases_lib.phase_onsets(run.series)
+
+
 def draw(run: Run, optional: Callable, title_prefix: str = "") -> Onsets | None:
   """Draws the two figures of one run through the report's `optional(name, plot)` (which
   records a written figure and removes a stale one).
@@ -357,9 +365,8 @@ def draw(run: Run, optional: Callable, title_prefix: str = "") -> Onsets | None:
     the run's onsets ({seed: {signal: Onset}}, `phases_lib.phase_onsets`), or None when the
     run has none of `DYNAMICS_COLUMNS`.
   """
-  has = any(run.series.get(c) for c in DYNAMICS_COLUMNS)
-  found = phases_lib.phase_onsets(run.series) if has else {}
-  optional(f"phases_{run.name}.png", lambda p: plot_phases(run, found, p, title_prefix))
+  found = onsets(run)
+  optional(f"phases_{run.name}.png", lambda p: plot_phases(run, found or {}, p, title_prefix))
   optional(f"onset_order_{run.name}.png",
-           lambda p: plot_onset_order(run, found, p, title_prefix))
-  return found if has else None
+           lambda p: plot_onset_order(run, found or {}, p, title_prefix))
+  return found

@@ -31,6 +31,12 @@ and the tables of the report's summary.md sections, computed by the report's own
   objectives      "Objectives"
   baselines       "Baselines" (every measure's table with its title)
   pruning         "Pruning" (per sparsity level), pruning-seeds (per seed: effective sizes)
+  phases          "Phase transitions" of one run: each curve's onset step per seed, the seed
+                  mean with its t-interval and the resolution (`report.phase_transitions`)
+  phase-order     the same run's order of the mean onsets at their resolution and the lags
+
+A block may name one run of a study, `<!-- results: objectives/lm/phases -->`, which the phase
+tables need when the study holds several runs.
 """
 
 from __future__ import annotations
@@ -52,11 +58,12 @@ from sg_jax.report import group_markdown
 from sg_jax.report import group_stats
 from sg_jax.report import groups
 from sg_jax.report import objectives
+from sg_jax.report import phase_transitions
 from sg_jax.report import pruning_tables
 from sg_jax.report import reading
 from sg_jax.report import tables
 
-MARKER = re.compile(r"<!-- results: (?P<study>[\w.-]+)/(?P<table>[\w-]+) -->\n"
+MARKER = re.compile(r"<!-- results: (?P<study>[\w.-]+(?:/[\w.-]+)*)/(?P<table>[\w-]+) -->\n"
                     r"(?P<body>.*?)<!-- /results -->", re.S)
 THRESHOLD = 0.8  # generalising seed: final generalisation above this (the report's default)
 
@@ -150,6 +157,34 @@ def _pruning_section(runs: Sequence[reading.Run]) -> list[str]:
   return pruning_tables.markdown_lines(levels, seeds)
 
 
+def _phase_section(runs: Sequence[reading.Run]) -> tuple[str, list[str]]:
+  """(run name, the "Phase transitions" lines) of the one run of `runs` with dynamics curves.
+
+  Raises:
+    DocsError: none or several runs have them (name one: `<study>/<run>/phases`).
+  """
+  found = [(run, phase_transitions.onsets(run)) for run in runs]
+  found = [(run, f) for run, f in found if f is not None]
+  if len(found) != 1:
+    raise DocsError(f"the phase tables need exactly one run with dynamics curves, found "
+                    f"{len(found)} ({', '.join(r.name for r, _ in found) or 'none'}); name "
+                    "one run: <study>/<run>/phases")
+  return found[0][0].name, phase_transitions.markdown_lines(found)
+
+
+def phase_onsets_table(runs: Sequence[reading.Run]) -> list[str]:
+  """Each curve's onset per seed, the seed mean [95% t CI] and the resolution (one run)."""
+  name, lines = _phase_section(runs)
+  return section_table(lines, f"### `{name}`")
+
+
+def phase_order_lines(runs: Sequence[reading.Run]) -> list[str]:
+  """The order of the mean onsets at their resolution, then the lag table (one run)."""
+  name, lines = _phase_section(runs)
+  order = next((line for line in lines if line.startswith("Order of the mean onsets")), "")
+  return [order, ""] + section_table(lines, f"### `{name}`", 1)
+
+
 def baselines_lines(runs: Sequence[reading.Run]) -> list[str]:
   """The "Baselines" section without its heading and opening paragraph: each measure's title
   and table."""
@@ -172,6 +207,8 @@ TABLES: dict[str, Callable[[Sequence[reading.Run]], list[str]]] = {
     "baselines": baselines_lines,
     "pruning": lambda runs: section_table(_pruning_section(runs), "## Pruning"),
     "pruning-seeds": lambda runs: section_table(_pruning_section(runs), "## Pruning", 1),
+    "phases": phase_onsets_table,
+    "phase-order": phase_order_lines,
 }
 
 

@@ -247,3 +247,35 @@ def test_pruning_tables_render_from_an_export(tmp_path):
   assert len(levels) == 2 + 2  # two seeds at one level, at the last step
   seeds = docs_lib.render(results, "study", "pruning-seeds").splitlines()
   assert seeds[0].startswith("| run | step | seed | full in-domain acc. |")
+
+
+def test_phase_tables_name_one_run_and_equal_the_reports(tmp_path):
+  """`phases` / `phase-order` of one run, named as <study>/<run> when the study holds several
+  with dynamics curves: equal to the report's "Phase transitions" tables of the workdir."""
+  from sg_jax.report import phase_transitions  # pylint: disable=import-outside-toplevel
+  results = tmp_path / "results"
+  steps = results_fixtures.STEPS
+  for name, rise in (("a", 300), ("b", 600)):
+    work = results_fixtures.make_workdir(str(tmp_path / "runs" / name), finals=(0.9, 0.3, 0.5),
+                                         analysis=False, pruning=False)
+    cka = {s: (steps, 1.0 / (1.0 + np.exp(-(steps - rise - 50 * s) / 40.0))) for s in range(3)}
+    results_fixtures.write_series(os.path.join(work, "analysis.csv"), {"cka_final": cka})
+    export.export_run(work, str(results / "study" / name))
+  with pytest.raises(docs_lib.DocsError, match="exactly one run .* found 2 .*a, b"):
+    docs_lib.render(str(results), "study", "phases")
+  run = reading.load_run(str(tmp_path / "runs" / "b"))
+  expected = phase_transitions.markdown_lines([(run, phase_transitions.onsets(run))])
+  onsets = docs_lib.render(str(results), "study/b", "phases").splitlines()
+  assert onsets == docs_lib.section_table(expected, "### `b`")
+  assert onsets[0].startswith("| seed | ") and "cka_final" in onsets[0]
+  assert [l.split(" | ")[0] for l in onsets[2:]] == ["| 0", "| 1", "| 2", "| mean [95% CI]",
+                                                      "| resolution"]
+  order = docs_lib.render(str(results), "study/b", "phase-order").splitlines()
+  assert order[0].startswith("Order of the mean onsets") and order[0] in expected
+  assert order[2:] == docs_lib.section_table(expected, "### `b`", 1)
+  # a doc block naming the run is rendered and checked like any other
+  doc = tmp_path / "page.md"
+  doc.write_text("x\n<!-- results: study/a/phases -->\n| old |\n<!-- /results -->\n")
+  assert [(b.study, b.table) for b in docs_lib.render_docs(str(doc), str(results))] == [
+      ("study/a", "phases")]
+  assert docs_lib.stale_blocks(str(doc), str(results)) == []
