@@ -40,7 +40,9 @@ def paired_detectable(n: int, sd: float, alpha: float = ALPHA, power: float = PO
     return math.inf
   d = sm_power.TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
                                         alternative="two-sided")
-  return float(d * sd)
+  # statsmodels' fallback root finder returns a 1-element array, sometimes the negative root
+  # (e.g. n = 73 at alpha 0.05), where its first one fails
+  return float(abs(np.ravel(d)[0]) * sd)
 
 
 def paired_test(x: Sequence[float], y: Sequence[float], shift: float = 0.0) -> stats.Test:

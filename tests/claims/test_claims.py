@@ -298,6 +298,16 @@ def test_paired_test_is_the_exact_sign_flip_enumeration():
   assert onesample.paired_test([1, 2, 3, 4], [0, 0, 0, 0]).detectable == math.inf
 
 
+def test_paired_detectable_is_a_positive_number_falling_with_n():
+  """statsmodels' power solver falls back to another root finder at some n (e.g. 73 at alpha
+  0.05) and returns a 1-element array, sometimes the negative root: the detectable effect must
+  still be a positive float, falling with n, at every n the seeds-needed scan tries."""
+  for alpha in (0.05, 0.025, 0.05 / 3):
+    values = [onesample.paired_detectable(n, 1.0, alpha) for n in range(8, 257)]
+    assert all(isinstance(v, float) and 0 < v < math.inf for v in values), alpha
+    assert all(b < a for a, b in zip(values, values[1:])), alpha
+
+
 def test_proportion_detectable_is_exact():
   # n = 8 against 0.5: only 8/8 and 0/8 reach p < 0.05 (p = 0.0078), so power at q is q^8
   assert onesample.proportion_detectable(8) == pytest.approx(0.8 ** (1 / 8) - 0.5, abs=1e-6)
