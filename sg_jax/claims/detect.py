@@ -55,5 +55,10 @@ def stratified(num_strata: int) -> Detectable:
 
 
 def proportion(p0: float = 0.5) -> Detectable:
-  """`onesample.proportion_test` against `p0` with n seeds (proportion units)."""
-  return lambda n, alpha=stats.ALPHA: onesample.proportion_detectable(n, p0, alpha)
+  """`onesample.proportion_test` against `p0` with n seeds (proportion units). The exact
+  binomial test's detectable effect is a saw-tooth in n, so the function carries
+  `saw_tooth = True` for `registry.seeds_needed`'s search."""
+  def detectable(n: int, alpha: float = stats.ALPHA) -> float:
+    return onesample.proportion_detectable(n, p0, alpha)
+  detectable.saw_tooth = True
+  return detectable

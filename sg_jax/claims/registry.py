@@ -197,7 +197,8 @@ def seeds_needed(detectable_at: Callable[..., float], target: float,
   In a Holm family of m comparisons a comparison is sure to be rejected, whatever the others
   give, only when its own p is below alpha / m (Holm's first step, Holm 1979), so the power is
   computed at alpha / `family_size`: the seeds that make the comparison testable as the claim
-  tests it, not as it would be tested alone.
+  tests it, not as it would be tested alone. A `detectable_at` with `saw_tooth = True` (an exact
+  test with discrete outcomes, `claims.detect.proportion`) is searched n by n for the fewest.
 
   Args:
     detectable_at: (n, alpha) -> minimum detectable effect with n seeds per arm.
@@ -214,7 +215,8 @@ def seeds_needed(detectable_at: Callable[..., float], target: float,
     raise ValueError(f"family_size must be >= 1, got {family_size}")
   alpha = ALPHA / family_size
   needed = stats.seeds_per_arm(target, lambda n: detectable_at(n, alpha=alpha),
-                               max_n=MAX_SEEDS)
+                               max_n=MAX_SEEDS,
+                               saw_tooth=getattr(detectable_at, "saw_tooth", False))
   return -1 if needed is None else int(needed)
 
 

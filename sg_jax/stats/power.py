@@ -245,11 +245,13 @@ def detectable_log_hazard_ratio(events: int, fraction_first: float, alpha: float
                / math.sqrt(events * fraction_first * (1 - fraction_first)))
 
 
-def seeds_per_arm(effect: float, detectable: Callable[[int], float], max_n: int = 64) -> int | None:
+def seeds_per_arm(effect: float, detectable: Callable[[int], float], max_n: int = 64,
+                  saw_tooth: bool = False) -> int | None:
   """The fewest seeds per arm n at which `detectable(n)` <= |effect|: how many seeds would make an
-  effect of this size testable. Doubling from 2 finds an n that reaches it; then every smaller n
-  is tried in turn, since an exact test's detectable effect falls with n in a saw-tooth (the
-  exact binomial test against 0.5 detects 0.34 at 15 seeds, 0.35 at 16, 0.31 at 17), so
+  effect of this size testable. Doubling from 2 finds an n that reaches it, then bisection (for
+  a `detectable` that falls with n), or, with `saw_tooth`, every smaller n in turn: an exact
+  test with discrete outcomes has a detectable effect that falls with n in a saw-tooth (the
+  exact binomial test against 0.5 detects 0.34 at 15 seeds, 0.35 at 16, 0.31 at 17), where
   bisection could return an n above the fewest.
 
   Args:
@@ -257,6 +259,8 @@ def seeds_per_arm(effect: float, detectable: Callable[[int], float], max_n: int 
     detectable: n -> minimum detectable effect with n seeds per arm, e.g.
       `lambda n: detectable_proportion_difference(n, n, 0.25)`.
     max_n: the largest n tried.
+    saw_tooth: `detectable` need not fall monotonically with n (try every n below the first
+      power of two that reaches `effect`).
 
   Returns:
     n, or None when even `max_n` seeds per arm do not reach it (or `effect` is 0 or not finite).
@@ -264,9 +268,14 @@ def seeds_per_arm(effect: float, detectable: Callable[[int], float], max_n: int 
   if not math.isfinite(effect) or effect == 0:
     return None
   ok = lambda n: detectable(n) <= abs(effect)
-  high = 2
+  low, high = 1, 2
   while not ok(high):
     if high >= max_n:
       return None
-    high = min(2 * high, max_n)
-  return next(n for n in range(2, high + 1) if n == high or ok(n))
+    low, high = high, min(2 * high, max_n)
+  if saw_tooth:
+    return next(n for n in range(2, high + 1) if n == high or ok(n))
+  while high - low > 1:  # ok(high), not ok(low)
+    mid = (low + high) // 2
+    low, high = (low, mid) if ok(mid) else (mid, high)
+  return high
