@@ -352,5 +352,5 @@ def test_sustained_and_seeds_per_arm():
   # a saw-tooth (an exact test's discreteness): the fewest n, not where bisection lands
   tooth = lambda n: 0.3 if n in (15, 17) or n >= 19 else 0.5
   assert stats.seeds_per_arm(0.35, tooth, saw_tooth=True) == 15
-  assert stats.seeds_per_arm(0.35, tooth) == 17  # bisection assumes a falling function
+  assert stats.seeds_per_arm(0.35, tooth) == 19  # bisection (16, 32] assumes a falling function
   assert stats.seeds_per_arm(0.35, tooth, max_n=8, saw_tooth=True) is None
